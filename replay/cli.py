@@ -1,0 +1,68 @@
+"""`replay`: one command, subcommands. Each subcommand lives in its own module that
+exposes `add_parser(subparsers)`; the parser sets `func(args) -> int`.
+
+Modules are imported to build the parser, so they must import nothing heavy at module
+level (no locust, no torch): those imports belong inside the functions that run.
+Errors that carry an `exit_code` attribute (TraceError, SLO spec errors, ...) are
+printed as one line and exit with that code; never a traceback for bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+
+# (module, ...) in the order they appear in `replay --help`.
+SUBCOMMAND_MODULES = (
+    "traces.cli",          # replay trace ...
+    "replay.run_cmd",      # replay run
+    "replay.worker",       # replay worker
+    "replay.check",        # replay check
+    "reports.cli",         # replay report / gate / compare / import-results
+    "replay.sweep",        # replay sweep
+    "replay.demo",         # replay demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="replay",
+        description="Replay LLM request traces open-loop against OpenAI-compatible servers; "
+                    "report tail latency and goodput; gate on SLOs.")
+    parser.add_argument("--version", action="version", version=f"llm-replay {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # that subcommand is not built (yet); the others still work
+                continue
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - only errors that declare an exit code are user errors
+        code = getattr(e, "exit_code", None)
+        if code is None:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return int(code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

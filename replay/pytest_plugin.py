@@ -1,0 +1,1 @@
+"""pytest plugin (entry point `pytest11`): SLO-gated replay tests. Never imports locust."""

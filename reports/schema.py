@@ -1,0 +1,45 @@
+"""The records schema (DESIGN.md section 3): one row per replayed trace row.
+
+`reports` owns it; `replay` writes it; anything that reads a run (reports, compare,
+gates, importers of other tools' outputs) relies only on this.
+All times are seconds relative to the run's t0 (float64), except `token_times`,
+which are float32 seconds relative to `sent_s`.
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+RECORDS_SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
+            "cancelled", "not_sent")
+
+RECORD_SCHEMA = pa.schema([
+    pa.field("request_id", pa.string(), nullable=False),
+    pa.field("model", pa.string()),            # trace-side label
+    pa.field("target_model", pa.string()),     # served model it was mapped to
+    pa.field("slo_class", pa.string()),
+    pa.field("session_id", pa.string()),
+    pa.field("worker", pa.int32()),
+    pa.field("scheduled_s", pa.float64()),
+    pa.field("sent_s", pa.float64()),          # null when not sent
+    pa.field("first_token_s", pa.float64()),
+    pa.field("last_token_s", pa.float64()),
+    pa.field("token_times", pa.list_(pa.float32())),
+    pa.field("chunk_tokens", pa.list_(pa.int16())),
+    pa.field("input_tokens", pa.int32()),
+    pa.field("output_tokens", pa.int32()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("completion_tokens", pa.int32()),
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("http_status", pa.int32()),
+    pa.field("error", pa.string()),
+])
+
+# Scraped Prometheus samples (server_metrics.parquet): one row per sample.
+SERVER_METRICS_SCHEMA = pa.schema([
+    pa.field("time_s", pa.float64(), nullable=False),   # relative to the run's t0
+    pa.field("name", pa.string(), nullable=False),      # sample name, e.g. vllm:num_requests_running
+    pa.field("labels", pa.string()),                    # JSON object of labels
+    pa.field("value", pa.float64()),
+])

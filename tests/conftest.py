@@ -1,0 +1,43 @@
+"""Shared test helpers: run our CLIs as real subprocesses against this checkout."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_env(**extra: str) -> dict[str, str]:
+    """Environment for subprocesses that import this checkout (installed or not)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra)
+    return env
+
+
+def run_cli(module: str, *args: str, timeout: float = 120, check: bool = False,
+            **kw) -> subprocess.CompletedProcess:
+    """Run `python -m <module> args...` (e.g. module='replay') and capture its output."""
+    proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=repo_env(), timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} {' '.join(map(str, args))} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def replay_cli():
+    return lambda *args, **kw: run_cli("replay", *args, **kw)

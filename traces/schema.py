@@ -1,0 +1,56 @@
+"""The canonical trace schema (DESIGN.md section 2): one row per request.
+
+Everything else in `traces` (readers, importers, generators, transforms) produces
+tables that conform to `TRACE_SCHEMA`; the runner consumes only this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    required: bool
+    nullable: bool
+    doc: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("arrival_ns", pa.int64(), True, False, "ns since the trace origin"),
+    Column("input_tokens", pa.int32(), True, False, "prompt length in tokens"),
+    Column("output_tokens", pa.int32(), True, True, "tokens to generate; null = server decides"),
+    Column("request_id", pa.string(), False, False, "unique; row index when absent"),
+    Column("model", pa.dictionary(pa.int32(), pa.string()), False, True, "trace-side model label"),
+    Column("session_id", pa.string(), False, True, "conversation grouping"),
+    Column("turn", pa.int32(), False, True, "0-based turn within the session"),
+    Column("parent_id", pa.string(), False, True, "parent request in a conversation tree"),
+    Column("hash_ids", pa.list_(pa.int64()), False, True, "prefix block ids (block_size tokens each)"),
+    Column("slo_class", pa.string(), False, True, "SLO class of the request"),
+    Column("api", pa.string(), False, True, "completions or chat"),
+    Column("prompt", pa.string(), False, True, "real prompt text, sent verbatim"),
+    Column("failed_in_source", pa.bool_(), False, True, "source marked the request failed"),
+    Column("observed_latency_s", pa.float64(), False, True, "latency observed in the source"),
+    Column("client_id", pa.string(), False, True, "originating client / tenant"),
+    Column("extra", pa.string(), False, True, "unknown source columns as JSON"),
+)
+
+BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
+REQUIRED: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
+TRACE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
+
+# Trace-level metadata keys (stored as JSON values under these Parquet keys).
+METADATA_KEYS = (
+    "schema_version", "source", "time_origin", "time_origin_kind", "original_time_format",
+    "timestamp_quantum_ns", "block_size", "tokenizer", "generator", "transforms",
+)
+
+
+def schema_for(names: list[str]) -> pa.Schema:
+    """The canonical schema restricted to `names`, in canonical column order."""
+    return pa.schema([TRACE_SCHEMA.field(n) for n in TRACE_SCHEMA.names if n in names])

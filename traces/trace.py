@@ -1,0 +1,218 @@
+"""The `Trace` type: a validated `pyarrow.Table` in the canonical schema plus metadata.
+
+Parquet is canonical. Large files are consumed with `Trace.iter_batches`, which never
+materialises the whole table (the runner holds only a window of the trace).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import TraceError
+from .schema import BY_NAME, REQUIRED, SCHEMA_VERSION, schema_for
+
+_INT32_MAX = 2**31 - 1
+
+
+def _bad_rows(mask: np.ndarray) -> list[int]:
+    return np.flatnonzero(mask)[:11].tolist()
+
+
+def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
+            fill_request_id: bool = True) -> pa.Table:
+    """Cast `table` to the canonical schema and check every rule; raise TraceError otherwise.
+
+    Unknown columns are an error here: importers move them into `extra` first.
+    """
+    n = table.num_rows
+    if n == 0:
+        raise TraceError("the trace is empty (0 rows)", file=file)
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise TraceError(f"missing required column(s) {', '.join(missing)}; "
+                         f"present: {', '.join(table.column_names) or 'none'}", file=file)
+    unknown = [c for c in table.column_names if c not in BY_NAME]
+    if unknown:
+        raise TraceError(f"unknown column(s) {', '.join(unknown)}: not in the trace schema "
+                         "(importers keep such columns in 'extra')", file=file)
+    cols = {}
+    for name in table.column_names:
+        spec = BY_NAME[name]
+        col = table.column(name)
+        if isinstance(col.type, pa.DictionaryType) and not pa.types.is_dictionary(spec.type):
+            col = col.dictionary_decode()
+        if pa.types.is_integer(spec.type):
+            col = _cast_int(col, spec.type, name, file, n)
+        else:
+            try:
+                col = col.cast(spec.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise TraceError(f"cannot convert {col.type} to {spec.type}: {e}",
+                                 file=file, column=name) from None
+        if not spec.nullable and col.null_count:
+            raise TraceError("must not be null", file=file, column=name,
+                             rows=_bad_rows(col.is_null().to_numpy(zero_copy_only=False)), total_rows=n)
+        cols[name] = col
+    arr = cols["arrival_ns"].to_numpy()
+    if (arr < 0).any():
+        raise TraceError("arrival_ns must be >= 0", file=file, column="arrival_ns",
+                         rows=_bad_rows(arr < 0), total_rows=n)
+    inp = cols["input_tokens"].to_numpy()
+    if (inp < 0).any():
+        raise TraceError("input_tokens must be >= 0", file=file, column="input_tokens",
+                         rows=_bad_rows(inp < 0), total_rows=n)
+    out = cols["output_tokens"].to_numpy(zero_copy_only=False)
+    out_f = np.asarray(out, dtype=np.float64)
+    if (out_f < 0).any():
+        raise TraceError("output_tokens must be >= 0", file=file, column="output_tokens",
+                         rows=_bad_rows(out_f < 0), total_rows=n)
+    if "request_id" not in cols and fill_request_id:
+        cols["request_id"] = pa.chunked_array([pa.array(np.arange(n).astype(str))])
+    order = None
+    if n > 1 and (np.diff(arr) < 0).any():
+        if not sort:
+            raise TraceError("arrival_ns must be non-decreasing (use --sort to sort the trace)",
+                             file=file, column="arrival_ns",
+                             rows=(np.flatnonzero(np.diff(arr) < 0) + 1)[:11].tolist(), total_rows=n)
+        order = np.argsort(arr, kind="stable")
+    if "request_id" in cols:
+        rid = cols["request_id"]
+        counts = pc.value_counts(rid)
+        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+        if len(dup):
+            first = dup.field("values")[0].as_py()
+            rows = np.flatnonzero(pc.equal(rid, first).to_numpy(zero_copy_only=False))
+            raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})",
+                             file=file, column="request_id", rows=rows.tolist(), total_rows=n)
+    out_table = pa.table(cols, schema=schema_for(list(cols)))
+    if order is not None:
+        out_table = out_table.take(order)
+    return out_table
+
+
+def _cast_int(col: pa.ChunkedArray, typ: pa.DataType, name: str, file: str | None, n: int):
+    t = col.type
+    if pa.types.is_floating(t):
+        v = col.to_numpy(zero_copy_only=False).astype(np.float64)
+        nan = np.isnan(v) & ~col.is_null().to_numpy(zero_copy_only=False)
+        if nan.any():
+            raise TraceError("must not be NaN", file=file, column=name, rows=_bad_rows(nan), total_rows=n)
+        finite = np.where(np.isnan(v), 0, v)
+        frac = finite != np.round(finite)
+        if frac.any():
+            raise TraceError("must be a whole number", file=file, column=name,
+                             rows=_bad_rows(frac), total_rows=n)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        lim = _INT32_MAX if typ == pa.int32() else 2**63 - 1
+        v = col.to_numpy(zero_copy_only=False).astype(np.float64)
+        big = np.abs(np.nan_to_num(v)) > lim
+        if big.any():
+            raise TraceError(f"value overflows {typ}", file=file, column=name,
+                             rows=_bad_rows(big), total_rows=n)
+    try:
+        return col.cast(typ)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise TraceError(f"expected integers ({typ}), got {t}: {str(e)[:120]}", file=file,
+                         column=name) from None
+
+
+class Trace:
+    """A validated trace: `table` in the canonical schema and JSON-able `metadata`."""
+
+    def __init__(self, table: pa.Table, metadata: dict[str, Any] | None = None, *,
+                 file: str | None = None, sort: bool = False, validate: bool = True) -> None:
+        self.table = conform(table, file=file, sort=sort) if validate else table
+        self.metadata: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **(metadata or {})}
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.num_rows
+
+    @property
+    def duration_s(self) -> float:
+        a = self.table.column("arrival_ns")
+        return (a[-1].as_py() - a[0].as_py()) / 1e9 if len(a) else 0.0
+
+    def to_pandas(self):
+        return self.table.to_pandas()
+
+    # --- Parquet (canonical) ------------------------------------------------------
+    @classmethod
+    def read(cls, path: str | Path, *, sort: bool = False) -> "Trace":
+        """Read a trace file: Parquet, or CSV/JSONL in the canonical columns (by suffix)."""
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix in (".csv", ".jsonl", ".json", ".ndjson"):
+            from .io import read_text_trace  # text formats live with the importers
+            return read_text_trace(path, sort=sort)
+        table, meta = _read_parquet(path)
+        return cls(table, meta, file=str(path), sort=sort)
+
+    def write(self, path: str | Path) -> None:
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if suffix in (".csv", ".jsonl", ".ndjson"):
+            from .io import write_text_trace
+            write_text_trace(self, path)
+            return
+        meta = {k.encode(): json.dumps(v).encode() for k, v in self.metadata.items()}
+        table = self.table.replace_schema_metadata(meta)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path, row_group_size=1 << 20, compression="zstd")
+
+    @staticmethod
+    def read_metadata(path: str | Path) -> dict[str, Any]:
+        try:
+            raw = pq.read_schema(path).metadata or {}
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
+        return _decode_meta(raw)
+
+    @staticmethod
+    def iter_batches(path: str | Path, *, batch_size: int = 65536,
+                     columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+        """Stream a Parquet trace in record batches with bounded memory."""
+        try:
+            f = pq.ParquetFile(path)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
+        if columns is not None:
+            columns = [c for c in columns if c in f.schema_arrow.names]
+        yield from f.iter_batches(batch_size=batch_size, columns=columns)
+
+    def __repr__(self) -> str:
+        return f"Trace({self.num_rows} rows, {self.duration_s:.1f}s, columns={self.table.column_names})"
+
+
+def _decode_meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
+    out = {}
+    for k, v in raw.items():
+        key = k.decode(errors="replace")
+        if key.startswith("ARROW:") or key == "pandas":
+            continue
+        try:
+            out[key] = json.loads(v)
+        except ValueError:
+            out[key] = v.decode(errors="replace")
+    return out
+
+
+def _read_parquet(path: Path) -> tuple[pa.Table, dict[str, Any]]:
+    if not path.exists():
+        raise TraceError("file not found", file=str(path))
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=str(path)) from None
+    meta = _decode_meta(table.schema.metadata or {})
+    return table.replace_schema_metadata(None), meta
