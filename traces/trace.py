@@ -173,7 +173,7 @@ class Trace:
     @staticmethod
     def read_metadata(path: str | Path) -> dict[str, Any]:
         try:
-            raw = pq.read_schema(path).metadata or {}
+            raw = pq.read_metadata(path).metadata or {}  # file key-value metadata (also set by streaming writers)
         except (OSError, pa.ArrowInvalid) as e:
             raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
         return _decode_meta(raw)
@@ -215,4 +215,8 @@ def _read_parquet(path: Path) -> tuple[pa.Table, dict[str, Any]]:
     except (OSError, pa.ArrowException) as e:
         raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=str(path)) from None
     meta = _decode_meta(table.schema.metadata or {})
+    try:  # streaming writers (importers) add their metadata to the file footer at close
+        meta.update(_decode_meta(pq.read_metadata(path).metadata or {}))
+    except (OSError, pa.ArrowException):
+        pass
     return table.replace_schema_metadata(None), meta
