@@ -1,10 +1,11 @@
 """Importers: one module per public trace format, each streaming the source into a
 canonical Parquet trace (`replay trace import FORMAT SRC -o OUT.parquet`).
 
-An importer module exposes `DOC` (one line), `add_arguments(parser)`, and
+An importer module exposes `DOC` (one line) and
 `read(src, opts, meta) -> Iterator[pa.Table]` yielding canonical columns with absolute
 `arrival_ns` (exact int64 ns in the source's clock) while filling `meta` (source, time format).
-Formats that can be written back also expose `export(trace, out)`.
+Formats that can be written back also expose `export(trace, out)`; `postprocess(out, opts)`
+runs on the finished file where a step needs the whole trace (e.g. `--dequantize`).
 """
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ FORMATS = {
     "vidur": "vidur", "sharegpt": "sharegpt", "aibrix": "aibrix", "csv": "generic", "jsonl": "generic",
 }
 
+# Options of `replay trace import` (the CLI defines the same ones, with help).
+OPTION_DEFAULTS: dict[str, Any] = {"sort": False, "drop_failed": False, "map": None, "dequantize": "none",
+                                   "quantum_ms": None, "tokenizer": None, "rate": 1.0, "seed": 0, "limit": None}
+
 
 def module(fmt: str) -> ModuleType:
     if fmt not in FORMATS:
@@ -34,13 +39,7 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
     Options are the CLI's (`--sort`, `--drop-failed`, format options) as attributes or keywords."""
     from .sink import TraceSink
     mod = module(fmt)
-    opts = opts or argparse.Namespace()
-    defaults = argparse.ArgumentParser()
-    mod.add_arguments(defaults)
-    for k, v in {**vars(defaults.parse_args([])), "sort": False, "drop_failed": False, "format": fmt,
-                 **kw}.items():
-        if not hasattr(opts, k) or k in kw:
-            setattr(opts, k, v)
+    opts = argparse.Namespace(**{**OPTION_DEFAULTS, **vars(opts or argparse.Namespace()), **kw, "format": fmt})
     src, out = Path(src), Path(out)
     meta: dict[str, Any] = {"source": {"format": fmt, "file": src.name}}
     with TraceSink(out, file=str(src), sort=opts.sort, drop_failed=opts.drop_failed) as sink:

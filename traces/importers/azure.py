@@ -22,10 +22,6 @@ TIME, INPUT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 LICENSE = "CC-BY-4.0 (Azure Public Dataset)"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
-
-
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
     names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [TIME, INPUT, OUTPUT])
     others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
