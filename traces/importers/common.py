@@ -314,3 +314,43 @@ def extra_columns(table: pa.Table, names: list[str]) -> dict[str, list]:
         return {n: [None] * table.num_rows for n in names}
     rows = [json.loads(e) if e else {} for e in table.column("extra").to_pylist()]
     return {n: [r.get(n) for r in rows] for n in names}
+
+
+def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], time_key: str, unit_ns: int,
+                 *, file: str, row0: int, required: tuple[str, ...] = (),
+                 consumed: tuple[str, ...] = ()) -> dict[str, pa.Array]:
+    """Canonical columns from a batch of JSON objects: `time_key` (decimal text in units of
+    `unit_ns`) -> absolute `arrival_ns`; `fields` maps source key -> (column, type); every
+    other key not in `consumed` goes to `extra` verbatim (always present, null where none)."""
+    for key in (time_key, *required):
+        missing = [i for i, o in enumerate(objs) if o.get(key) is None]
+        if missing:
+            raise TraceError(f"missing or null {key!r}", file=file, column=key, rows=[row0 + i for i in missing])
+    text = pa.array([num_text(o[time_key]) for o in objs], pa.string())
+    cols = {"arrival_ns": pa.array(decimal_ns(text, unit_ns, file=file, column=time_key, row0=row0), pa.int64())}
+    for key, (name, typ) in fields.items():
+        cols[name] = column(objs, key, typ, file=file, row0=row0)
+    extra = objs_extra(objs, {time_key, *fields, *consumed})
+    cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
+    return cols
+
+
+def check_blocks(hash_ids: pa.Array, input_tokens: pa.Array, block_size: int, *, file: str, row0: int) -> None:
+    """A request cannot hold more prefix blocks than ceil(input_tokens / block_size)."""
+    n = pc.list_value_length(hash_ids).fill_null(0).to_numpy(zero_copy_only=False)
+    cap = -(-np.asarray(input_tokens.to_numpy(zero_copy_only=False), dtype=np.float64) // block_size)
+    bad = n > cap
+    if bad.any():
+        raise TraceError(f"hash_ids has more blocks than ceil(input_tokens / {block_size}) allows",
+                         file=file, column="hash_ids", rows=_rows(bad, row0))
+
+
+def ns_to_decimal(ns: np.ndarray, unit_ns: int) -> list[int | float]:
+    """Absolute ns as JSON numbers in `unit_ns` units: ints when whole, else the float whose
+    shortest repr is the exact decimal (so `json.dumps` writes e.g. 1.234 back verbatim)."""
+    whole, frac = np.divmod(np.asarray(ns, dtype=np.int64), unit_ns)
+    digits = len(str(unit_ns)) - 1
+    out: list[int | float] = whole.tolist()
+    for i in np.flatnonzero(frac):
+        out[i] = float(f"{whole[i]}.{int(frac[i]):0{digits}d}")
+    return out
