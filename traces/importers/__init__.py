@@ -47,6 +47,7 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
             sink.write(table)
         written = sink.close(meta)
     post = getattr(mod, "postprocess", None)
-    if post is not None:
-        post(out, opts)
+    if post is not None and post(out, opts):
+        from ..trace import Trace
+        written = Trace.read_metadata(out)
     return written

@@ -20,6 +20,7 @@ import pyarrow as pa
 from ..errors import TraceError
 from ..trace import Trace
 from .common import json_columns, jsonl_batches
+from .mooncake import postprocess  # noqa: F401 - --dequantize applies to AIBrix groups too
 
 DOC = "AIBrix JSONL: {timestamp (ms), requests: [{prompt, prompt_length, output_length, session_id}]}"
 FIELDS = {"prompt": ("prompt", pa.string()), "prompt_length": ("input_tokens", pa.int64()),

@@ -36,12 +36,14 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
         yield pa.table(cols)
 
 
-def postprocess(out: Path, opts: argparse.Namespace) -> None:
-    if opts.dequantize == "uniform":
-        from ..transform import dequantize
-        t = Trace.read(out)
-        q = int(opts.quantum_ms * 1e6) if opts.quantum_ms else None
-        dequantize(t, q).write(out)
+def postprocess(out: Path, opts: argparse.Namespace) -> bool:
+    """`--dequantize uniform` needs the whole trace (buckets may straddle batches)."""
+    if opts.dequantize != "uniform":
+        return False
+    from ..transform import dequantize
+    q = int(opts.quantum_ms * 1e6) if opts.quantum_ms else None
+    dequantize(Trace.read(out), q).write(out)
+    return True
 
 
 def export(trace: Trace, out: Path) -> None:
