@@ -2,8 +2,8 @@
 
 `Trace.read/write` call these for `.csv` / `.jsonl` paths. Metadata travels in a sidecar
 `<file>.meta.json`. In CSV, `hash_ids` is written as a JSON list (`[1, 2, 3]`) and an empty
-cell is null; source columns outside the schema are refused here (import them with
-`replay trace import csv|jsonl`, which keeps them in `extra`).
+cell is null; CSV columns outside the schema are refused here (import them with
+`replay trace import csv`, which keeps them in `extra`); unknown JSONL keys go to `extra`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .errors import TraceError
 from .schema import BY_NAME
@@ -47,12 +46,7 @@ def read_text_trace(path: str | Path, sort: bool = False) -> Trace:
     opts = argparse.Namespace(format=fmt, map="arrival_ns=arrival_ns:ns")
     tables = list(generic.read(path, opts, meta_src))
     table = pa.concat_tables(tables, promote_options="permissive")
-    if "extra" in table.column_names and fmt == "jsonl":
-        if table.column("extra").null_count < table.num_rows:
-            bad = pc.index(pc.is_valid(table.column("extra")), True).as_py()
-            raise TraceError(f"unknown key(s) {sorted(json.loads(table.column('extra')[bad].as_py()))} are not "
-                             "trace columns; import the file with `replay trace import jsonl` to keep them",
-                             file=str(path), rows=[bad])
+    if "extra" in table.column_names and table.column("extra").null_count == table.num_rows:
         table = table.drop_columns(["extra"])
     meta = {}
     mp = _meta_path(path)

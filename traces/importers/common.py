@@ -130,7 +130,7 @@ def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, colu
         raise TraceError("too many significant digits for exact nanoseconds", file=file, column=column,
                          rows=_rows(nd > 18, row0))
     mant = pc.if_else(pc.equal(digits, ""), "0", digits).cast(pa.int64()).to_numpy()
-    exp = pc.if_else(pc.equal(ep, ""), "0", ep).cast(pa.int64()).to_numpy()
+    exp = pc.if_else(pc.equal(ep, ""), "0", pc.replace_substring(ep, "+", "")).cast(pa.int64()).to_numpy()
     shift = exp + int(round(np.log10(unit_ns))) - pc.utf8_length(fp).to_numpy()
     out = np.zeros(len(mant), dtype=np.int64)
     up, down = shift >= 0, shift < 0
@@ -248,8 +248,16 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
 
 
 def column(objs: list[dict], key: str, typ: pa.DataType, *, file: str, row0: int) -> pa.Array:
-    """One field of a batch of JSON objects as an Arrow array of `typ` (missing -> null)."""
+    """One field of a batch of JSON objects as an Arrow array of `typ` (missing -> null).
+    Integer columns take JSON integers (or whole-valued numbers), never booleans or fractions."""
     vals = [o.get(key) for o in objs]
+    if pa.types.is_integer(typ):
+        bad = [i for i, v in enumerate(vals) if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                                  or (isinstance(v, float) and not v.is_integer()))]
+        if bad:
+            raise TraceError(f"expected whole numbers, got {json.dumps(vals[bad[0]])[:60]}", file=file, column=key,
+                             rows=[row0 + i for i in bad])
+        vals = [int(v) if isinstance(v, float) else v for v in vals]
     try:
         return pa.array(vals, typ)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:

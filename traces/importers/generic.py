@@ -25,7 +25,7 @@ DOC = "any CSV or JSON-lines file, columns mapped with --map target=source[:unit
 
 def parse_map(spec: str | None, names: list[str]) -> tuple[dict[str, str], str]:
     """{canonical: source} and the arrival unit, from `--map` and the source's column names."""
-    mapping: dict[str, str] = {n: n for n in names if n in BY_NAME and n != "extra"}
+    mapping: dict[str, str] = {n: n for n in names if n in BY_NAME}
     unit = "ns"
     for item in filter(None, (s.strip() for s in (spec or "").split(","))):
         target, sep, source = item.partition("=")
@@ -97,7 +97,7 @@ def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iter
                 c = pc.if_else(pc.equal(c, ""), pa.scalar(None, pa.string()), c)  # empty cell = null
             cols[target] = c
         extra = extra_json(t, others)
-        if extra is not None:
+        if extra is not None and "extra" not in mapping:
             cols["extra"] = extra
         row0 += t.num_rows
         yield pa.table(cols)
@@ -124,5 +124,10 @@ def _read_jsonl(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> It
                 typ = pa.int64() if pa.types.is_integer(typ) else typ
                 cols[target] = column(objs, source, typ, file=str(src), row0=row0)
         extra = objs_extra(objs, set(mapping.values()))
-        cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
+        if "extra" not in mapping:
+            cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
+        elif extra is not None:  # a canonical `extra` column is taken as it is; nothing may be lost
+            keys = sorted({k for o in objs for k in o if k not in mapping.values()})
+            raise TraceError(f"key(s) {keys} are not trace columns and an 'extra' column exists; "
+                             "map them (--map) or drop them", file=str(src))
         yield pa.table(cols)
