@@ -130,6 +130,12 @@ class Trace:
                  file: str | None = None, sort: bool = False, validate: bool = True) -> None:
         self.table = conform(table, file=file, sort=sort) if validate else table
         self.metadata: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **(metadata or {})}
+        bs = self.metadata.get("block_size")
+        if validate and bs and "hash_ids" in self.table.column_names:
+            from .validate import check_blocks
+            if not isinstance(bs, int) or bs < 1:
+                raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
+            check_blocks(self.table.column("hash_ids"), self.table.column("input_tokens"), bs, file=file)
 
     def __len__(self) -> int:
         return self.table.num_rows

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..errors import TraceError
+from ..validate import check_blocks  # noqa: F401 - importers use it from here
 
 UNIT_NS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9}
 CSV_BLOCK = 16 << 20
@@ -341,16 +342,6 @@ def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], t
     extra = objs_extra(objs, {time_key, *fields, *consumed})
     cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
     return cols
-
-
-def check_blocks(hash_ids: pa.Array, input_tokens: pa.Array, block_size: int, *, file: str, row0: int) -> None:
-    """A request cannot hold more prefix blocks than ceil(input_tokens / block_size)."""
-    n = pc.list_value_length(hash_ids).fill_null(0).to_numpy(zero_copy_only=False)
-    cap = -(-np.asarray(input_tokens.to_numpy(zero_copy_only=False), dtype=np.float64) // block_size)
-    bad = n > cap
-    if bad.any():
-        raise TraceError(f"hash_ids has more blocks than ceil(input_tokens / {block_size}) allows",
-                         file=file, column="hash_ids", rows=_rows(bad, row0))
 
 
 def ns_to_decimal(ns: np.ndarray, unit_ns: int) -> list[int | float]:
