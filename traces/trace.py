@@ -73,8 +73,6 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
     if (out_f < 0).any():
         raise TraceError("output_tokens must be >= 0", file=file, column="output_tokens",
                          rows=_bad_rows(out_f < 0), total_rows=n)
-    if "request_id" not in cols and fill_request_id:
-        cols["request_id"] = pa.chunked_array([pa.array(np.arange(n).astype(str))])
     order = None
     if n > 1 and (np.diff(arr) < 0).any():
         if not sort:
@@ -91,6 +89,8 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
             rows = np.flatnonzero(pc.equal(rid, first).to_numpy(zero_copy_only=False))
             raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})",
                              file=file, column="request_id", rows=rows.tolist(), total_rows=n)
+    if "request_id" not in cols and fill_request_id:  # unique by construction: no duplicate check
+        cols["request_id"] = pa.chunked_array([pa.array(np.arange(n)).cast(pa.string())])
     out_table = pa.table(cols, schema=schema_for(list(cols)))
     if order is not None:
         out_table = out_table.take(order)

@@ -1,8 +1,10 @@
 """Stream canonical batches into a Parquet trace with bounded memory.
 
 Importers yield tables whose `arrival_ns` is absolute in the source's own clock (exact int64
-ns); the sink subtracts the origin (the first arrival), numbers rows globally, validates each
-batch with `conform` (errors name global data rows), and appends a row group. The output
+ns); the sink subtracts the origin (the first arrival), validates each batch with `conform`
+(errors name global data rows), and appends a row group. Sources without ids get none in the
+file: readers fill `request_id` with the row index (the schema's rule), which saves writing
+and compressing tens of millions of strings. The output
 appears only when everything succeeded (written to `OUT.partial`, then renamed).
 """
 from __future__ import annotations
@@ -49,9 +51,6 @@ class TraceSink:
         arr = table.column("arrival_ns").to_numpy().astype(np.int64)
         if "request_id" in table.column_names:
             self.ids.append(table.column("request_id").cast(pa.string()))
-        else:
-            ids = np.arange(self.rows, self.rows + table.num_rows).astype(str)
-            table = table.append_column("request_id", pa.array(ids, pa.string()))
         if self.sort:
             self.held.append(table)
             self.rows += table.num_rows
@@ -71,7 +70,7 @@ class TraceSink:
     def _conform(self, table: pa.Table, row0: int) -> pa.Table:
         if self.schema is not None:  # every batch gets the first batch's columns
             for f in self.schema:
-                if f.name not in table.column_names:
+                if f.name not in table.column_names and f.name != "request_id":
                     table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
             table = table.select([c for c in self.schema.names if c in table.column_names])
         try:
