@@ -26,7 +26,8 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from traces.importers.common import format_iso, write_csv
+    from traces.importers.common import write_csv
+    from traces.importers.timeparse import format_iso
     rng = np.random.default_rng(seed)
     fmt = {"sep": [" "], "fraction_digits": [7], "zones": [""]}
     with open(path, "wb") as f:

@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import csv_batches, extra_columns, extra_json, file_layout, format_iso, iso_ns, merge_time_format, write_csv
-
+from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .timeparse import format_iso, iso_ns, merge_time_format
 DOC = "Azure LLM inference trace CSV: TIMESTAMP (ISO-8601 UTC), ContextTokens, GeneratedTokens"
 TIME, INPUT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
 LICENSE = "CC-BY-4.0 (Azure Public Dataset)"

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..trace import Trace
-from .common import csv_batches, decimal_ns, extra_columns, extra_json, file_layout, write_csv
-
+from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .timeparse import decimal_ns
 DOC = "BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens, Log Type"
 TIME, MODEL, REQ, RESP, TOTAL, LOG = "Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"
 SESSION, ELAPSED = "Session ID", "Elapsed time"

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 
 from ..errors import TraceError
 from ..schema import BY_NAME
-from .common import (UNIT_NS, column, csv_batches, csv_header, decimal_ns, extra_json, file_layout, iso_ns,
-                     jsonl_batches, merge_time_format, num_text, objs_extra)
+from .common import column, csv_batches, csv_header, extra_json, file_layout, jsonl_batches, objs_extra
+from .timeparse import UNIT_NS, decimal_ns, iso_ns, merge_time_format, num_text
 
 DOC = "any CSV or JSON-lines file, columns mapped with --map target=source[:unit]"
 

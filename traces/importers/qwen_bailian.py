@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import check_blocks, json_columns, jsonl_batches, ns_to_decimal
+from .common import check_blocks, json_columns, jsonl_batches
+from .timeparse import ns_to_decimal
 from .mooncake import write_jsonl
 
 DOC = "Qwen-Bailian JSONL: chat_id, parent_chat_id, timestamp (s), input_length, output_length, type, turn, hash_ids"

@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import csv_batches, decimal_ns, extra_columns, extra_json, file_layout, ns_to_decimal, write_csv
-
+from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .timeparse import decimal_ns, ns_to_decimal
 DOC = "Vidur CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens"
 TIME, INPUT, OUTPUT = "arrived_at", "num_prefill_tokens", "num_decode_tokens"
 
