@@ -30,6 +30,19 @@ TRANSFORMS = (
 )
 
 
+def _user_errors(func):
+    """File-system failures (permissions, a directory where a file is expected) are the user's
+    to fix: report them like TraceError (exit 2), not as a traceback."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except OSError as e:
+            from .errors import TraceError
+            raise TraceError(f"{e.strerror or e}", file=e.filename) from None
+    run.__name__ = func.__name__
+    return run
+
+
 class _Op(argparse.Action):
     """Collect transform options in command-line order: they are applied in that order."""
 
@@ -55,24 +68,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate (req/s); the source has no times")
     p.add_argument("--seed", type=int, default=0, help="sharegpt: seed of the arrival process")
     p.add_argument("--limit", type=int, help="sharegpt: at most this many conversations")
-    p.set_defaults(func=cmd_import)
+    p.set_defaults(func=_user_errors(cmd_import))
 
     p = sub.add_parser("validate", help="check a trace file against the schema and rules (exit 0 ok, 2 invalid)")
     p.add_argument("trace", help="trace file (.parquet, canonical .csv or .jsonl)")
     p.add_argument("--sort", action="store_true", help="accept unsorted arrivals (they are sorted on read)")
-    p.set_defaults(func=cmd_validate)
+    p.set_defaults(func=_user_errors(cmd_validate))
 
     p = sub.add_parser("export", help="write a canonical trace in a source format (or canonical csv/jsonl)")
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=EXPORT_FORMATS, help="default: the format the trace was imported from")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=_user_errors(cmd_export))
 
     p = sub.add_parser("describe", help="statistics of a trace: rate, burstiness, lengths, model mix, prefix reuse")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--windows", default="1,10,60", help="index-of-dispersion windows in seconds (default 1,10,60)")
-    p.set_defaults(func=cmd_describe)
+    p.set_defaults(func=_user_errors(cmd_describe))
 
     p = sub.add_parser("transform", help="speed up, rescale, slice, sample, filter, remap, merge, clip a trace",
                        description="Apply transforms in the order given on the command line; "
@@ -83,7 +96,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for --sample")
     for flag, metavar, text in TRANSFORMS:
         p.add_argument(flag, metavar=metavar, dest="ops", action=_Op, help=text)
-    p.set_defaults(func=cmd_transform, ops=[])
+    p.set_defaults(func=_user_errors(cmd_transform), ops=[])
 
 
 def cmd_import(args: argparse.Namespace) -> int:

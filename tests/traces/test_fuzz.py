@@ -99,3 +99,25 @@ def test_cli_never_prints_a_traceback(tmp_path):
         p = run_cli("replay", *args)
         assert p.returncode == 2, (args, p.stderr)
         assert "Traceback" not in p.stderr and p.stderr.startswith("error: ")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(fmt=st.sampled_from(sorted(FORMATS)), data=st.binary(max_size=200),
+       cmd=st.sampled_from(["import", "describe", "validate", "transform"]))
+def test_cli_entry_point_random_input(fmt, data, cmd):
+    """The real entry point (`replay.cli.main`, in process): exit 0 or 2, never an exception."""
+    from replay.cli import main
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / ("in" + Path(SOURCES[fmt]).suffix)
+        src.write_bytes(data)
+        out = Path(d) / "o.parquet"
+        argv = {"import": ["trace", "import", fmt, str(src), "-o", str(out)] + (["--map", MAPS[fmt]] if fmt in MAPS else []),
+                "describe": ["trace", "describe", str(src)], "validate": ["trace", "validate", str(src)],
+                "transform": ["trace", "transform", str(src), "--speed", "2", "-o", str(out)]}[cmd]
+        assert main(argv) in (0, 2)
+
+
+def test_cli_os_errors_are_user_errors(tmp_path):
+    from replay.cli import main
+    assert main(["trace", "import", "vidur", str(FIX / "vidur.csv"), "-o", str(tmp_path)]) == 2  # a directory
+    assert main(["trace", "validate", str(tmp_path)]) == 2
