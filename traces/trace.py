@@ -111,9 +111,11 @@ def _cast_int(col: pa.ChunkedArray, typ: pa.DataType, name: str, file: str | Non
                              rows=_bad_rows(frac), total_rows=n)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         lim = _INT32_MAX if typ == pa.int32() else 2**63 - 1
-        v = col.to_numpy(zero_copy_only=False).astype(np.float64)
-        big = np.abs(np.nan_to_num(v)) > lim
-        if big.any():
+        mm = pc.min_max(col)  # cheap range check first; rows only located when it fails
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and (abs(lo) > lim or abs(hi) > lim):
+            v = col.to_numpy(zero_copy_only=False).astype(np.float64)
+            big = np.abs(np.nan_to_num(v)) > lim
             raise TraceError(f"value overflows {typ}", file=file, column=name,
                              rows=_bad_rows(big), total_rows=n)
     try:
