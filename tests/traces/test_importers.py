@@ -228,3 +228,14 @@ def test_hash_ids_longer_than_input_allows_is_rejected(tmp_path):
     src.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}\n')
     with pytest.raises(TraceError, match=r"more blocks than ceil\(input_tokens / 512\).*rows 0"):
         import_trace("mooncake", src, tmp_path / "o.parquet")
+
+
+def test_extra_appearing_in_a_later_batch_is_kept(tmp_path, monkeypatch):
+    from traces.importers import common
+    monkeypatch.setattr(common, "CSV_BLOCK", 1 << 10)
+    rows = [f"{i},ChatGPT,10,5,15,API log" for i in range(300)] + ["300,ChatGPT,10,5,99,API log"]
+    src = tmp_path / "b.csv"
+    src.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "\n".join(rows) + "\n")
+    import_trace("burstgpt", src, tmp_path / "b.parquet")
+    extra = Trace.read(tmp_path / "b.parquet").table.column("extra").to_pylist()
+    assert extra[:-1] == [None] * 300 and extra[-1] == '{"Total tokens": 99}'

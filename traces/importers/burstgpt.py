@@ -49,8 +49,8 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
         extra = extra_json(t, others) if others else None
         if TOTAL in names:
             extra = _total_mismatch(t, extra)
-        if extra is not None:
-            cols["extra"] = extra
+        if others or TOTAL in names:  # the same columns in every batch, even where all null
+            cols["extra"] = extra if extra is not None else pa.nulls(t.num_rows, pa.string())
         row0 += t.num_rows
         yield pa.table(cols)
 

@@ -69,6 +69,9 @@ class TraceSink:
 
     def _conform(self, table: pa.Table, row0: int) -> pa.Table:
         if self.schema is not None:  # every batch gets the first batch's columns
+            new = set(table.column_names) - set(self.schema.names)
+            if new:  # an importer bug, never silently dropped data
+                raise RuntimeError(f"importer emitted column(s) {sorted(new)} missing from its first batch")
             for f in self.schema:
                 if f.name not in table.column_names and f.name != "request_id":
                     table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
