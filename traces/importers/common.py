@@ -68,15 +68,49 @@ def csv_batches(path: Path, types: dict[str, pa.DataType], required: list[str]) 
     col_types = {n: types.get(n, pa.string()) for n in names}
 
     def gen() -> Iterator[pa.Table]:
-        try:
+        try:  # parsing runs in a thread (Arrow releases the GIL) while the caller converts and writes
             reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
                                    convert_options=pcsv.ConvertOptions(column_types=col_types,
                                                                        strings_can_be_null=False))
-            for batch in reader:
+            for batch in prefetch(reader):
                 yield pa.Table.from_batches([batch])
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as e:
             raise _csv_error(path, e, types) from None
     return names, gen()
+
+
+def prefetch(it, depth: int = 2) -> Iterator:
+    """Iterate `it` in a background thread, at most `depth` items ahead (bounded memory);
+    its exceptions are re-raised here."""
+    import queue
+    import threading
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def run() -> None:
+        try:
+            for x in it:
+                if stop.is_set():
+                    return
+                q.put((True, x))
+            q.put((True, done))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put((False, e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        while True:
+            ok, x = q.get()
+            if not ok:
+                raise x
+            if x is done:
+                return
+            yield x
+    finally:
+        stop.set()
+        while not q.empty():  # unblock the producer so the thread ends
+            q.get_nowait()
 
 
 def _csv_error(path: Path, e: Exception, types: dict[str, pa.DataType]) -> TraceError:
