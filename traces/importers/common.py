@@ -145,6 +145,9 @@ def extra_json(table: pa.Table, columns: list[str]) -> pa.Array | None:
                     pa.string())
 
 
+_DECODER = json.JSONDecoder(parse_float=Num)  # one decoder: json.loads(parse_float=...) builds one per line
+
+
 def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, list[dict]]]:
     """Stream a JSON-lines file as (first row index, list of objects); blank lines skipped.
     Numbers with a fraction or exponent arrive as `Num` (their text is kept)."""
@@ -156,7 +159,7 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw, parse_float=Num)
+                obj = _DECODER.decode(raw.decode("utf-8"))
             except (ValueError, RecursionError) as e:
                 raise TraceError(f"line {lineno}: invalid JSON ({str(e)[:120]})", file=str(path)) from None
             if not isinstance(obj, dict):
@@ -177,6 +180,12 @@ def column(objs: list[dict], key: str, typ: pa.DataType, *, file: str, row0: int
     Integer columns take JSON integers (or whole-valued numbers), never booleans or fractions."""
     vals = [o.get(key) for o in objs]
     if pa.types.is_integer(typ):
+        try:  # fast path: Arrow infers int64 only when every value is a JSON integer (no bool/float)
+            inferred = pa.array(vals)
+            if pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type):
+                return inferred.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
         bad = [i for i, v in enumerate(vals) if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                                                                   or (isinstance(v, float) and not v.is_integer()))]
         if bad:
