@@ -1,0 +1,74 @@
+"""Batched token sampling: greedy, temperature, top-k, top-p, per-request seeds.
+
+min_tokens / ignore_eos are applied as logit masks on EOS and the stop ids. Sampling uses the
+exponential-race trick (argmax of p / Exp(1)), so a seeded request draws from its own generator
+and gets the same tokens whatever else is in the batch. One host sync (.tolist()) per step.
+"""
+from __future__ import annotations
+
+import torch
+
+from .request import EngineRequest
+from .tokenizer import EOS
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, banned_ids: list[int], device: torch.device, seed: int = 0) -> None:
+        self.bias = torch.zeros(vocab_size, device=device)
+        self.bias[banned_ids] = float("-inf")
+        self.device = device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self._req_generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._req_generators.pop(request_id, None)
+
+    def _generator(self, req: EngineRequest) -> torch.Generator:
+        g = self._req_generators.get(req.request_id)
+        if g is None:
+            g = torch.Generator(device=self.device).manual_seed(req.params.seed)
+            self._req_generators[req.request_id] = g
+        return g
+
+    @torch.no_grad()
+    def __call__(self, logits: torch.Tensor, reqs: list[EngineRequest]) -> list[int]:
+        logits = logits + self.bias
+        rows, cols = [], []
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.ignore_eos or r.num_output_tokens < p.min_tokens:
+                # ignore_eos: EOS would only add an empty event; min_tokens: not allowed yet
+                stop = (EOS,) if r.num_output_tokens >= p.min_tokens else (EOS, *p.stop_token_ids)
+                rows.extend([i] * len(stop))
+                cols.extend(stop)
+        if rows:
+            logits[rows, cols] = float("-inf")
+        greedy = [r.params.greedy for r in reqs]
+        if all(greedy):
+            return logits.argmax(-1).tolist()
+        temps = torch.tensor([1.0 if g else r.params.temperature for g, r in zip(greedy, reqs)],
+                             device=logits.device)
+        scaled = logits / temps[:, None]
+        if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in reqs):
+            scaled = _top_k_top_p(scaled, reqs)
+        probs = scaled.softmax(-1)
+        q = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, r in enumerate(reqs):
+            if r.params.seed is not None:
+                q[i].exponential_(generator=self._generator(r))
+        sampled = (probs / q).argmax(-1)
+        greedy_t = torch.tensor(greedy, device=logits.device)
+        return torch.where(greedy_t, logits.argmax(-1), sampled).tolist()
+
+
+def _top_k_top_p(logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=logits.device)
+    p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
+    sorted_logits, order = logits.sort(-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    drop = ranks >= k[:, None]
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop |= (cum - sorted_logits.softmax(-1)) > p[:, None]  # keep the token that crosses p
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
