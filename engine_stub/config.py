@@ -30,17 +30,17 @@ class ModelSpec:
     def num_params(self) -> int:
         attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.hidden * self.hidden
         mlp = 3 * self.hidden * self.ffn
-        return self.vocab_size * self.hidden + self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+        return 2 * self.vocab_size * self.hidden + self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
 
 
 PRESETS: dict[str, ModelSpec] = {
-    # ~2M params: a decode step at batch 32 takes a few ms on one CPU thread.
+    # ~3M params (1M of them the LM head): a decode step at batch 32 takes a few ms on one CPU thread.
     "tiny": ModelSpec("tiny"),
-    # ~3.7M params: the same shape, wider.
+    # ~5M params: the same shape, wider.
     "tiny-wide": ModelSpec("tiny-wide", hidden=192, heads=6, ffn=768, seed=3),
-    # ~30M params: slower steps, for heavier CPU rehearsals or a GPU.
+    # ~32M params: slower steps, for heavier CPU rehearsals or a GPU.
     "small": ModelSpec("small", hidden=512, layers=8, heads=8, kv_heads=4, ffn=1408, seed=1),
-    # ~0.6M params: for unit tests.
+    # ~1.1M params: for unit tests.
     "micro": ModelSpec("micro", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=2),
 }
 

@@ -81,6 +81,7 @@ class TinyGPT(nn.Module):
         self.layers = nn.ModuleList(Block(spec, n_loras + 1 if n_loras else 0, lora_rank)
                                     for _ in range(spec.layers))
         self.norm = nn.RMSNorm(spec.hidden, eps=1e-6)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         cos, sin = rope_tables(spec)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -88,20 +89,21 @@ class TinyGPT(nn.Module):
 
     @torch.no_grad()
     def _seeded_init(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        for name, p in self.named_parameters():
+        # base weights first, adapters from their own stream: adding adapters never changes the base
+        g, g_lora = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+        params = sorted(self.named_parameters(), key=lambda kv: ".lora_" in kv[0])
+        for name, p in params:
             if "norm" in name:
                 p.fill_(1.0)
-            elif name.endswith(".A"):
-                p.normal_(0.0, 0.02, generator=g)
-            elif name.endswith(".B"):
-                p.normal_(0.0, 0.02, generator=g)
-                p[0].zero_()  # adapter slot 0 is the base model
-            elif name == "embed.weight":
-                # tied to the LM head: this scale gives peaked next-token distributions, so
-                # greedy decoding is stable under batched-matmul rounding
-                p.normal_(0.0, 0.5, generator=g)
-            else:  # 1/sqrt(fan_in): every layer moves the residual stream (no echo of the input)
+            elif ".lora_" in name:
+                p.normal_(0.0, 0.05, generator=g_lora)
+                if name.endswith(".B"):
+                    p[0].zero_()  # adapter slot 0 is the base model
+            elif name == "lm_head.weight":
+                # logits with a std of ~4: peaked next-token distributions, so greedy decoding is
+                # stable under batched-matmul rounding, yet sampling still varies
+                p.normal_(0.0, 0.35, generator=g)
+            else:  # 1/sqrt(fan_in): every layer moves the residual stream
                 p.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn, meta,
@@ -113,7 +115,7 @@ class TinyGPT(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attn, meta, groups)
         h = self.norm(x[logits_indices])
-        return F.linear(h, self.embed.weight).float()
+        return self.lm_head(h).float()
 
 
 def _lora_groups(lora_ids: list[int] | None, device) -> list[tuple[int, torch.Tensor]]:
