@@ -245,23 +245,22 @@ async def _watch_disconnect(request: Request, engine: EngineLoop, ids: list[str]
 
 
 class _StopText:
-    """Stop strings: cut the text before the first match and finish the choice."""
+    """Stop strings: cut the text before the first match and finish the choice. Like vLLM, the
+    last len(longest stop) - 1 characters are held back until they cannot start a match."""
 
     def __init__(self, stops: list[str]) -> None:
-        self.stops, self.text = stops, ""
+        self.stops, self.text, self.sent = stops, "", 0
+        self.hold = max(map(len, stops), default=1) - 1
 
-    def feed(self, delta: str) -> tuple[str, bool]:
+    def feed(self, delta: str, finished: bool) -> tuple[str, bool]:
         if not self.stops:
             return delta, False
-        start = max(0, len(self.text) - max(map(len, self.stops)) + 1)
+        start = max(0, len(self.text) - self.hold)
         self.text += delta
         hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if not hits:
-            return delta, False
-        cut = min(hits)
-        kept = delta[: max(0, len(delta) - (len(self.text) - cut))]
-        self.text = self.text[:cut]
-        return kept, True
+        end = min(hits) if hits else len(self.text) if finished else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent:end], end
+        return out, bool(hits)
 
 
 async def _outputs(engine: EngineLoop, queue: asyncio.Queue, ids: list[str], stops: list[str]):
@@ -276,7 +275,7 @@ async def _outputs(engine: EngineLoop, queue: asyncio.Queue, ids: list[str], sto
         i = index.get(o.request_id)
         if i is None or stop_text[i] is None:
             continue
-        text, hit = stop_text[i].feed(o.text)
+        text, hit = stop_text[i].feed(o.text, o.finished)
         reason = "stop" if hit else o.finish_reason
         if hit and not o.finished:
             engine.abort(o.request_id)
