@@ -76,8 +76,11 @@ class Scheduler:
         return budget
 
     def _admit(self, out: SchedulerOutput, budget: int, whole_prompts: bool) -> None:
+        adapters = {r.lora_id for r in self.running if r.lora_id}
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
+            if req.lora_id and req.lora_id not in adapters and len(adapters) >= self.cfg.max_loras:
+                break  # at most max_loras distinct adapters per step (FCFS: no overtaking)
             hits = self.blocks.match_prefix(req)
             req.num_computed_tokens = len(hits) * self.blocks.block_size
             n = req.num_tokens - req.num_computed_tokens
@@ -89,6 +92,8 @@ class Scheduler:
             if not self.blocks.allocate(req, n, hits):
                 break
             self.waiting.popleft()
+            if req.lora_id:
+                adapters.add(req.lora_id)
             req.status = Status.RUNNING
             req.num_cached_tokens = req.num_computed_tokens
             out.prefix_queries += req.num_tokens

@@ -106,6 +106,14 @@ def test_lora_adapters_change_only_their_requests(prompts, alone):
     assert outs[0] == alone[0] and outs[3] == alone[3]
     assert outs[1] != alone[1] or outs[4] != alone[4]
     assert run(core, [prompts[1]], lora_ids=[1])[0] == outs[1]
+    # --max-loras 1: adapters take turns, never two in one step, and everything finishes
+    core = make_core(lora_names=("a1", "a2"), max_loras=1)
+    for i, p in enumerate(prompts[:6]):
+        core.add(EngineRequest(f"m{i}", p, SamplingParams(max_tokens=4, temperature=0), 0.0, lora_id=i % 3))
+    while core.scheduler.has_work():
+        core.step()
+        assert len({r.lora_id for r in core.scheduler.running if r.lora_id}) <= 1
+    assert core.blocks.usage == 0.0
 
 
 def test_tokenizer_roundtrip_and_utf8_safe_detokenizer():
@@ -119,6 +127,18 @@ def test_tokenizer_roundtrip_and_utf8_safe_detokenizer():
     deltas = [detok.step([i]) for i in ids]
     assert "".join(deltas) == text
     assert all("\ufffd" not in d for d in deltas)  # never a split multibyte sequence
+
+
+def test_cli_kv_sizing_and_emulation_profiles():
+    from engine_stub.cli import build_parser, engine_configs, parse_models
+    parse = lambda *a: build_parser().parse_args(["serve", *a])  # noqa: E731
+    models = parse_models(None, [])
+    assert engine_configs(parse(), *models)["tiny"].num_blocks == EngineConfig.DEFAULT_NUM_BLOCKS
+    cfg = engine_configs(parse("--kv-cache-bytes", str(1 << 20), "--dtype", "float32"), *models)["tiny"]
+    assert cfg.num_blocks == (1 << 20) // (2 * 4 * 2 * 32 * 16 * 4)
+    assert cfg.max_model_len == min(2048, cfg.num_blocks * 16)  # one request always fits the pool
+    cfg = engine_configs(parse("--emulate", "llama3-8b-l4"), *models)["tiny"]
+    assert cfg.num_blocks == Pacer(PROFILES["llama3-8b-l4"]).num_blocks(16)
 
 
 def test_pacer_sizes_kv_and_paces_steps():
