@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     a("--seed", type=int, default=0, help="sampling seed for requests without their own")
     a("--threads", type=int, default=1, help="torch threads (default 1: a load generator shares the cores)")
+    a("--engine-process", action="store_true", help="run the engine loop in a child process (no GIL sharing)")
     a("--emulate", choices=sorted(PROFILES), help="pace steps and size the KV cache like this model+GPU")
     a("--api-key", default=os.environ.get("ENGINE_STUB_API_KEY"), help="require Bearer KEY on /v1/*")
     a("--max-waiting", type=int, default=0, help="429 when this many requests wait (0: unbounded)")
@@ -102,7 +103,8 @@ async def serve(args) -> int:
     import torch
     import uvicorn
 
-    from .engine import EngineCore, EngineLoop
+    from .engine import AsyncEngine, EngineLoop, build_cores
+    from .engine_proc import ProcessBackend
     from .metrics import Metrics
     from .pacing import Pacer
     from .server import Served
@@ -129,26 +131,27 @@ async def serve(args) -> int:
     server = uvicorn.Server(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
 
-    metrics = Metrics()
-    pacer = Pacer(PROFILES[args.emulate]) if args.emulate else None
     loop = asyncio.get_running_loop()
+    if args.engine_process:
+        backend = ProcessBackend(configs, args.emulate, args.threads)
+        engine = AsyncEngine(backend.cores, backend)
+        await loop.run_in_executor(None, backend.start, engine.deliver, loop)
+        render = backend.render_metrics
+    else:
+        metrics = Metrics()
+        pacer = Pacer(PROFILES[args.emulate]) if args.emulate else None
+        cores = await loop.run_in_executor(None, build_cores, configs, metrics, pacer)
+        backend = EngineLoop(cores, lambda outs: loop.call_soon_threadsafe(engine.deliver, outs))
+        engine = AsyncEngine(cores, backend)
+        backend.start()
 
-    def build() -> EngineLoop:
-        cores = {}
-        for name, cfg in configs.items():
-            core = EngineCore(cfg, name, metrics.for_model(name), pacer)
-            core.warmup()
-            core.update_gauges()
-            cores[name] = core
-        return EngineLoop(cores)
-
-    engine = await loop.run_in_executor(None, build)
-    engine.start(loop)
+        async def render() -> bytes:
+            return metrics.render()
     for name, cfg in configs.items():
         state.served[name] = Served(name, name)
         for i, adapter in enumerate(cfg.lora_names, start=1):
             state.served[adapter] = Served(adapter, name, i, parent=name)
-    state.metrics, state.engine = metrics, engine
+    state.render_metrics, state.engine = render, engine
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
     if serving.done():

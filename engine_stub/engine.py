@@ -1,5 +1,6 @@
-"""EngineCore (one model: scheduler + runner + output processing) and EngineLoop (the thread
-that steps every core round-robin and hands one batch of outputs per step to asyncio)."""
+"""EngineCore (one model: scheduler + runner + output processing), EngineLoop (the thread that
+steps every core round-robin and emits one batch of outputs per step) and AsyncEngine (the
+asyncio side: per-request queues)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -155,19 +157,17 @@ class EngineCore:
 
 
 class EngineLoop:
-    """The engine thread. Every call except the thread body runs on the asyncio loop thread."""
+    """The engine thread: applies queued adds/aborts, steps every core round-robin and emits one
+    batch of outputs per round. add/abort are thread-safe; emit runs on the engine thread."""
 
-    def __init__(self, cores: dict[str, EngineCore]) -> None:
-        self.cores = cores
+    def __init__(self, cores: dict[str, EngineCore], emit: Callable[[list[RequestOutput]], None]) -> None:
+        self.cores, self.emit = cores, emit
         self._commands: deque = deque()
         self._wake = threading.Event()
-        self._sinks: dict[str, asyncio.Queue] = {}
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
@@ -176,16 +176,13 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
-    def submit(self, core: str, req: EngineRequest, sink: asyncio.Queue) -> None:
-        self._sinks[req.request_id] = sink
+    def add(self, core: str, req: EngineRequest) -> None:
         self._commands.append((core, req))
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
-        """Idempotent: aborting a finished or unknown request does nothing."""
-        if self._sinks.pop(request_id, None) is not None:
-            self._commands.append((None, request_id))
-            self._wake.set()
+        self._commands.append((None, request_id))
+        self._wake.set()
 
     def num_waiting(self, core: str) -> int:
         return len(self.cores[core].scheduler.waiting) + sum(1 for c, _ in list(self._commands) if c == core)
@@ -210,11 +207,47 @@ class EngineLoop:
                 elif c.metrics is not None:
                     c.update_gauges()
             if outputs:
-                self._loop.call_soon_threadsafe(self._deliver, outputs)
+                self.emit(outputs)
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+
+class AsyncEngine:
+    """What the server talks to, on the asyncio loop thread: submits requests to a backend (the
+    engine thread, or a process) and routes each step's outputs to per-request queues."""
+
+    def __init__(self, cores: dict, backend) -> None:
+        self.cores = cores  # name -> object with .cfg and .tokenizer
+        self.backend = backend
+        self._sinks: dict[str, asyncio.Queue] = {}
+
+    def submit(self, core: str, req: EngineRequest, sink: asyncio.Queue) -> None:
+        self._sinks[req.request_id] = sink
+        self.backend.add(core, req)
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent: aborting a finished or unknown request does nothing."""
+        if self._sinks.pop(request_id, None) is not None:
+            self.backend.abort(request_id)
+
+    def num_waiting(self, core: str) -> int:
+        return self.backend.num_waiting(core)
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
         sinks = self._sinks
         for o in outputs:
             q = sinks.pop(o.request_id, None) if o.finished else sinks.get(o.request_id)
             if q is not None:
                 q.put_nowait(o)
+
+    def stop(self) -> None:
+        self.backend.stop()
+
+
+def build_cores(configs: dict[str, EngineConfig], metrics, pacer: Pacer | None) -> dict[str, EngineCore]:
+    cores = {}
+    for name, cfg in configs.items():
+        core = EngineCore(cfg, name, metrics.for_model(name) if metrics else None, pacer)
+        core.warmup()
+        if core.metrics is not None:
+            core.update_gauges()
+        cores[name] = core
+    return cores

@@ -12,14 +12,14 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from .engine import EngineCore, EngineLoop, RequestOutput
+from .engine import AsyncEngine, EngineCore, RequestOutput
 from .faults import DroppedConnection, Faults, RequestFaults
-from .metrics import Metrics
 from .protocol import ChatRequest, ChunkWriter, CompletionRequest, usage
 from .request import EngineRequest, SamplingParams
 
@@ -59,9 +59,11 @@ class ServerOptions:
 
 class State:
     """What the app needs once the engine is up (set by the CLI after startup)."""
-    engine: EngineLoop | None = None
-    served: dict[str, Served] = {}
-    metrics: Metrics | None = None
+
+    def __init__(self) -> None:
+        self.engine: AsyncEngine | None = None
+        self.served: dict[str, Served] = {}
+        self.render_metrics: Callable[[], Awaitable[bytes]] | None = None
 
 
 def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
@@ -92,7 +94,7 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
 
     @app.get("/metrics")
     async def metrics():
-        body = state.metrics.render() if state.metrics else b""
+        body = await state.render_metrics() if state.render_metrics else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -235,7 +237,7 @@ def _sampling(core: EngineCore, req, chat: bool, prompts: list[list[int]]) -> Sa
                           ignore_eos=req.ignore_eos, stop_token_ids=stop_ids)
 
 
-async def _watch_disconnect(request: Request, engine: EngineLoop, ids: list[str], queue: asyncio.Queue):
+async def _watch_disconnect(request: Request, engine: AsyncEngine, ids: list[str], queue: asyncio.Queue):
     """Abort the requests (freeing their blocks) as soon as the client goes away."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -263,7 +265,7 @@ class _StopText:
         return out, bool(hits)
 
 
-async def _outputs(engine: EngineLoop, queue: asyncio.Queue, ids: list[str], stops: list[str]):
+async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], stops: list[str]):
     """Yield (index, text, finish_reason, output) per engine step until every choice is done."""
     index = {rid: i for i, rid in enumerate(ids)}
     stop_text = [_StopText(stops) for _ in ids]

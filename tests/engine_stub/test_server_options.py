@@ -141,3 +141,23 @@ def _is_json(s):
 def test_bad_flags_exit_2_with_a_message():
     r = run_cli("engine_stub", "serve", "--model", "x=nosuch", "--port", "0", timeout=60)
     assert r.returncode == 2 and "unknown preset 'nosuch'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_engine_process_mode_serves_and_frees_blocks():
+    eng = start_engine("--engine-process", "--model", "m=micro")
+    try:
+        client = openai.OpenAI(base_url=eng.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(client.completions.create(model="m", prompt=IDS, max_tokens=5, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"ignore_eos": True}))
+        assert len(chunks) == 6 and chunks[-1].usage.completion_tokens == 5
+        body = {"model": "m", "prompt": IDS, "max_tokens": 600, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=30) as r:
+            next(r.iter_lines())
+        deadline = time.monotonic() + 30
+        while metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") == 0
+        assert metric_value(eng.url, "vllm:generation_tokens_total", "m") < 600
+    finally:
+        eng.stop()
