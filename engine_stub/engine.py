@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -140,6 +141,15 @@ class EngineCore:
             m.prefill.observe(req.first_token_time - req.first_scheduled_time)
             m.decode.observe(now - req.first_token_time)
 
+    def fail_all(self) -> list[RequestOutput]:
+        """Abort every request (after an engine error) and say so to their clients."""
+        outs = []
+        for req in list(self.requests.values()):
+            self.abort(req.request_id)
+            outs.append(RequestOutput(req.request_id, "", 0, True, "abort", req.num_prompt_tokens,
+                                      req.num_output_tokens, req.num_cached_tokens))
+        return outs
+
     def update_gauges(self) -> None:
         m = self.metrics
         m.running.set(len(self.scheduler.running))
@@ -203,7 +213,11 @@ class EngineLoop:
             outputs: list[RequestOutput] = []
             for c in self.cores.values():
                 if c.scheduler.has_work():
-                    outputs.extend(c.step())
+                    try:
+                        outputs.extend(c.step())
+                    except Exception:  # a bug must not hang every client: fail this core's requests
+                        traceback.print_exc()
+                        outputs.extend(c.fail_all())
                 elif c.metrics is not None:
                     c.update_gauges()
             if outputs:
