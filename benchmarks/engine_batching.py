@@ -6,7 +6,7 @@
 2. In-process: one decode step of the same model at batch 32 with the paged KV cache (block
    gather through block tables) vs a contiguous per-sequence cache; prints paged / contiguous.
 
-    python3 benchmarks/engine_batching.py [--seconds 6] [--prompt 16] [--max-tokens 96]
+    python3 benchmarks/engine_batching.py [--seconds 6] [--prompt 16] [--max-tokens 96] [--engine-args ...]
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ async def closed_loop(url: str, streams: int, seconds: float, prompt_len: int, m
 
 def http_table(args) -> list[tuple[int, float]]:
     from tests.conftest import start_engine
-    eng = start_engine()
+    eng = start_engine(*args.engine_args.split())
     try:
         return [(c, asyncio.run(closed_loop(eng.url, c, args.seconds, args.prompt, args.max_tokens)))
                 for c in (1, 8, 32, 64)]
@@ -136,10 +136,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--engine-args", default="", help="extra `engine-stub serve` flags, e.g. --engine-process")
     args = ap.parse_args()
     rows = http_table(args)
     base = rows[0][1]
-    print(f"HTTP streaming, tiny preset, default flags, prompt {args.prompt}, max_tokens {args.max_tokens}, "
+    print(f"HTTP streaming, tiny preset, flags [{args.engine_args}], prompt {args.prompt}, max_tokens {args.max_tokens}, "
           f"{args.seconds:g} s per level")
     print(f"{'streams':>8} {'output tok/s':>13} {'gain vs 1':>10}")
     for c, tps in rows:
