@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import os
 import random
-import subprocess
 import sys
 import time
 

@@ -98,6 +98,7 @@ class BlockManager:
         req.block_ids = []
 
     def reset_prefix_cache(self) -> None:
+        """Forget the cached content of every free block."""
         for b in self.free:
             self.block_hash[b] = None
         self.cached = {h: b for h, b in self.cached.items() if self.ref_count[b] > 0}

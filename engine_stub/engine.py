@@ -163,6 +163,7 @@ class EngineCore:
                                SamplingParams(max_tokens=4, ignore_eos=True), time.perf_counter()))
         while self.scheduler.has_work():
             self.step()
+        self.blocks.reset_prefix_cache()  # clients must not get hits on the warm-up prompt
         self.metrics = metrics
 
 

@@ -2,7 +2,6 @@
 prefix-cache hits; seeded sampling is batch-invariant; output-length controls; LoRA; pacing."""
 import random
 import time
-from dataclasses import replace
 
 import pytest
 import torch
