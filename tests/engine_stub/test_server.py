@@ -59,6 +59,9 @@ def test_token_id_prompts_and_vllm_extensions(client):
     r = client.completions.create(model="tiny", prompt=IDS, max_tokens=9, temperature=0.8,
                                   extra_body={"ignore_eos": True, "min_tokens": 9})
     assert r.usage.prompt_tokens == len(IDS) and r.usage.completion_tokens == 9
+    # token ids passed the way a client does it for SDK-typed text fields: through extra_body
+    r = client.completions.create(model="tiny", prompt="", max_tokens=2, extra_body={"prompt": IDS[:5]})
+    assert r.usage.prompt_tokens == 5
     r = client.completions.create(model="tiny", prompt=[IDS, IDS[:7]], max_tokens=3, temperature=0)
     assert sorted(c.index for c in r.choices) == [0, 1]
     assert r.choices[0].text == client.completions.create(model="tiny", prompt=IDS, max_tokens=3,
