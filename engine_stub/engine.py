@@ -92,7 +92,6 @@ class EngineCore:
         m = self.metrics
         if m is not None:
             m.iteration_tokens.observe(sched.num_tokens)
-            m.prompt_tokens.inc(sched.num_tokens - len(reqs))
             m.generation_tokens.inc(len(reqs))
             if sched.preempted:
                 m.preemptions.inc(len(sched.preempted))
@@ -107,8 +106,9 @@ class EngineCore:
         p, m = req.params, self.metrics
         if req.first_token_time is None:
             req.first_token_time = now
-            if m is not None:
+            if m is not None:  # as vLLM V1: the whole prompt (cached part included) at the first token
                 m.ttft.observe(now - req.arrival_time)
+                m.prompt_tokens.inc(req.num_prompt_tokens)
         elif m is not None:
             m.itl.observe(now - req.last_token_time)
         req.last_token_time = now

@@ -163,6 +163,11 @@ def test_metrics_names_types_labels(url, client):
         assert types[name] == "histogram", name
     assert metric(url, "vllm:request_success_total", finished_reason="length") >= 1
     assert metric(url, "vllm:generation_tokens_total") >= 3
+    prompt_before = metric(url, "vllm:prompt_tokens_total")
+    gen_before = metric(url, "vllm:generation_tokens_total")
+    client.completions.create(model="tiny", prompt=IDS[:7], max_tokens=4, extra_body={"ignore_eos": True})
+    assert metric(url, "vllm:prompt_tokens_total") == prompt_before + 7
+    assert metric(url, "vllm:generation_tokens_total") == gen_before + 4
     assert metric(url, "vllm:inter_token_latency_seconds_bucket", le="0.001") >= 0  # finer than 10 ms
     assert metric(url, "vllm:time_to_first_token_seconds_count") >= 1
     # the same prompt twice: the second is a prefix-cache hit
