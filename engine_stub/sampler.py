@@ -44,9 +44,9 @@ class Sampler:
         if rows:
             logits[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
         greedy = [r.params.greedy for r in reqs]
-        best = logits.argmax(-1)
         if all(greedy):
-            return best.tolist()
+            return logits.argmax(-1).tolist()
+        best = logits.argmax(-1) if any(greedy) else None
         temps = torch.tensor([1.0 if g else r.params.temperature for g, r in zip(greedy, reqs)],
                              device=self.device)
         logits.div_(temps[:, None])
@@ -60,7 +60,9 @@ class Sampler:
             if r.params.seed is not None:
                 u[i] = torch.rand(1, device=self.device, generator=self._generator(r))
         sampled = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze_(1).clamp_(max=cdf.shape[1] - 1)
-        return torch.where(torch.tensor(greedy, device=self.device), best, sampled).tolist()
+        if best is not None:
+            sampled = torch.where(torch.tensor(greedy, device=self.device), best, sampled)
+        return sampled.tolist()
 
 
 def _top_k_top_p(logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tensor:
