@@ -70,12 +70,13 @@ def test_body_too_large(url):
 
 
 def test_kv_pressure_preempts_and_still_completes(url):
-    # 40 blocks of 16 tokens; two requests growing to 30 + 300 tokens each cannot both fit
+    # 40 blocks of 16 tokens; two requests growing to 30 + 450 tokens (30 blocks) each cannot both
+    # fit: unless the second starts ~280 steps after the first, one of them must be preempted
     before = metric_value(url, "vllm:num_preemptions_total")
-    body = {"prompt": IDS, "max_tokens": 300, "ignore_eos": True}
+    body = {"prompt": IDS, "max_tokens": 450, "ignore_eos": True}
     with cf.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: post(url, body), range(2)))
-    assert [r.json()["usage"]["completion_tokens"] for r in results] == [300, 300]
+    assert [r.json()["usage"]["completion_tokens"] for r in results] == [450, 450]
     assert metric_value(url, "vllm:num_preemptions_total") > before
 
 
