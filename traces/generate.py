@@ -1,0 +1,225 @@
+"""`generate(spec, seed)`: a synthetic trace from a generator spec, vectorised NumPy.
+
+Each client draws from its own child of `SeedSequence(seed)` (one stream per aspect:
+arrivals, sessions, models, lengths, failures, prefixes), so the output is bit-for-bit a
+function of (spec, seed). The spec and seed are embedded in the metadata key `generator`,
+so `replay trace generate --spec T.parquet` re-creates T.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .arrivals import arrival_times
+from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
+from .spec import Client, Spec, parse_spec
+from .trace import Trace
+
+GENERATOR_VERSION = 1
+NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) marks partial blocks
+
+
+def _segmented_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Cumulative sum restarting at each segment start (rows are segment-major)."""
+    cs = np.cumsum(x)
+    return cs - np.repeat(cs[first] - x[first], counts)
+
+
+def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Categorical draws: row i picks from weights[i] (or from `weights` if 1-D) with uniform u."""
+    cum = np.cumsum(weights, axis=-1)
+    cum = cum / cum[..., -1:]
+    if cum.ndim == 1:
+        return np.minimum(np.searchsorted(cum, u, side="right"), len(cum) - 1)
+    return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
+
+
+def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
+    r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
+    T = spec.duration
+    if c.sessions:
+        mean_turns = discrete_mean(c.sessions.turns)
+        # sessions start before 0 so that conversations are already in progress at t=0
+        long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
+        warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
+        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
+        k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
+        n = int(k.sum())
+        first = np.cumsum(k) - k
+        think = sample(c.sessions.think_s, r_sess, n, integer=False)
+        think[first] = 0.0
+        t = np.repeat(starts, k) + _segmented_cumsum(think, first, k)
+        turn = np.arange(n) - np.repeat(first, k)
+    else:
+        starts = t = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+        n = len(t)
+        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int64)
+    sess = np.repeat(np.arange(len(starts)), k)
+
+    # model per session, from the weights of the mix window its first turn falls in
+    w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
+    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
+    model = np.repeat(_pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts))), k)
+
+    inp, out = _lengths(spec, c, model, turn, first, k, r_len)
+    failed = r_fail.random(n) < c.failures
+    out[failed] = 0
+    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+
+    rows = {"t": t, "input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
+            "sess": sess, "parent_ok": turn > 0, "slo": slo}
+    if c.prefix:
+        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+    keep = (t >= 0) & (t < T)
+    # a turn whose parent fell before t=0 has no parent row in the trace
+    rows["parent_ok"] = rows["parent_ok"] & np.concatenate([[False], keep[:-1]])
+    return {key: v[keep] for key, v in rows.items() if v is not None}
+
+
+def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
+             k: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    n = len(model)
+    new, out = np.empty(n), np.empty(n)
+    if c.bootstrap:  # joint bootstrap of (input, output) pairs from a real trace
+        from .trace import Trace
+        tbl = Trace.read(c.bootstrap).table
+        src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
+        src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+        ok = ~np.isnan(src_out)
+        idx = rng.integers(0, int(ok.sum()), n)
+        new, out = src_in[ok][idx], src_out[ok][idx]
+    for mi, m in enumerate(c.models):
+        if c.bootstrap:
+            break
+        in_d, out_d = m.input or c.input, m.output or c.output
+        rho = c.rho if m.rho is None else m.rho
+        rows = np.flatnonzero(model == mi)
+        groups = [(rows, in_d)]
+        if c.sessions and c.sessions.user_tokens is not None:
+            later = turn[rows] > 0
+            groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+        for idx, d in groups:
+            x, o = sample_pair(d, out_d, rho, rng, len(idx))
+            new[idx] = finish(x, d, spec.length_scale)
+            out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
+    if c.bootstrap:
+        new = np.maximum(np.rint(new * spec.length_scale), 1)
+        out = np.rint(out * spec.length_scale)
+        if spec.max_output_tokens is not None:
+            out = np.minimum(out, spec.max_output_tokens)
+    if c.sessions:  # turn k's prompt = turn k-1's prompt + its answer + the new user tokens
+        new = _segmented_cumsum(new + out, first, k) - out
+    if spec.max_input_tokens is not None:
+        new = np.minimum(new, spec.max_input_tokens)
+    return new.astype(np.int32), out.astype(np.int32)
+
+
+def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarray, first: np.ndarray,
+                 k: np.ndarray, n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per-row block layout: [system prompt][application prefix][session content][partial].
+
+    Full blocks only are shared; a session's content blocks are one contiguous id range, so
+    turn k+1 (which extends turn k's prompt) repeats turn k's content ids."""
+    p, bs = c.prefix, spec.block_size
+    full = inp.astype(np.int64) // bs
+    has_sys = np.repeat(rng.random(n_sess) < p.system_share, k)
+    n_sys = np.minimum(full, p.system_blocks * has_sys)
+    app = rng.integers(0, max(p.apps, 1), n_sess)
+    has_app = np.repeat(rng.random(n_sess) < p.app_share, k) & (p.apps > 0)
+    n_app = np.minimum(full - n_sys, p.app_blocks * has_app)
+    content = full - n_sys - n_app
+    span = np.maximum.reduceat(content, first) if len(first) else np.zeros(0, np.int64)
+    ns = np.int64(ci + 1) << NS_BITS
+    content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
+    return {"nb": -(-inp.astype(np.int64) // bs), "n_sys": n_sys, "n_app": n_app, "full": full,
+            "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
+            "content_base": content_base[sess], "sys_base": np.full(len(inp), ns)}
+
+
+def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray) -> pa.Array:
+    """Build the list<int64> column from the per-row layout (rows already in final order)."""
+    nb = np.where(has, r["nb"], 0)
+    offsets = np.concatenate([[0], np.cumsum(nb)]).astype(np.int32)
+    row = np.repeat(np.arange(len(nb)), nb)
+    pos = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), nb)
+    n_sys, n_app, full = r["n_sys"][row], r["n_app"][row], r["full"][row]
+    ids = np.where(pos < n_sys, r["sys_base"][row] + pos,
+                   np.where(pos < n_sys + n_app, r["app_base"][row] + pos - n_sys,
+                            r["content_base"][row] + pos - n_sys - n_app))
+    partial = pos >= full  # the unfinished last block is never shared: a unique id per row
+    ids[partial] = (r["sys_base"][row][partial] | (np.int64(1) << (NS_BITS - 1))) + row[partial]
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.int64()),
+                                    mask=pa.array(~has))
+
+
+def _strings(prefix: pa.Array, ids: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(ids), pa.string()), "-")
+
+
+def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
+    """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
+    parsed = parse_spec(spec)
+    seed = parsed.seed if seed is None else int(seed)
+    children = np.random.SeedSequence(seed).spawn(len(parsed.clients))
+    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(parsed.clients)]
+    # one dictionary over every client's model labels and SLO classes
+    names = sorted({m.name for c in parsed.clients for m in c.models})
+    classes = sorted({s for c in parsed.clients for s in c.slo_class})
+    for c, p in zip(parsed.clients, parts):
+        p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
+        if c.slo_class:
+            p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
+    col = {key: np.concatenate([p.get(key, np.zeros(len(p["t"]), np.int64)) for p in parts])
+           for key in set().union(*parts)}
+    client = np.concatenate([np.full(len(p["t"]), i, np.int32) for i, p in enumerate(parts)])
+    arrival_ns = np.rint(col["t"] * 1e9).astype(np.int64)
+    order = np.argsort(arrival_ns, kind="stable")
+    col = {key: v[order] for key, v in col.items()}
+    client = client[order]
+    n = len(order)
+    client_str = pc.take(pa.array([c.name for c in parsed.clients]), pa.array(client))
+    cols: dict[str, Any] = {
+        "arrival_ns": arrival_ns[order], "input_tokens": col["input"], "output_tokens": col["output"],
+        "request_id": pc.cast(pa.array(np.arange(n)), pa.string()),
+        "model": pa.DictionaryArray.from_arrays(pa.array(col["model"], pa.int32()), pa.array(names)),
+    }
+    in_session = np.array([c.sessions is not None for c in parsed.clients])[client]
+    if in_session.any():
+        # before sorting, a turn's parent is the row just before it (rows are session-major)
+        new_index = np.empty(n, np.int64)
+        new_index[order] = np.arange(n)
+        no_parent = ~(in_session & col["parent_ok"].astype(bool))
+        parent = np.where(no_parent, 0, new_index[np.maximum(order - 1, 0)])
+        cols["session_id"] = pc.if_else(pa.array(in_session), _strings(client_str, col["sess"]),
+                                        pa.scalar(None, pa.string()))
+        cols["turn"] = pa.array(col["turn"].astype(np.int32), mask=~in_session)
+        cols["parent_id"] = pa.array(parent, mask=no_parent).cast(pa.string())
+    if "nb" in col:
+        cols["hash_ids"] = _hash_ids(col, np.array([c.prefix is not None for c in parsed.clients])[client])
+    if classes:
+        no_cls = np.array([not c.slo_class for c in parsed.clients])[client]
+        cols["slo_class"] = pa.DictionaryArray.from_arrays(
+            pa.array(col["slo"].astype(np.int32), mask=no_cls), pa.array(classes)).cast(pa.string())
+    if any(c.failures > 0 for c in parsed.clients):
+        cols["failed_in_source"] = col["failed"].astype(bool)
+    cols["client_id"] = client_str
+    from .schema import schema_for
+    table = pa.table(cols)
+    table = table.cast(schema_for(table.column_names))
+    embedded = copy.deepcopy(dict(spec))
+    embedded["seed"] = seed
+    meta = {"source": {"format": "synthetic", "generator": "llm-replay"}, "time_origin_kind": "relative",
+            "block_size": parsed.block_size,
+            "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
+    return Trace(table, meta, validate=False)
+
+
+def expected_rows(spec: dict[str, Any]) -> float:
+    """Mean row count of a spec (sum of rate x duration): for sizing checks and benchmarks."""
+    parsed = parse_spec(spec)
+    return math.fsum(c.rate for c in parsed.clients) * parsed.duration
