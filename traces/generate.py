@@ -7,7 +7,7 @@ so `replay trace generate --spec T.parquet` re-creates T.
 """
 from __future__ import annotations
 
-import copy
+import json
 import math
 from typing import Any
 
@@ -211,8 +211,8 @@ def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     from .schema import schema_for
     table = pa.table(cols)
     table = table.cast(schema_for(table.column_names))
-    embedded = copy.deepcopy(dict(spec))
-    embedded["seed"] = seed
+    # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
+    embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
     meta = {"source": {"format": "synthetic", "generator": "llm-replay"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}

@@ -128,7 +128,9 @@ class _Reader:
             raise SpecError(path or "spec", f"must be a mapping, got {type(d).__name__}", file)
         self.d, self.path, self.file = d, path, file
 
-    def at(self, key: str) -> str:
+    def at(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
         return f"{self.path}.{key}" if self.path else key
 
     def err(self, key: str, rule: str) -> SpecError:
@@ -298,7 +300,8 @@ def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
     if not isinstance(value, dict) or not value:
         raise r.err(key, "must be a name or a mapping name -> weight")
     sub = _Reader(value, r.at(key), r.file)
-    return {str(k): sub.num(k, lo=0) for k in value}
+    # sorted: a mapping's key order (YAML vs JSON vs sorted metadata) must not change the draws
+    return {str(k): sub.num(k, lo=0) for k in sorted(value, key=str)}
 
 
 def parse_models(r: _Reader) -> list[ModelSpec]:
