@@ -90,8 +90,8 @@ def _fit(args: argparse.Namespace) -> int:
     print(f"fitted {n} client{'s' * (n != 1)} over {spec['duration']:g} s to {args.output}")
     for c in spec["clients"]:
         a = c["arrival"]
-        detail = f"cv {a['cv']:.3g}" if "cv" in a else ", ".join(f"{k} {v:.3g}" for k, v in a.items() if k != "process")
-        print(f"  {c['name']}: {c['rate']:.4g} req/s, {a['process']} ({detail}), "
+        detail = ", ".join(f"{k} {v:.3g}" for k, v in a.items() if isinstance(v, (int, float)))
+        print(f"  {c['name']}: {c['rate']:.4g} req/s, {a['process']}{f' ({detail})' if detail else ''}, "
               f"profile {c.get('profile', {}).get('kind', 'constant')}")
     return 0
 

@@ -338,9 +338,11 @@ def parse_client(r: _Reader, i: int) -> Client:
         rate = onoff_mean_rate(arrival)
     else:
         rate = r.num("rate", lo=0, lo_open=True)
+    models = parse_models(r)
     for key in ("input", "output"):
-        if key not in r.d and "bootstrap" not in r.d:
-            raise r.err(key, "is required (a length distribution such as {dist: lognormal, median: 500, sigma: 1})")
+        if key not in r.d and "bootstrap" not in r.d and any(getattr(m, key) is None for m in models):
+            raise r.err(key, "is required (a length distribution such as {dist: lognormal, median: 500, "
+                             "sigma: 1}) unless every model sets its own")
     inp = parse_dist(r.sub("input")) if "input" in r.d else Dist("constant", {"value": 1})
     out = parse_dist(r.sub("output")) if "output" in r.d else Dist("constant", {"value": 1})
     sessions = None
@@ -365,7 +367,7 @@ def parse_client(r: _Reader, i: int) -> Client:
     return Client(
         name=str(r.d.get("name", f"client-{i}")), rate=rate, arrival=arrival,
         profile=parse_profile(r.sub("profile")) if "profile" in r.d else Profile(),
-        models=parse_models(r), mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
+        models=models, mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
         slo_class=_weights(r, "slo_class", r.d["slo_class"]) if "slo_class" in r.d else {},
         input=inp, output=out, rho=r.num("rho", 0.0, lo=-1, hi=1),
         failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions, prefix=prefix,
