@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import linalg, optimize
 from scipy import stats as sst
 
 from . import stats
@@ -60,12 +61,13 @@ def fit_length(x: np.ndarray, integer: bool = True) -> dict[str, Any]:
         return {"dist": "constant", "value": lo}
     qs = np.array([0.5, 0.9, 0.99])
     emp = np.quantile(x, qs)
-    for _, fam, params, d in _candidates(x)[:1]:
+    vals, counts = np.unique(x, return_counts=True)
+    small_support = integer and len(vals) <= 64  # e.g. turns, batch sizes: keep the exact PMF
+    for _, fam, params, d in ([] if small_support else _candidates(x)[:1]):
         fitted = np.clip(d.ppf(qs), lo, hi)
         fitted = np.rint(fitted) if integer else fitted
         if np.all(np.abs(fitted - emp) <= 0.03 * np.maximum(emp, 1)):
             return {"dist": fam, **{k: round(v, 6) for k, v in params.items()}, "min": lo, "max": hi}
-    vals, counts = np.unique(x, return_counts=True)
     if len(vals) > EMPIRICAL_POINTS:
         vals = np.quantile(x, (np.arange(EMPIRICAL_POINTS) + 0.5) / EMPIRICAL_POINTS, method="inverted_cdf")
         counts = np.ones(len(vals))
@@ -84,7 +86,7 @@ def _idc(u: np.ndarray, w: float) -> float | None:
 
 def fit_profile(t: np.ndarray, duration: float, window: float) -> tuple[dict[str, Any], np.ndarray]:
     """The rate profile and the arrivals in operational time (mean rate 1)."""
-    nb = max(int(duration // window), 1)  # the remainder joins the last window
+    nb = max(int(round(duration / window)), 1)  # a remainder under half a window joins the last
     counts = np.bincount(np.minimum((t // window).astype(np.int64), nb - 1), minlength=nb).astype(float)
     widths = np.full(nb, window)
     widths[-1] = duration - (nb - 1) * window
@@ -132,21 +134,46 @@ def fit_arrival(u: np.ndarray, rate: float) -> dict[str, Any]:
     return {"process": fam, "cv": round(min(max(cv, 0.05), 20.0), 4)}
 
 
+def _mmpp_idc(w: np.ndarray, l1: float, l2: float, p1: float, rho: float) -> np.ndarray:
+    """Index of dispersion of a two-state MMPP at window w (p1 = share of time bursting,
+    rho = sum of the switching rates)."""
+    m = p1 * l1 + (1 - p1) * l2
+    return 1 + 2 * (l1 - l2) ** 2 * p1 * (1 - p1) / (m * rho) * (1 - (1 - np.exp(-rho * w)) / (rho * w))
+
+
+def _mmpp_p0(b: float, l1: float, l2: float, p1: float, rho: float) -> float:
+    """P(no arrival in a window of width b) = pi exp((Q - L) b) 1."""
+    r_on, r_off = rho * (1 - p1), rho * p1           # leave burst, leave idle
+    q = np.array([[-r_on - l1, r_on], [r_off, -r_off - l2]])
+    return float(np.array([p1, 1 - p1]) @ linalg.expm(q * b) @ np.ones(2))
+
+
 def _fit_onoff(u: np.ndarray, rate: float) -> dict[str, Any]:
-    """Two-state MMPP by thresholding counts in bins of ~5 expected arrivals (Otsu's split)."""
-    b = 5.0
-    nb = int(u[-1] // b)
-    c = np.bincount((u // b).astype(np.int64), minlength=nb)[:nb].astype(float)
-    cand = np.unique(c)[:-1]
-    scores = [np.var(c[c <= th]) * np.mean(c <= th) + np.var(c[c > th]) * np.mean(c > th) for th in cand]
-    on = c > cand[int(np.argmin(scores))]
-    edges = np.flatnonzero(np.diff(on.astype(np.int8))) + 1
-    runs = np.diff(np.concatenate([[0], edges, [nb]]))
-    states = on[np.concatenate([[0], edges])]
-    to_s = b / rate  # one bin in seconds
-    return {"process": "onoff", "burst_rate": round(float(c[on].mean() / to_s), 6),
-            "idle_rate": round(float(c[~on].mean() / to_s) if (~on).any() else 0.0, 6),
-            "on_s": round(float(runs[states].mean() * to_s), 4), "off_s": round(float(runs[~states].mean() * to_s), 4)}
+    """Two-state MMPP by moments: its closed-form index of dispersion over a ladder of windows
+    and the share of empty short windows, matched by least squares (unit mean rate)."""
+    scales = np.geomspace(0.5, max(u[-1] / 30, 1.0), 14)
+    idc = np.array([_idc(u, w) or np.nan for w in scales])
+    ok = np.isfinite(idc) & (idc > 0)
+    scales, idc = scales[ok], idc[ok]
+    small = (0.3, 1.0)
+    p0 = [float(np.mean(np.bincount((u // b).astype(np.int64))[: int(u[-1] // b)] == 0)) for b in small]
+
+    def unpack(x: np.ndarray) -> tuple[float, float, float, float]:
+        p1, ratio, rho = 1 / (1 + np.exp(-x[0])), 1 / (1 + np.exp(-x[1])), np.exp(x[2])
+        l1 = 1 / (p1 + (1 - p1) * ratio)  # mean rate 1
+        return l1, ratio * l1, p1, rho
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        l1, l2, p1, rho = unpack(x)
+        r = np.log(_mmpp_idc(scales, l1, l2, p1, rho)) - np.log(idc)
+        return np.concatenate([r, [5 * (_mmpp_p0(b, l1, l2, p1, rho) - p) for b, p in zip(small, p0)]])
+
+    best = min((optimize.least_squares(resid, x0) for x0 in
+                ([-1.5, -2.5, np.log(0.05)], [0.0, -1.0, np.log(0.01)], [-3.0, -4.0, np.log(0.002)])),
+               key=lambda r: r.cost)
+    l1, l2, p1, rho = unpack(best.x)
+    return {"process": "onoff", "burst_rate": round(l1 * rate, 6), "idle_rate": round(l2 * rate, 6),
+            "on_s": round(1 / (rho * (1 - p1)) / rate, 4), "off_s": round(1 / (rho * p1) / rate, 4)}
 
 
 def _col(t: pa.Table, name: str) -> np.ndarray | None:
