@@ -7,7 +7,8 @@ import yaml
 from tests.conftest import run_cli
 from traces.generate import generate
 from traces.presets import PRESETS, preset_spec, scale_rate
-from traces.spec import SpecError, parse_spec
+from traces.errors import TraceError
+from traces.spec import SpecError, load_spec_file, parse_spec
 
 BASE = {"duration": 60, "clients": [
     {"name": "a", "rate": 2, "input": {"dist": "constant", "value": 10}, "output": {"dist": "constant", "value": 5}},
@@ -67,10 +68,10 @@ def test_valid_spec_parses_and_cli_reports_bad_field(tmp_path):
     assert "Traceback" not in proc.stderr
     notyaml = tmp_path / "x.yaml"
     notyaml.write_text("clients: [unclosed")
-    proc = run_cli("replay", "trace", "generate", "--spec", notyaml, "-o", tmp_path / "t.parquet")
-    assert proc.returncode == 2 and "not valid YAML" in proc.stderr
-    proc = run_cli("replay", "trace", "generate", "--preset", "nope", "-o", tmp_path / "t.parquet")
-    assert proc.returncode == 2 and "unknown preset 'nope'" in proc.stderr
+    with pytest.raises(TraceError, match="not valid YAML"):
+        load_spec_file(notyaml)
+    with pytest.raises(TraceError, match="unknown preset 'nope'; choose one of chat, bursty"):
+        preset_spec("nope")
 
 
 def test_presets_are_valid_and_scale():
