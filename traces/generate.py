@@ -8,7 +8,6 @@ so `replay trace generate --spec T.parquet` re-creates T.
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ import pyarrow.compute as pc
 
 from .arrivals import arrival_times
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
+from .schema import schema_for
 from .spec import Client, Spec, parse_spec
 from .trace import Trace
 
@@ -27,7 +27,8 @@ NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) m
 def _segmented_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Cumulative sum restarting at each segment start (rows are segment-major)."""
     cs = np.cumsum(x)
-    return cs - np.repeat(cs[first] - x[first], counts)
+    cs -= np.repeat(cs[first] - x[first], counts)
+    return cs
 
 
 def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -53,12 +54,14 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
         first = np.cumsum(k) - k
         think = sample(c.sessions.think_s, r_sess, n, integer=False)
         think[first] = 0.0
-        t = np.repeat(starts, k) + _segmented_cumsum(think, first, k)
-        turn = np.arange(n) - np.repeat(first, k)
+        t = _segmented_cumsum(think, first, k)
+        del think
+        t += np.repeat(starts, k)
+        turn = (np.arange(n) - np.repeat(first, k)).astype(np.int32)
     else:
         starts = t = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
         n = len(t)
-        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int64)
+        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
     sess = np.repeat(np.arange(len(starts)), k)
 
     # model per session, from the weights of the mix window its first turn falls in
@@ -75,10 +78,15 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
         rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+    rows = {key: v for key, v in rows.items() if v is not None}
     keep = (t >= 0) & (t < T)
+    if keep.all():
+        return rows
     # a turn whose parent fell before t=0 has no parent row in the trace
-    rows["parent_ok"] = rows["parent_ok"] & np.concatenate([[False], keep[:-1]])
-    return {key: v[keep] for key, v in rows.items() if v is not None}
+    rows["parent_ok"] &= np.concatenate([[False], keep[:-1]])
+    for key in rows:  # one column at a time: a single extra copy at any moment
+        rows[key] = rows[key][keep]
+    return rows
 
 
 def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
@@ -86,7 +94,6 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
     n = len(model)
     new, out = np.empty(n), np.empty(n)
     if c.bootstrap:  # joint bootstrap of (input, output) pairs from a real trace
-        from .trace import Trace
         tbl = Trace.read(c.bootstrap).table
         src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
         src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
@@ -136,90 +143,118 @@ def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarr
     span = np.maximum.reduceat(content, first) if len(first) else np.zeros(0, np.int64)
     ns = np.int64(ci + 1) << NS_BITS
     content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
-    return {"nb": -(-inp.astype(np.int64) // bs), "n_sys": n_sys, "n_app": n_app, "full": full,
-            "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
-            "content_base": content_base[sess], "sys_base": np.full(len(inp), ns)}
+    nb = -(-inp.astype(np.int64) // bs)
+    return {"nb": nb.astype(np.int32), "n_sys": n_sys.astype(np.int32), "n_app": n_app.astype(np.int32),
+            "partial": nb > full, "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
+            "content_base": content_base[sess] - n_sys - n_app}
 
 
-def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray) -> pa.Array:
-    """Build the list<int64> column from the per-row layout (rows already in final order)."""
+def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> pa.Array:
+    """Build the list<int64> column from the per-row layout (rows already in final order).
+
+    Content blocks are a per-row base plus the position; the few system and application
+    positions are then overwritten one position index at a time. Rows go in slices of 1M so
+    that the temporaries stay small next to the 10M-row columns."""
     nb = np.where(has, r["nb"], 0)
-    offsets = np.concatenate([[0], np.cumsum(nb)]).astype(np.int32)
-    row = np.repeat(np.arange(len(nb)), nb)
-    pos = np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1].astype(np.int64), nb)
-    n_sys, n_app, full = r["n_sys"][row], r["n_app"][row], r["full"][row]
-    ids = np.where(pos < n_sys, r["sys_base"][row] + pos,
-                   np.where(pos < n_sys + n_app, r["app_base"][row] + pos - n_sys,
-                            r["content_base"][row] + pos - n_sys - n_app))
-    partial = pos >= full  # the unfinished last block is never shared: a unique id per row
-    ids[partial] = (r["sys_base"][row][partial] | (np.int64(1) << (NS_BITS - 1))) + row[partial]
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids, pa.int64()),
-                                    mask=pa.array(~has))
+    offsets = np.zeros(len(nb) + 1, np.int64)
+    np.cumsum(nb, out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), np.int64)
+    step = 1 << 20
+    for lo in range(0, len(nb), step):
+        hi = min(lo + step, len(nb))
+        off, n = offsets[lo:hi + 1], nb[lo:hi].astype(np.int64)
+        seg = ids[off[0]:off[-1]]
+        seg[:] = np.repeat(r["content_base"][lo:hi] - off[:-1], n)
+        seg += np.arange(off[0], off[-1], dtype=np.int64)
+        start = off[:-1] - off[0]
+        ns = (client[lo:hi].astype(np.int64) + 1) << NS_BITS
+        n_sys, n_app = r["n_sys"][lo:hi], r["n_app"][lo:hi]
+        for j in range(int(n_sys.max(initial=0))):
+            rows = np.flatnonzero(n_sys > j)
+            seg[start[rows] + j] = ns[rows] + j
+        for j in range(int(n_app.max(initial=0))):
+            rows = np.flatnonzero(n_app > j)
+            seg[start[rows] + n_sys[rows] + j] = r["app_base"][lo:hi][rows] + j
+        last = np.flatnonzero(r["partial"][lo:hi] & has[lo:hi] & (n > 0))  # unfinished last block: unique
+        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + lo + last
+    mask = None if has.all() else pa.array(~has)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids), mask=mask)
 
 
 def _strings(prefix: pa.Array, ids: np.ndarray) -> pa.Array:
     return pc.binary_join_element_wise(prefix, pc.cast(pa.array(ids), pa.string()), "-")
 
 
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Concatenate the clients' rows and sort them by arrival, one column at a time, so that a
+    10M-row trace keeps a single copy of each column; also returns the sort order."""
+    lens = [len(p["t"]) for p in parts]
+    col: dict[str, np.ndarray] = {"client": np.repeat(np.arange(len(parts), dtype=np.int32), lens)}
+    for key in sorted(set().union(*parts)):
+        arrs = [p.pop(key, None) for p in parts]
+        dtype = next(a.dtype for a in arrs if a is not None)
+        arrs = [np.zeros(m, dtype) if a is None else a for a, m in zip(arrs, lens)]
+        col[key] = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+        del arrs
+    col["arrival_ns"] = np.rint(col.pop("t") * 1e9).astype(np.int64)
+    order = np.argsort(col["arrival_ns"], kind="stable")
+    for key in list(col):
+        col[key] = col[key][order]
+    return col, order
+
+
 def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     parsed = parse_spec(spec)
     seed = parsed.seed if seed is None else int(seed)
-    children = np.random.SeedSequence(seed).spawn(len(parsed.clients))
-    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(parsed.clients)]
+    clients = parsed.clients
+    children = np.random.SeedSequence(seed).spawn(len(clients))
+    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(clients)]
     # one dictionary over every client's model labels and SLO classes
-    names = sorted({m.name for c in parsed.clients for m in c.models})
-    classes = sorted({s for c in parsed.clients for s in c.slo_class})
-    for c, p in zip(parsed.clients, parts):
+    names = sorted({m.name for c in clients for m in c.models})
+    classes = sorted({s for c in clients for s in c.slo_class})
+    for c, p in zip(clients, parts):
         p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
-    col = {key: np.concatenate([p.get(key, np.zeros(len(p["t"]), np.int64)) for p in parts])
-           for key in set().union(*parts)}
-    client = np.concatenate([np.full(len(p["t"]), i, np.int32) for i, p in enumerate(parts)])
-    arrival_ns = np.rint(col["t"] * 1e9).astype(np.int64)
-    order = np.argsort(arrival_ns, kind="stable")
-    col = {key: v[order] for key, v in col.items()}
-    client = client[order]
-    n = len(order)
-    client_str = pc.take(pa.array([c.name for c in parsed.clients]), pa.array(client))
+    col, order = _concat_sorted(parts)
+    client, n = col.pop("client"), len(order)
+    per_client = lambda values: np.array(values)[client]  # noqa: E731
     cols: dict[str, Any] = {
-        "arrival_ns": arrival_ns[order], "input_tokens": col["input"], "output_tokens": col["output"],
-        "request_id": pc.cast(pa.array(np.arange(n)), pa.string()),
-        "model": pa.DictionaryArray.from_arrays(pa.array(col["model"], pa.int32()), pa.array(names)),
-    }
-    in_session = np.array([c.sessions is not None for c in parsed.clients])[client]
+        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
+        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(names))}
+    in_session = per_client([c.sessions is not None for c in clients])
     if in_session.any():
         # before sorting, a turn's parent is the row just before it (rows are session-major)
         new_index = np.empty(n, np.int64)
         new_index[order] = np.arange(n)
-        no_parent = ~(in_session & col["parent_ok"].astype(bool))
+        no_parent = ~(in_session & col.pop("parent_ok").astype(bool))
         parent = np.where(no_parent, 0, new_index[np.maximum(order - 1, 0)])
-        cols["session_id"] = pc.if_else(pa.array(in_session), _strings(client_str, col["sess"]),
-                                        pa.scalar(None, pa.string()))
-        cols["turn"] = pa.array(col["turn"].astype(np.int32), mask=~in_session)
-        cols["parent_id"] = pa.array(parent, mask=no_parent).cast(pa.string())
-    if "nb" in col:
-        cols["hash_ids"] = _hash_ids(col, np.array([c.prefix is not None for c in parsed.clients])[client])
+        del new_index
+        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
+    del order
+    if "nb" in col:  # the list column first, while few other big arrays are alive
+        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client)
+        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
+            del col[key]
     if classes:
-        no_cls = np.array([not c.slo_class for c in parsed.clients])[client]
         cols["slo_class"] = pa.DictionaryArray.from_arrays(
-            pa.array(col["slo"].astype(np.int32), mask=no_cls), pa.array(classes)).cast(pa.string())
-    if any(c.failures > 0 for c in parsed.clients):
-        cols["failed_in_source"] = col["failed"].astype(bool)
+            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
+            pa.array(classes)).cast(pa.string())
+    if any(c.failures > 0 for c in clients):
+        cols["failed_in_source"] = col.pop("failed").astype(bool)
+    cols["request_id"] = pc.cast(pa.array(np.arange(n)), pa.string())
+    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
+    if in_session.any():
+        cols["session_id"] = pc.if_else(pa.array(in_session), _strings(client_str, col.pop("sess")),
+                                        pa.scalar(None, pa.string()))
+        cols["parent_id"] = pa.array(parent, mask=no_parent).cast(pa.string())
     cols["client_id"] = client_str
-    from .schema import schema_for
-    table = pa.table(cols)
-    table = table.cast(schema_for(table.column_names))
+    schema = schema_for(list(cols))
+    table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
     embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
     meta = {"source": {"format": "synthetic", "generator": "llm-replay"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
     return Trace(table, meta, validate=False)
-
-
-def expected_rows(spec: dict[str, Any]) -> float:
-    """Mean row count of a spec (sum of rate x duration): for sizing checks and benchmarks."""
-    parsed = parse_spec(spec)
-    return math.fsum(c.rate for c in parsed.clients) * parsed.duration
