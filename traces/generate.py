@@ -181,8 +181,13 @@ def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> 
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids), mask=mask)
 
 
-def _strings(prefix: pa.Array, ids: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise(prefix, pc.cast(pa.array(ids), pa.string()), "-")
+def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None,
+                prefixes: list[str] | None = None) -> pa.Array:
+    """Decimal strings of ints, each optionally after `prefixes[prefix_of[i]] + '-'`."""
+    digits = pc.cast(pa.array(values), pa.string())
+    if not prefixes:
+        return digits
+    return pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), digits, "-")
 
 
 def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -243,12 +248,13 @@ def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
             pa.array(classes)).cast(pa.string())
     if any(c.failures > 0 for c in clients):
         cols["failed_in_source"] = col.pop("failed").astype(bool)
-    cols["request_id"] = pc.cast(pa.array(np.arange(n)), pa.string())
+    cols["request_id"] = _id_strings(np.arange(n))
     client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
     if in_session.any():
-        cols["session_id"] = pc.if_else(pa.array(in_session), _strings(client_str, col.pop("sess")),
-                                        pa.scalar(None, pa.string()))
-        cols["parent_id"] = pa.array(parent, mask=no_parent).cast(pa.string())
+        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
+        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
+        pid = _id_strings(parent)
+        cols["parent_id"] = pc.if_else(pa.array(no_parent), None, pid)
     cols["client_id"] = client_str
     schema = schema_for(list(cols))
     table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
