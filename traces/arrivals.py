@@ -13,7 +13,7 @@ import numpy as np
 from scipy import optimize
 
 from .lengths import discrete_mean, sample
-from .spec import Arrival, Profile, onoff_mean_rate, weibull_cv
+from .spec_types import Arrival, Profile, onoff_mean_rate, weibull_cv
 
 SMOOTH_KNOTS = 200_000   # grid for ramp/sinusoid profiles (trapezoid; a ramp is exact)
 

@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 from .arrivals import arrival_times
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
 from .schema import schema_for
-from .spec import Client, Spec, parse_spec
+from .spec import parse_spec
+from .spec_types import Client, Spec
 from .trace import Trace
 
 GENERATOR_VERSION = 1

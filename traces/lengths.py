@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special, stats
 
-from .spec import Dist
+from .spec_types import Dist
 
 
 def _uniform(z: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import copy
 from typing import Any, Callable
 
 from .errors import TraceError
-from .spec import Arrival, onoff_mean_rate
+from .spec_types import Arrival, onoff_mean_rate
 
 
 def _ln(median: float, sigma: float, hi: float, lo: float = 1) -> dict[str, Any]:

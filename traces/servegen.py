@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .errors import TraceError
-from .spec import MAX_CV, parse_spec
+from .spec import parse_spec
+from .spec_types import MAX_CV
 
 MAX_POINTS = 1000   # larger PMFs are compressed to this many weighted quantile points
 

@@ -1,24 +1,19 @@
-"""The generator spec: plain dataclasses parsed from a YAML/JSON dict, with errors that name
-the field path (`clients[1].arrival.cv`) and the rule, so a person can fix the file.
+"""Parse and validate a generator spec (YAML/JSON dict) into the dataclasses of
+`spec_types`, with errors that name the field path (`clients[1].arrival.cv`) and the rule,
+so a person can fix the file.
 
-The dict form is the contract (it is what `generate` embeds in the trace metadata); the
-dataclasses are the validated view that `generate` works from. docs/readme/synthesis.md
-documents every field.
+The dict form is the contract (it is what `generate` embeds in the trace metadata);
+docs/readme/synthesis.md documents every field.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
-
-LENGTH_FAMILIES = ("lognormal", "gamma", "weibull", "zipf", "uniform", "constant", "empirical")
-PROCESSES = ("poisson", "gamma", "weibull", "onoff", "batch")
-PROFILES = ("constant", "ramp", "table", "diurnal", "sinusoid")
-MAX_CV = 20.0          # renewal processes: CV up to ~15 must work, beyond 20 is not realistic
-MIN_SHAPE = 0.05       # weibull shape floor (CV ~ 10^5); gamma's floor follows from MAX_CV
+from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, PROCESSES, PROFILES, Arrival, Client, Dist,
+                         ModelSpec, Prefix, Profile, Sessions, Spec, onoff_mean_rate, weibull_cv)
 
 
 class SpecError(TraceError):
@@ -27,93 +22,6 @@ class SpecError(TraceError):
     def __init__(self, path: str, rule: str, file: str | None = None) -> None:
         self.path = path
         super().__init__(f"{path}: {rule}" if path else rule, file=file)
-
-
-@dataclass
-class Dist:
-    """A length (or count, or seconds) distribution, sampled by inverse CDF so that a copula
-    can couple two of them. Integer families round; `lo`/`hi` are inclusive caps."""
-    family: str
-    params: dict[str, Any]
-    lo: float = 1.0
-    hi: float = 1_000_000.0
-
-
-@dataclass
-class Arrival:
-    process: str = "poisson"
-    cv: float = 1.0                     # of the renewal process (gamma/weibull) or of batch events
-    burst_rate: float = 0.0             # onoff: req/s while bursting / idle; mean sojourns in s
-    idle_rate: float = 0.0
-    on_s: float = 0.0
-    off_s: float = 0.0
-    batch_size: Dist | None = None      # batch: requests per instant
-
-
-@dataclass
-class Profile:
-    kind: str = "constant"
-    start: float = 1.0                  # ramp multipliers at t=0 and t=duration
-    end: float = 1.0
-    window: float = 600.0               # table: seconds per value (the table repeats)
-    values: list[float] = field(default_factory=lambda: [1.0])
-    period: float = 86400.0             # sinusoid
-    peak_to_trough: float = 1.0
-    peak_at: float = 0.5                # fraction of the period where the peak lies
-
-
-@dataclass
-class ModelSpec:
-    name: str
-    weight: list[float]                 # one weight, or one per `mix_window`
-    input: Dist | None = None           # per-model lengths override the client's
-    output: Dist | None = None
-    rho: float | None = None
-
-
-@dataclass
-class Sessions:
-    turns: Dist
-    think_s: Dist
-    user_tokens: Dist | None            # new tokens per later turn (default: the input dist)
-
-
-@dataclass
-class Prefix:
-    system_blocks: int = 0
-    system_share: float = 0.0
-    apps: int = 0
-    app_blocks: int = 0
-    app_share: float = 0.0
-
-
-@dataclass
-class Client:
-    name: str
-    rate: float
-    arrival: Arrival
-    profile: Profile
-    models: list[ModelSpec]
-    mix_window: float
-    slo_class: dict[str, float]
-    input: Dist
-    output: Dist
-    rho: float
-    failures: float
-    sessions: Sessions | None
-    prefix: Prefix | None
-    bootstrap: str | None
-
-
-@dataclass
-class Spec:
-    duration: float
-    seed: int
-    block_size: int
-    length_scale: float
-    max_input_tokens: int | None
-    max_output_tokens: int | None
-    clients: list[Client]
 
 
 # ---------------------------------------------------------------- field readers
@@ -200,6 +108,11 @@ def parse_dist(r: _Reader, lo: float = 1.0, hi: float = 1_000_000.0) -> Dist:
     return Dist(fam, p, lo, hi)
 
 
+def dist_from_dict(d: dict[str, Any], path: str = "dist") -> Dist:
+    """A validated length distribution from its dict form (as in a spec)."""
+    return parse_dist(_Reader(d, path, None))
+
+
 def _empirical(r: _Reader) -> dict[str, Any]:
     if "file" in r.d:
         return {"file": str(r.d["file"]), "column": str(r.d.get("column", "input_tokens"))}
@@ -221,11 +134,6 @@ def _empirical(r: _Reader) -> dict[str, Any]:
     if any(not isinstance(x, (int, float)) or x < 0 for x in [*values, *weights]) or sum(weights) <= 0:
         raise r.err("weights", "values and weights must be numbers >= 0 with a positive sum")
     return {"values": [float(v) for v in values], "weights": [float(w) for w in weights]}
-
-
-def weibull_cv(shape: float) -> float:
-    g1, g2 = math.lgamma(1 + 1 / shape), math.lgamma(1 + 2 / shape)
-    return math.sqrt(max(math.exp(g2 - 2 * g1) - 1, 0.0))
 
 
 def parse_arrival(r: _Reader) -> Arrival:
@@ -257,10 +165,6 @@ def parse_arrival(r: _Reader) -> Arrival:
             raise r.err("size", "batch needs a size distribution, e.g. {dist: uniform, low: 1, high: 8}")
         a.batch_size = parse_dist(r.sub("size"), 1, 100_000)
     return a
-
-
-def onoff_mean_rate(a: Arrival) -> float:
-    return (a.burst_rate * a.on_s + a.idle_rate * a.off_s) / (a.on_s + a.off_s)
 
 
 def parse_profile(r: _Reader) -> Profile:

@@ -14,14 +14,14 @@ from traces.compare import compare_traces, format_table
 from traces.fit import fit_trace
 from traces.generate import generate
 from traces.lengths import finish, sample_from_normal
-from traces.spec import _Reader, parse_dist
+from traces.spec import dist_from_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synth"
 QS = np.array([0.5, 0.9, 0.99])
 
 
 def _quantiles(d: dict) -> np.ndarray:
-    dist = parse_dist(_Reader(d, "x", None))
+    dist = dist_from_dict(d)
     return finish(sample_from_normal(dist, special.ndtri(QS)), dist)
 
 
