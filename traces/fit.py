@@ -45,7 +45,8 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
     turn = turn[order].astype(float) if turn is not None else np.zeros(len(s))
     last_turn = np.maximum.reduceat(np.nan_to_num(turn), np.flatnonzero(~same))
     inp = _col(t, "input_tokens")[order].astype(float)
-    out = np.nan_to_num(_col(t, "output_tokens")[order].astype(float))
+    outs = _col(t, "output_tokens")
+    out = np.zeros(len(s)) if outs is None else np.nan_to_num(outs[order].astype(float))
     think = (a[1:] - a[:-1])[same[1:]] / 1e9
     user = (inp[1:] - inp[:-1] - out[:-1])[same[1:]]
     opens = np.zeros(len(s), bool)
@@ -104,7 +105,8 @@ def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
     return out
 
 
-def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> tuple[list[dict], float]:
+def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> tuple[list[dict], bool]:
+    """Model weights, one per `window` when a chi-square test says the mix drifts."""
     nb = max(int(t.max() // window) + 1, 1)
     table = np.zeros((nb, len(names)))
     np.add.at(table, ((t // window).astype(np.int64), model), 1)
@@ -114,9 +116,10 @@ def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> t
         nz = table[table.sum(1) > 0]
         drift = sst.chi2_contingency(nz[:, total > 0])[1] < 1e-3
     if not drift:
-        return [{"name": n, "weight": round(float(total[i] / total.sum()), 6)} for i, n in enumerate(names)], window
-    share = table / np.maximum(table.sum(1, keepdims=True), 1)
-    return [{"name": n, "weight": [round(float(v), 4) for v in share[:, i]]} for i, n in enumerate(names)], window
+        return [{"name": n, "weight": round(float(total[i] / total.sum()), 6)} for i, n in enumerate(names)], False
+    rows = table.sum(1, keepdims=True)
+    share = np.where(rows > 0, table / np.maximum(rows, 1), total / total.sum())  # empty windows: overall mix
+    return [{"name": n, "weight": [round(float(v), 4) for v in share[:, i]]} for i, n in enumerate(names)], True
 
 
 def _fit_client(t: pa.Table, name: str, duration: float, window: float) -> dict[str, Any]:
@@ -134,14 +137,17 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float) -> dict[
     failed = failed.astype(bool) if failed is not None else np.zeros(len(a), bool)
     if failed.any():
         c["failures"] = round(float(failed.mean()), 6)
-    inp, out = _col(t, "input_tokens").astype(float), _col(t, "output_tokens").astype(float)
+    inp, out = _col(t, "input_tokens").astype(float), _col(t, "output_tokens")
+    out = np.full(len(a), np.nan) if out is None else out.astype(float)  # all null: server decides
     mc = _codes(t, "model") or (np.zeros(len(a), np.int64), ["default"])
     models, names = mc
     models = np.where(models < 0, len(names), models)
     names = names + ["default"] if (models == len(names)).any() else names
     turn = _col(t, "turn")
     new = opens & (np.nan_to_num(turn.astype(float)) == 0) if "sessions" in c and turn is not None else opens
-    c["models"], c["mix_window"] = _mix(models[opens], names, starts, window)
+    c["models"], drift = _mix(models[opens], names, starts, window)
+    if drift:
+        c["mix_window"] = window
     for i, m in enumerate(c["models"]):
         sel = (models == i) & ~failed & ~np.isnan(out)
         x, y = inp[sel & new], out[sel & new]
@@ -180,12 +186,16 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     meta = getattr(trace, "metadata", {}) or {}
     spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0,
                             "block_size": int(meta.get("block_size") or 16),
-                            "clients": [_fit_client(g, n, duration, window) for g, n in groups if g.num_rows >= 2]}
-    if "hash_ids" in t.column_names:
-        for (g, _), c in zip(groups, spec["clients"]):
-            p = _fit_prefix(g) if g.column("hash_ids").null_count < g.num_rows else None
-            if p is not None:
+                            "clients": []}
+    for g, name in groups:
+        if g.num_rows < 2:  # a client seen once has no rate to fit
+            continue
+        c = _fit_client(g, name, duration, window)
+        if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows:
+            p = _fit_prefix(g)
+            if p:
                 c["prefix"] = p
+        spec["clients"].append(c)
     # plain Python numbers only: the spec is written as YAML and embedded as JSON
     return json.loads(json.dumps(spec, default=lambda v: v.item()))
 

@@ -170,3 +170,15 @@ def test_prefix_shares_and_hit_ratio():
     assert first.value_counts().iloc[0] / len(ids) == pytest.approx(0.5, abs=0.05)
     # 2 system + 4 app blocks shared: hits = (0.5*2 + 4) / 10 of the blocks, minus first sightings
     assert tstats.prefix_cache_hits(t, 16)["block_hit_ratio"] == pytest.approx(0.5, abs=0.02)
+
+
+def test_bootstrap_lengths_from_a_trace_file(tmp_path):
+    src = tmp_path / "src.parquet"
+    _gen(duration=200, input={"dist": "uniform", "low": 100, "high": 110},
+         output={"dist": "uniform", "low": 1, "high": 5}, rho=0.9).write(src)
+    pairs = set(zip(*(Trace.read(src).table.column(c).to_pylist() for c in ("input_tokens", "output_tokens"))))
+    joint = _gen(duration=100, bootstrap=str(src)).table
+    got = set(zip(joint.column("input_tokens").to_pylist(), joint.column("output_tokens").to_pylist()))
+    assert got <= pairs  # whole (input, output) pairs are resampled
+    per_col = _gen(duration=100, input={"dist": "empirical", "file": str(src), "column": "output_tokens"}).table
+    assert set(per_col.column("input_tokens").to_pylist()) <= {1, 2, 3, 4, 5}
