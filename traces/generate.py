@@ -42,6 +42,7 @@ def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
+    """One client's rows as NumPy columns, session-major (a session's turns are adjacent)."""
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
     T = spec.duration
     if c.sessions:
@@ -70,9 +71,8 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
     win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
     model = np.repeat(_pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts))), k)
 
-    inp, out = _lengths(spec, c, model, turn, first, k, r_len)
     failed = r_fail.random(n) < c.failures
-    out[failed] = 0
+    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
     slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
     rows = {"t": t, "input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
@@ -90,20 +90,28 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
     return rows
 
 
+def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whole (input, output) pairs resampled from a real trace (rows with a known output)."""
+    tbl = Trace.read(path).table
+    src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
+    src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    ok = ~np.isnan(src_out)
+    idx = rng.integers(0, int(ok.sum()), n)
+    return src_in[ok][idx], src_out[ok][idx]
+
+
 def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
-             k: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+             k: np.ndarray, failed: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Input and output tokens per row: new tokens and output drawn per model through the
+    copula, then (sessions) the prompt grows by each previous answer and new user tokens."""
     n = len(model)
-    new, out = np.empty(n), np.empty(n)
-    if c.bootstrap:  # joint bootstrap of (input, output) pairs from a real trace
-        tbl = Trace.read(c.bootstrap).table
-        src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
-        src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
-        ok = ~np.isnan(src_out)
-        idx = rng.integers(0, int(ok.sum()), n)
-        new, out = src_in[ok][idx], src_out[ok][idx]
-    for mi, m in enumerate(c.models):
-        if c.bootstrap:
-            break
+    if c.bootstrap:
+        new, out = _bootstrap_pairs(c.bootstrap, rng, n)
+        new = np.maximum(np.rint(new * spec.length_scale), 1)
+        out = np.minimum(np.rint(out * spec.length_scale), spec.max_output_tokens or np.inf)
+    else:
+        new, out = np.empty(n), np.empty(n)
+    for mi, m in enumerate([] if c.bootstrap else c.models):
         in_d, out_d = m.input or c.input, m.output or c.output
         rho = c.rho if m.rho is None else m.rho
         rows = np.flatnonzero(model == mi)
@@ -115,11 +123,7 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
             x, o = sample_pair(d, out_d, rho, rng, len(idx))
             new[idx] = finish(x, d, spec.length_scale)
             out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
-    if c.bootstrap:
-        new = np.maximum(np.rint(new * spec.length_scale), 1)
-        out = np.rint(out * spec.length_scale)
-        if spec.max_output_tokens is not None:
-            out = np.minimum(out, spec.max_output_tokens)
+    out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
     if c.sessions:  # turn k's prompt = turn k-1's prompt + its answer + the new user tokens
         new = _segmented_cumsum(new + out, first, k) - out
     if spec.max_input_tokens is not None:
@@ -261,7 +265,8 @@ def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
     embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
-    meta = {"source": {"format": "synthetic", "generator": "llm-replay"}, "time_origin_kind": "relative",
+    meta = {"source": {"format": "synthetic", "file": spec.get("name", "generator spec"),
+                       "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
     return Trace(table, meta, validate=False)
