@@ -38,12 +38,16 @@ def _codes(t: pa.Table, name: str) -> tuple[np.ndarray, list[str]] | None:
 def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
     """Turns per session, think time, new user tokens; the mask of rows that open a session."""
     sid = _codes(t, "session_id")[0]
+    sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # a row without a session is its own
     order = np.lexsort((_col(t, "arrival_ns"), sid))
     s, a = sid[order], _col(t, "arrival_ns")[order].astype(np.int64)
     same = np.concatenate([[False], s[1:] == s[:-1]])
+    starts = np.flatnonzero(~same)
     turn = _col(t, "turn")
-    turn = turn[order].astype(float) if turn is not None else np.zeros(len(s))
-    last_turn = np.maximum.reduceat(np.nan_to_num(turn), np.flatnonzero(~same))
+    if turn is not None:  # turn numbers also count the turns before the trace began
+        last_turn = np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts)
+    else:
+        last_turn = np.diff(np.append(starts, len(s))) - 1.0
     inp = _col(t, "input_tokens")[order].astype(float)
     outs = _col(t, "output_tokens")
     out = np.zeros(len(s)) if outs is None else np.nan_to_num(outs[order].astype(float))
