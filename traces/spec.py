@@ -149,7 +149,7 @@ def parse_arrival(r: _Reader) -> Arrival:
             shape = r.num("shape", lo=MIN_SHAPE if proc == "weibull" else 1 / MAX_CV**2)
             a.cv = 1 / math.sqrt(shape) if proc == "gamma" else weibull_cv(shape)
         else:
-            a.cv = r.num("cv", lo=0, lo_open=True)
+            a.cv = r.num("cv", lo=0.01)
             if a.cv > MAX_CV:
                 raise r.err("cv", f"CV {a.cv:g} is impossible for {proc} here (must be <= {MAX_CV:g})")
     elif proc == "onoff":
@@ -205,7 +205,10 @@ def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
         raise r.err(key, "must be a name or a mapping name -> weight")
     sub = _Reader(value, r.at(key), r.file)
     # sorted: a mapping's key order (YAML vs JSON vs sorted metadata) must not change the draws
-    return {str(k): sub.num(k, lo=0) for k in sorted(value, key=str)}
+    weights = {str(k): sub.num(k, lo=0) for k in sorted(value, key=str)}
+    if sum(weights.values()) <= 0:
+        raise r.err(key, "weights must have a positive sum")
+    return weights
 
 
 def parse_models(r: _Reader) -> list[ModelSpec]:
@@ -228,6 +231,12 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
     lens = {len(m.weight) for m in out} - {1}
     if len(lens) > 1:
         raise r.err("models", "per-window weight lists must all have the same length")
+    width = max(len(m.weight) for m in out)
+    for m in out:  # a single weight holds in every window
+        m.weight = m.weight * width if len(m.weight) == 1 else m.weight
+    empty = [j for j in range(width) if sum(m.weight[j] for m in out) <= 0]
+    if empty:
+        raise r.err("models", f"window {empty[0]} has no model with a positive weight")
     return out
 
 

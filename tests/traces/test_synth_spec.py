@@ -96,3 +96,14 @@ def test_demo_api_is_small_and_scalable():
     assert max(t.column("input_tokens").to_pylist()) <= 256
     assert max(t.column("output_tokens").to_pylist()) <= 32
     assert set(t.column("model").to_pylist()) == {"small", "large"}
+
+
+@pytest.mark.parametrize("path, value, needle", [
+    (["clients", 0, "models"], {"a": 0, "b": 0}, "clients[0].models: weights must have a positive sum"),
+    (["clients", 0, "models"], [{"name": "a", "weight": [1, 0]}, {"name": "b", "weight": [0, 0]}],
+     "clients[0].models: window 1 has no model"),
+    (["clients", 1, "arrival", "cv"], 0.001, "clients[1].arrival.cv: must be >= 0.01"),
+])
+def test_invalid_weights_and_tiny_cv(path, value, needle):
+    with pytest.raises(SpecError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        parse_spec(_with(path, value))
