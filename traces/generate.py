@@ -111,10 +111,16 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
         out = np.minimum(np.rint(out * spec.length_scale), spec.max_output_tokens or np.inf)
     else:
         new, out = np.empty(n), np.empty(n)
+    # models sharing their length distributions are drawn together (one pass, not one per model)
+    by_dists: dict[tuple, list[int]] = {}
     for mi, m in enumerate([] if c.bootstrap else c.models):
+        key = (id(m.input or c.input), id(m.output or c.output), c.rho if m.rho is None else m.rho)
+        by_dists.setdefault(key, []).append(mi)
+    for mis in by_dists.values():
+        m = c.models[mis[0]]
         in_d, out_d = m.input or c.input, m.output or c.output
         rho = c.rho if m.rho is None else m.rho
-        rows = np.flatnonzero(model == mi)
+        rows = np.arange(n) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
         groups = [(rows, in_d)]
         if c.sessions and c.sessions.user_tokens is not None:
             later = turn[rows] > 0
