@@ -101,6 +101,7 @@ def _assert_all_pass(a, b):
 
 def test_fixture_round_trip_passes_compare():
     src = generate(yaml.safe_load((FIXTURES / "realistic-mix.yaml").read_text()))
+    Trace(src.table)  # mixed clients (with and without sessions, prefixes) still conform
     rows = _assert_all_pass(src, generate(fit_trace(src), seed=1))
     names = {r["metric"] for r in rows}
     assert {"idc_60s", "prefix_block_hit_ratio", "model_share.llama-8b", "llama-70b.output_tokens.p99"} <= names
