@@ -32,7 +32,7 @@ from gevent.socket import wait_read, wait_write
 from .sse import COMPLETE, ProtocolError, ResponseParser
 
 perf_counter = time.perf_counter
-RECV_SIZE = 262144
+RECV_SIZE = 65536
 _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -198,10 +198,11 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
 class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
-    __slots__ = ("conn", "parser", "waiter", "timer", "got_bytes", "outcome")
+    __slots__ = ("conn", "recv", "feed", "parser", "waiter", "timer", "got_bytes", "outcome")
 
     def __init__(self, conn: _Conn, parser: ResponseParser, timeout: float) -> None:
         self.conn, self.parser, self.waiter = conn, parser, Waiter()
+        self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
         self.got_bytes, self.outcome = False, None
         self.timer = get_hub().loop.timer(max(timeout, 0.0))
 
@@ -230,12 +231,20 @@ class _Stream:
     def _on_readable(self) -> None:
         # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
         try:
-            data = self.conn.sock.recv(RECV_SIZE)
+            data = self.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
-        self._data(data, perf_counter())
+        t = perf_counter()
+        if data and self.got_bytes:
+            try:
+                if self.feed(data, t):
+                    self._end("error" if self.parser.stream_error else "complete")
+            except Exception as e:
+                self._fail(e)
+            return
+        self._data(data, t)
 
     def _on_readable_tls(self) -> None:
         try:
@@ -278,10 +287,12 @@ class _Stream:
             else:
                 self._end("connection_error", f"connection closed mid-response after "
                                               f"{len(p.token_times)} content chunks")
-        except ProtocolError as e:
-            self._end("protocol_error", str(e)[:200])
-        except Exception as e:   # a parser bug must not hang the request until its deadline
-            self._end("protocol_error", f"{type(e).__name__}: {e}"[:200])
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        # a parser bug (not a ProtocolError) must not hang the request until its deadline either
+        self._end("protocol_error", (str(e) if isinstance(e, ProtocolError) else f"{type(e).__name__}: {e}")[:200])
 
 
 def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
