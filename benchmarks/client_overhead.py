@@ -61,7 +61,8 @@ def sys_now() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
-def run_ours(url: str, times: list[float], tokens: int) -> dict:
+def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    """Replay `times` open loop; `record`, when given, gets request index -> token times."""
     from gevent import monkey
     monkey.patch_all()
     import gc
@@ -76,6 +77,8 @@ def run_ours(url: str, times: list[float], tokens: int) -> dict:
         lags.append(r.sent - due if r.sent else 0.0)
         counts[0] += len(r.token_times)
         counts[1] += r.status == "ok"
+        if record is not None:
+            record[i] = list(r.token_times)
 
     gc.collect()
     gc.freeze()
@@ -93,7 +96,7 @@ def run_ours(url: str, times: list[float], tokens: int) -> dict:
     return out
 
 
-def run_aiohttp(url: str, times: list[float], tokens: int) -> dict:
+def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
     import asyncio
     import aiohttp
     bodies = [payload(i, tokens) for i in range(len(times))]
@@ -102,7 +105,7 @@ def run_aiohttp(url: str, times: list[float], tokens: int) -> dict:
     async def one(session, i: int, due: float) -> None:
         st = time.perf_counter()
         lags.append(st - due)
-        n, ok = 0, False
+        n, ok, stamps = 0, False, []
         async with session.post(url + "/v1/completions", data=bodies[i],
                                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status == 200:
@@ -118,9 +121,11 @@ def run_aiohttp(url: str, times: list[float], tokens: int) -> dict:
                     data = json.loads(chunk)
                     if data.get("choices") and data["choices"][0].get("text"):
                         n += 1
-                        _ = ts
+                        stamps.append(ts)
         counts[0] += n
         counts[1] += ok
+        if record is not None:
+            record[i] = stamps
 
     async def main() -> dict:
         import gc
@@ -142,9 +147,9 @@ def run_aiohttp(url: str, times: list[float], tokens: int) -> dict:
     return asyncio.run(main())
 
 
-def start_server(interval: float, cpu: int | None) -> tuple[subprocess.Popen, str]:
+def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    args = [sys.executable, "-m", "tests.replay.sse_server", "--port", "0", "--interval", str(interval)]
+    args = [sys.executable, "-m", "tests.replay.sse_server", "--port", "0", "--interval", str(interval), *extra]
     if cpu is not None:
         args += ["--cpu", str(cpu)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
