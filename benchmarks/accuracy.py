@@ -64,9 +64,12 @@ def main() -> None:
     ap.add_argument("--role", choices=["ours", "aiohttp"], help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     times = arrivals(a.rate, a.duration, a.seed)
     if a.role:   # child: replay and dump {request index: token times}
+        if a.cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {a.cpu})
         record: dict = {}
         (run_ours if a.role == "ours" else run_aiohttp)(a.url, times, a.tokens, record)
         Path(a.out).write_text(json.dumps(record))
@@ -84,7 +87,7 @@ def main() -> None:
                        "--rate", str(a.rate), "--duration", str(a.duration), "--tokens", str(a.tokens),
                        "--seed", str(a.seed)]
                 if ncpu > 1:
-                    cmd = ["taskset", "-c", "0", *cmd]
+                    cmd += ["--cpu", "0"]
                 subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
                                timeout=a.duration * 10 + 120)
             finally:
