@@ -53,7 +53,7 @@ class StreamResult:
 
 
 class _Deadline(Exception):
-    """The request's deadline passed while connecting or sending."""
+    """A time limit passed before the response phase; args: (status, message)."""
 
 
 class _Conn:
@@ -96,10 +96,7 @@ class ConnectionPool:
         self.prefix = u.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.ssl_context = (ssl_context or ssl.create_default_context()) if self.tls else None
-        host_hdr = self.host if u.port is None else f"{self.host}:{u.port}"
-        if ":" in self.host and u.port is not None:
-            host_hdr = f"[{self.host}]:{u.port}"
-        hdrs = {"Host": host_hdr, "User-Agent": "llm-replay", "Accept": "text/event-stream",
+        hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
                 "Content-Type": "application/json", **(headers or {})}
         self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
         self._idle: list[_Conn] = []
@@ -113,7 +110,7 @@ class ConnectionPool:
 
     def acquire(self, deadline: float) -> _Conn:
         if not self._slots.acquire(timeout=max(0.0, deadline - perf_counter())):
-            raise _Deadline("no free connection slot")
+            raise _Deadline("timeout", "no free connection slot before the deadline")
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -144,7 +141,7 @@ class ConnectionPool:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             err = sock.connect_ex(addr)
             if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
-                wait_write(sock.fileno(), timeout=max(timeout, 0.0), timeout_exc=_Deadline("connect timeout"))
+                wait_write(sock.fileno(), timeout=max(timeout, 0.0), timeout_exc=_Deadline("connection_error", "connect timeout"))
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise OSError(err, os.strerror(err))
@@ -166,7 +163,7 @@ class ConnectionPool:
             except _TLS_WANT:
                 send_all(sock, tls_out.read(), deadline)
                 wait_read(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                          timeout_exc=_Deadline("TLS handshake timeout"))
+                          timeout_exc=_Deadline("connection_error", "TLS handshake timeout"))
                 data = sock.recv(RECV_SIZE)
                 if not data:
                     raise ConnectionResetError(errno.ECONNRESET, "closed during TLS handshake")
@@ -188,7 +185,7 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
             sent += sock.send(view[sent:])
         except BlockingIOError:
             wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                       timeout_exc=_Deadline("send timeout"))
+                       timeout_exc=_Deadline("timeout", "send timeout"))
         except OSError as e:
             e.sent = sent
             raise
@@ -248,7 +245,7 @@ class _Stream:
 
     def _on_readable_tls(self) -> None:
         try:
-            raw = self.conn.sock.recv(RECV_SIZE)
+            raw = self.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as e:
@@ -256,22 +253,17 @@ class _Stream:
         t = perf_counter()
         if not raw:
             return self._data(b"", t)
+        tls = self.conn.tls
         self.conn.tls_in.write(raw)
-        out = []
         try:
-            while True:
-                out.append(self.conn.tls.read(RECV_SIZE))
+            while self.outcome is None:     # a read may carry several TLS records
+                self._data(tls.read(RECV_SIZE), t)   # b"" = close_notify = EOF
         except _TLS_WANT:
             pass
         except ssl.SSLZeroReturnError:
-            out.append(b"")
+            self._data(b"", t)
         except ssl.SSLError as e:
-            return self._end("connection_error", f"TLS: {e.reason or e}")
-        for piece in out:
-            if piece or out[-1] == b"":
-                self._data(piece, t)
-                if self.outcome is not None:
-                    return
+            self._end("connection_error", f"TLS: {e.reason or e}")
 
     def _data(self, data: bytes, t: float) -> None:
         p = self.parser
@@ -329,7 +321,7 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
         pool.release(conn, ok_to_reuse and status == "complete")
         conn = None
     except _Deadline as e:
-        res.status, res.error = ("timeout" if "connect" not in str(e) else "connection_error"), str(e)
+        res.status, res.error = e.args
     except OSError as e:
         res.status, res.error = "connection_error", f"{e.strerror or e}"[:200]
     except GreenletExit:

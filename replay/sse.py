@@ -282,10 +282,15 @@ class ResponseParser:
         if payload == b"[DONE]":
             self.done, self._fast = True, False
             return
-        if self._fast and plain_content(payload):
-            self.token_times.append(t)           # no JSON parse
-            self.chunk_tokens = None
-            return
+        if self._fast:
+            if plain_content(payload):
+                self.token_times.append(t)           # no JSON parse
+                self.chunk_tokens = None
+                return
+            if (payload.find(b'"finish_reason":"') > 0 and payload.find(b'"usage"') < 0
+                    and payload.find(b'"error"') < 0 and (b'"text":""' in payload or b'"delta":{}' in payload)
+                    and payload.count(b"{") == payload.count(b"}")):
+                return     # the text-less finish event: nothing to record
         self._fast = not self.keep_text
         try:
             obj = json.loads(payload)

@@ -77,6 +77,18 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     silent.listen(8)     # accepts at the TCP level, never answers
     out["no_answer"] = post(ConnectionPool(f"http://127.0.0.1:{silent.getsockname()[1]}"), timeout=0.3)
     silent.close()
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)       # accept queue of one, never accepted: later SYNs are dropped
+    fillers = [socket.socket() for _ in range(3)]
+    for f in fillers:
+        f.setblocking(False)
+        f.connect_ex(full.getsockname())
+    gevent.sleep(0.05)
+    out["connect_timeout"] = post(ConnectionPool(f"http://127.0.0.1:{full.getsockname()[1]}",
+                                                 connect_timeout=0.3), timeout=5)
+    for f in [*fillers, full]:
+        f.close()
 
     # cancel: kill the greenlet mid-stream; it returns 'cancelled' and the pool stays usable
     p = ConnectionPool(url, headers={"X-Interval": "0.02"})

@@ -132,6 +132,8 @@ def test_large_request_body(out):
 def test_connection_failures(out):
     assert out["refused"]["status"] == "connection_error" and not out["refused"]["sent"]
     assert out["no_answer"]["status"] == "timeout" and out["no_answer"]["sent"]
+    r = out["connect_timeout"]
+    assert (r["status"], r["error"], r["sent"]) == ("connection_error", "connect timeout", False)
 
 
 def test_kill_returns_cancelled_and_keeps_partial_times(out):
