@@ -101,7 +101,7 @@ class ConnectionPool:
         self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
         self._idle: list[_Conn] = []
         self._slots = Semaphore(max_connections)
-        self._addr = None
+        self._addrs: list | None = None
         self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
@@ -131,24 +131,34 @@ class ConnectionPool:
         self._slots.release()
 
     def _connect(self, timeout: float) -> _Conn:
-        if self._addr is None:
-            af, _, _, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
-            self._addr = (af, addr)
-        af, addr = self._addr
+        if self._addrs is None:   # resolved once; e.g. localhost may give ::1 then 127.0.0.1
+            self._addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)]
+        deadline = perf_counter() + timeout
+        for k, (af, addr) in enumerate(self._addrs):
+            try:
+                conn = self._connect_to(af, addr, deadline)
+            except OSError:
+                if k == len(self._addrs) - 1:
+                    raise
+                continue
+            if k:
+                self._addrs.insert(0, self._addrs.pop(k))   # remember the address that worked
+            return conn
+
+    def _connect_to(self, af: int, addr: tuple, deadline: float) -> _Conn:
         sock = _socket.socket(af, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             err = sock.connect_ex(addr)
             if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
-                wait_write(sock.fileno(), timeout=max(timeout, 0.0), timeout_exc=_Deadline("connection_error", "connect timeout"))
+                wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
+                           timeout_exc=_Deadline("connection_error", "connect timeout"))
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise OSError(err, os.strerror(err))
             self.opened += 1
-            if not self.tls:
-                return _Conn(sock)
-            return self._handshake(sock, perf_counter() + timeout)
+            return self._handshake(sock, deadline) if self.tls else _Conn(sock)
         except BaseException:
             sock.close()
             raise
