@@ -21,7 +21,8 @@ STREAM_FAULTS = ("done_early", "trailers", "split", "coalesce", "crlf", "comment
 
 
 def body(n=8, chat=False, usage=True, **extra) -> bytes:
-    b = {"model": "m", "max_tokens": n, "stream": True, **extra}
+    b = {"model": "m", "max_tokens": n, "stream": True}
+    b.update(extra)
     if usage:
         b["stream_options"] = {"include_usage": True}
     if chat:
@@ -60,6 +61,7 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
         p = ConnectionPool(url, headers={"X-Fault": f})
         out[f] = post(p, timeout=0.5)
         out[f + "_next"] = post(p, timeout=0.5)    # the pool stays usable after the fault
+    out["model_fault"] = post(pool, data=body(model="fault:http429"))
     p = ConnectionPool(url, headers={"X-Fault": "close_idle"})
     out["close_idle"] = post(p)
     gevent.sleep(0.2)    # the server has now closed the kept-alive connection

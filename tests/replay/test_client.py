@@ -119,6 +119,10 @@ def test_stream_shapes_parse_fully(out, fault):
     assert nxt["reused"] == (fault != "identity")
 
 
+def test_fault_selected_by_model_name(out):
+    assert (out["model_fault"]["status"], out["model_fault"]["http_status"]) == ("http_error", 429)
+
+
 def test_stale_keepalive_connection_is_replaced(out):
     assert out["close_idle"]["status"] == "ok"
     r = out["stale_next"]
