@@ -42,7 +42,10 @@ def payload(i: int, tokens: int) -> bytes:
                        "stream_options": {"include_usage": True}, "user": str(i)}).encode()
 
 
-def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int, wall: float) -> dict:
+def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int,
+              sent: list[float]) -> dict:
+    """`sent`: when each request went out; achieved rate = requests / span of those times."""
+    wall = max(sent) - min(sent) if len(sent) > 1 else float("nan")
     lags = sorted(lags)
     pct = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] * 1e3 if lags else float("nan")   # noqa: E731
     return {"role": role, "cpu_s": cpu, "tokens": tokens, "ok": ok, "n": n, "rate": n / wall,
@@ -71,11 +74,13 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
     from replay.client import ConnectionPool, stream_post
     pool = ConnectionPool(url)
     bodies = [payload(i, tokens) for i in range(len(times))]
-    lags, counts = [], [0, 0]
+    lags, sent, counts = [], [], [0, 0]
 
     def one(i: int, due: float) -> None:
         r = stream_post(pool, "/v1/completions", bodies[i], timeout=60)
-        lags.append(r.sent - due if r.sent else 0.0)
+        if r.sent:
+            lags.append(r.sent - due)
+            sent.append(r.sent)
         counts[0] += len(r.token_times)
         counts[1] += r.status == "ok"
         if record is not None:
@@ -92,7 +97,7 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
             gevent.sleep(d)
         gs.append(gevent.spawn(one, i, t0 + a))
     gevent.joinall(gs)
-    out = summarize("ours", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), times[-1])
+    out = summarize("ours", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
     out["connections"] = pool.opened
     return out
 
@@ -101,11 +106,12 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
     import asyncio
     import aiohttp
     bodies = [payload(i, tokens) for i in range(len(times))]
-    lags, counts = [], [0, 0]
+    lags, sent, counts = [], [], [0, 0]
 
     async def one(session, i: int, due: float) -> None:
         st = time.perf_counter()
         lags.append(st - due)
+        sent.append(st)
         n, ok, stamps = 0, False, []
         async with session.post(url + "/v1/completions", data=bodies[i],
                                 headers={"Content-Type": "application/json"}) as resp:
@@ -143,7 +149,8 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
                     await asyncio.sleep(d)
                 tasks.append(asyncio.create_task(one(session, i, t0 + a)))
             await asyncio.gather(*tasks)
-            return summarize("aiohttp", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), times[-1])
+            return summarize("aiohttp", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1],
+                             len(times), sent)
 
     return asyncio.run(main())
 
