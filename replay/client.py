@@ -3,8 +3,9 @@
 Why not FastHttpUser/aiohttp: per streamed token they cost 25-35 us of CPU, and the client's
 CPU is what limits an open-loop replayer (DESIGN section 7). Here, per token:
 
-- a per-connection libev I/O watcher callback runs *in the hub*: one `recv`, one
-  `perf_counter()` stamp taken before any parsing, one `ResponseParser.feed`;
+- a per-connection libev I/O watcher callback runs *in the hub*: one `recv`, one stamp taken
+  before any parsing (the kernel's receive time via SO_TIMESTAMPNS where available, else
+  `perf_counter()`), one `ResponseParser.feed`;
 - the request greenlet only connects/sends and is woken once, at the end (no greenlet switch
   per event), by a `Waiter`;
 - one deadline timer per request instead of a socket timeout per read; no failing EAGAIN
@@ -20,6 +21,8 @@ import errno
 import os
 import socket
 import ssl
+import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -33,6 +36,10 @@ from .sse import COMPLETE, ProtocolError, ResponseParser
 
 perf_counter = time.perf_counter
 RECV_SIZE = 65536
+# SO_TIMESTAMPNS (Linux: 35; Python does not export it): recvmsg then returns the time the kernel
+# received the bytes, so a client busy with other streams does not delay the stamp.
+_SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
+_timespec = struct.Struct("@qq").unpack_from
 _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -41,7 +48,7 @@ class StreamResult:
     status: str                 # 'ok','http_error','timeout','connection_error','protocol_error','cancelled'
     http_status: int | None = None
     error: str | None = None    # short, never secrets
-    sent: float | None = None   # perf_counter when the request's last byte was written
+    sent: float | None = None   # perf_counter just before the write of the request's last byte
     first_token: float | None = None
     last_token: float | None = None
     token_times: list[float] = field(default_factory=list)   # array('d') of perf_counter stamps
@@ -87,7 +94,8 @@ class ConnectionPool:
     """Keep-alive connections to one origin; `max_connections` bounds those in use at once."""
 
     def __init__(self, base_url: str, *, max_connections: int = 10000, connect_timeout: float = 10.0,
-                 headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
+                 headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None,
+                 kernel_timestamps: bool = True) -> None:
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url must be http://host[:port] or https://...: {base_url!r}")
@@ -95,6 +103,8 @@ class ConnectionPool:
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.path.rstrip("/")
         self.connect_timeout = connect_timeout
+        # stamp bytes with the kernel's receive time where the OS offers it (plain TCP only)
+        self.kernel_timestamps = kernel_timestamps and _SO_TIMESTAMPNS is not None and u.scheme == "http"
         self.ssl_context = (ssl_context or ssl.create_default_context()) if self.tls else None
         hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
                 "Content-Type": "application/json", **(headers or {})}
@@ -150,6 +160,8 @@ class ConnectionPool:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.kernel_timestamps:
+                sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             err = sock.connect_ex(addr)
             if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
                 wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
@@ -186,12 +198,15 @@ class ConnectionPool:
             self._idle.pop().close()
 
 
-def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
+def send_all(sock: _socket.socket, data: bytes, deadline: float) -> float:
     """Write all of `data` on a non-blocking socket, waiting (greenlet only) when the buffer is full.
+    Returns perf_counter taken just *before* the send() that wrote the last byte: a stamp taken
+    after it could land after the response's (kernel) arrival time if the process is preempted.
     Raises OSError with `.sent` = bytes accepted by the kernel before the failure."""
-    view, sent = memoryview(data), 0
+    view, sent, t = memoryview(data), 0, perf_counter()
     while sent < len(data):
         try:
+            t = perf_counter()
             sent += sock.send(view[sent:])
         except BlockingIOError:
             wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
@@ -199,18 +214,23 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
         except OSError as e:
             e.sent = sent
             raise
-    return sent
+    return t
 
 
 class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
-    __slots__ = ("conn", "recv", "feed", "parser", "waiter", "timer", "got_bytes", "outcome")
+    __slots__ = ("conn", "recv", "recvmsg", "feed", "parser", "waiter", "timer", "got_bytes", "outcome",
+                 "sec0", "base")
 
-    def __init__(self, conn: _Conn, parser: ResponseParser, timeout: float) -> None:
+    def __init__(self, conn: _Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool) -> None:
         self.conn, self.parser, self.waiter = conn, parser, Waiter()
         self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
+        self.recvmsg = conn.sock.recvmsg if kernel_timestamps else None
         self.got_bytes, self.outcome = False, None
+        # kernel stamps are CLOCK_REALTIME: map them onto perf_counter once per request
+        ns, p = time.time_ns(), perf_counter()
+        self.sec0, self.base = ns // 1_000_000_000, p - (ns % 1_000_000_000) * 1e-9
         self.timer = get_hub().loop.timer(max(timeout, 0.0))
 
     def wait(self) -> tuple[str, str | None]:
@@ -238,12 +258,20 @@ class _Stream:
     def _on_readable(self) -> None:
         # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
         try:
-            data = self.recv(RECV_SIZE)
+            if self.recvmsg is None:
+                data, anc = self.recv(RECV_SIZE), None
+            else:
+                data, anc, _, _ = self.recvmsg(RECV_SIZE, 64)
         except BlockingIOError:
             return
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
         t = perf_counter()
+        if anc:   # the kernel's receive time of the last byte read; never later than now
+            sec, nsec = _timespec(anc[0][2])
+            kt = (sec - self.sec0) + nsec * 1e-9 + self.base
+            if kt < t:
+                t = kt
         if data and self.got_bytes:
             try:
                 if self.feed(data, t):
@@ -300,8 +328,8 @@ class _Stream:
 def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
                 keep_text: bool = False, on_sent=None) -> StreamResult:
     """POST `body` to `path` and stream the SSE response; never raises for network or server
-    faults (they become the result's status). `on_sent(t)` is called with the perf_counter at
-    which the request's last byte was written. Killing the calling greenlet (GreenletExit)
+    faults (they become the result's status). `on_sent(t)` is called with `result.sent`, the
+    perf_counter just before the request's last byte was written. Killing the calling greenlet (GreenletExit)
     returns a 'cancelled' result and discards the connection."""
     deadline = perf_counter() + timeout
     req = pool.request_bytes(path, body)
@@ -312,7 +340,7 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
             conn = pool.acquire(deadline)
             res.reused_connection = conn.reused
             try:
-                send_all(conn.sock, _encrypt(conn, req) if conn.tls else req, deadline)
+                res.sent = send_all(conn.sock, _encrypt(conn, req) if conn.tls else req, deadline)
                 break
             except OSError as e:
                 pool.release(conn, False)
@@ -320,11 +348,10 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
                 # a kept-alive connection the server had closed: safe to retry only if nothing was sent
                 if attempt or not res.reused_connection or getattr(e, "sent", 1):
                     raise
-        res.sent = perf_counter()
         if on_sent is not None:
             on_sent(res.sent)
         parser = ResponseParser(keep_text)
-        stream = _Stream(conn, parser, deadline - perf_counter())
+        stream = _Stream(conn, parser, deadline - perf_counter(), pool.kernel_timestamps)
         status, error = stream.wait()
         _fill(res, parser, status, error)
         ok_to_reuse = status in ("complete", "error") and parser.state == COMPLETE and parser.keep_alive
