@@ -55,7 +55,7 @@ class RunConfig:
     block_size: int = 16
     scrape_url: str | None = None
     scrape_interval_s: float = 1.0
-    lead_s: float = 1.0                      # T0 = now + lead
+    lead_s: float = 0.5                      # T0 = now + lead
     rows: int = 0                            # rows in the window (from scan)
     window_s: float = 0.0                    # schedule length of the window (from scan)
     progress: bool = True

@@ -40,6 +40,17 @@ def add_parser(sub) -> None:
     p.add_argument("--trace", required=True, help="trace file (Parquet)")
     p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("-o", "--out", help="run directory (default runs/<UTC time>)")
+    add_run_arguments(p)
+    p.add_argument("--workers", type=int, default=1, help="local runner processes (N>1: Locust master + N workers)")
+    p.add_argument("--remote-workers", type=int, default=0,
+                   help="also wait for this many `replay worker --master HOST:PORT` processes")
+    p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
+                   help="master address for remote workers (default 0.0.0.0:5557)")
+    p.set_defaults(func=run)
+
+
+def add_run_arguments(p) -> None:
+    """The replay options shared by `replay run` and the locustfile (Locust's parser)."""
     p.add_argument("--api", choices=("completions", "chat"), default="completions",
                    help="API for rows without an `api` value (default completions)")
     p.add_argument("--model-map", action="append", default=[], metavar="TRACE=SERVED",
@@ -52,11 +63,6 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    p.add_argument("--workers", type=int, default=1, help="local runner processes (N>1: Locust master + N workers)")
-    p.add_argument("--remote-workers", type=int, default=0,
-                   help="also wait for this many `replay worker --master HOST:PORT` processes")
-    p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
-                   help="master address for remote workers (default 0.0.0.0:5557)")
     p.add_argument("--seed", type=int, default=0, help="prompt content seed")
     p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
                    help="multi-turn sessions: turns at trace times, or closed loop with think time")
@@ -69,7 +75,6 @@ def add_parser(sub) -> None:
     p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
     p.add_argument("--no-check", action="store_true", help="skip probing the target's capabilities")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
-    p.set_defaults(func=run)
 
 
 def argparse_bool():
@@ -153,6 +158,14 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
 
 def run(args) -> int:
     config, notes = build_config(args)
+    run_dir = prepare_run_dir(config, notes)
+    code = _run_child(run_dir)
+    _print_summary(run_dir)
+    return code
+
+
+def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
+    """Create the run directory and its run.json (config without secrets, trace hash, host...)."""
     run_dir = Path(config.run_dir)
     if (run_dir / "records.parquet").exists() or (run_dir / "records.arrows").exists():
         raise RunError(f"{run_dir} already holds a run; choose another -o")
@@ -164,9 +177,7 @@ def run(args) -> int:
                     tool={"name": "llm-replay", "version": __version__, "python": platform.python_version()},
                     host=platform.node(), workers=config.workers + config.remote_workers,
                     started_wall=time.time(), status="running", **notes)
-    code = _run_child(run_dir)
-    _print_summary(run_dir)
-    return code
+    return run_dir
 
 
 def _run_child(run_dir: Path) -> int:

@@ -96,29 +96,46 @@ def install_stop(stop) -> None:
         gevent.signal_handler(sig, handler)
 
 
-def run_local(config: plan.RunConfig, out: Output) -> str:
-    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+def start_local(env, config: plan.RunConfig, out: Output) -> Job:
+    """Prepare this process's Job (T0 = now + lead); Locust's runner then spawns the user."""
     ctx = env.replay = ProcessContext()
-    runner = env.create_local_runner()
     job = ctx.job = Job(config, 0, 0.0, plan.TraceWindow(config).rows(), out.recorder, env.events)
     warmup(job, config.warmup)
     out.progress.live = lambda: (job.sent, job.in_flight)
-
-    def stop(now: bool) -> None:
-        if now:
-            config.grace_s = 0.0
-        job.stop()
-    install_stop(stop)
     freeze_gc()
     t0_wall = time.time() + config.lead_s
     job.t0 = perf_at(t0_wall)
     out.start(t0_wall, job.t0)
     ctx.ready.set()
+    return job
+
+
+def stop_job(job: Job, now: bool) -> None:
+    if now:
+        job.c.grace_s = 0.0
+    job.stop()
+
+
+def run_local(config: plan.RunConfig, out: Output) -> str:
+    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+    runner = env.create_local_runner()
+    job = start_local(env, config, out)
+    install_stop(lambda now: stop_job(job, now))
     runner.start(1, spawn_rate=1)
     job.finished.wait()
     runner.quit()
     job.close()
     return "interrupted" if job.stopping else "completed"
+
+
+def start_master(env, config: plan.RunConfig, out: Output) -> Master:
+    """Ship setup, T0 and the first rows to every connected worker."""
+    master = Master(config, env.runner, out)
+    freeze_gc()
+    t0_wall = time.time() + max(config.lead_s, 2.0)
+    out.start(t0_wall, perf_at(t0_wall))
+    master.start(t0_wall)
+    return master
 
 
 def _free_port() -> int:
@@ -145,12 +162,8 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
             _reap(procs)
             raise RuntimeError(f"only {len(runner.clients.ready)} of {want} workers connected")
         gevent.sleep(0.05)
-    master = Master(config, runner, out)
+    master = start_master(env, config, out)
     install_stop(master.stop)
-    freeze_gc()
-    t0_wall = time.time() + max(config.lead_s, 2.0)
-    out.start(t0_wall, perf_at(t0_wall))
-    master.start(t0_wall)
     runner.start(want, spawn_rate=want)
     master.finished.wait()
     runner.quit()
@@ -168,6 +181,8 @@ def _reap(procs: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .worker import die_with_parent
+    die_with_parent()  # a SIGKILLed `replay run` takes its runner along (records stay flushed)
     run_dir = Path((argv or sys.argv[1:])[0])
     info = json.loads((run_dir / "run.json").read_text())
     config = plan.RunConfig.from_json(info["config"])

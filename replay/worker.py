@@ -118,7 +118,7 @@ class WorkerSide:
         self.runner.send_message("replay_done", {"stats": self._stats()})
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """A local worker must not outlive the runner that started it (Linux prctl)."""
     try:
         import ctypes
@@ -128,11 +128,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def run_worker(master: str, die_with_parent: bool = False) -> int:
+def run_worker(master: str, tie_to_parent: bool = False) -> int:
     from gevent import monkey
     monkey.patch_all()
-    if die_with_parent:
-        _die_with_parent()
+    if tie_to_parent:
+        die_with_parent()
     from locust.env import Environment
 
     from .dispatcher import Dispatcher
