@@ -90,3 +90,17 @@ def assert_well_formed(df) -> None:
     sent = df[df.sent_s.notna()]
     assert (sent.sent_s - sent.scheduled_s > -0.002).all(), "sent before due"
     assert df[df.status == "not_sent"].sent_s.isna().all()
+
+
+def wait_t0(run_dir: Path, timeout: float = 30) -> float:
+    """Wait until the runner has fixed T0; return it (wall clock)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            t0 = run_info(run_dir).get("t0_wall")
+            if t0:
+                return t0
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the run never reached T0")
