@@ -32,7 +32,7 @@ from gevent.socket import wait_read, wait_write
 from .sse import COMPLETE, ProtocolError, ResponseParser
 
 perf_counter = time.perf_counter
-RECV_SIZE = 262144
+RECV_SIZE = 65536
 _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
@@ -53,7 +53,7 @@ class StreamResult:
 
 
 class _Deadline(Exception):
-    """The request's deadline passed while connecting or sending."""
+    """A time limit passed before the response phase; args: (status, message)."""
 
 
 class _Conn:
@@ -96,15 +96,12 @@ class ConnectionPool:
         self.prefix = u.path.rstrip("/")
         self.connect_timeout = connect_timeout
         self.ssl_context = (ssl_context or ssl.create_default_context()) if self.tls else None
-        host_hdr = self.host if u.port is None else f"{self.host}:{u.port}"
-        if ":" in self.host and u.port is not None:
-            host_hdr = f"[{self.host}]:{u.port}"
-        hdrs = {"Host": host_hdr, "User-Agent": "llm-replay", "Accept": "text/event-stream",
+        hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
                 "Content-Type": "application/json", **(headers or {})}
         self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
         self._idle: list[_Conn] = []
         self._slots = Semaphore(max_connections)
-        self._addr = None
+        self._addrs: list | None = None
         self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
@@ -113,7 +110,7 @@ class ConnectionPool:
 
     def acquire(self, deadline: float) -> _Conn:
         if not self._slots.acquire(timeout=max(0.0, deadline - perf_counter())):
-            raise _Deadline("no free connection slot")
+            raise _Deadline("timeout", "no free connection slot before the deadline")
         try:
             while self._idle:
                 conn = self._idle.pop()
@@ -134,24 +131,34 @@ class ConnectionPool:
         self._slots.release()
 
     def _connect(self, timeout: float) -> _Conn:
-        if self._addr is None:
-            af, _, _, _, addr = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
-            self._addr = (af, addr)
-        af, addr = self._addr
+        if self._addrs is None:   # resolved once; e.g. localhost may give ::1 then 127.0.0.1
+            self._addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)]
+        deadline = perf_counter() + timeout
+        for k, (af, addr) in enumerate(self._addrs):
+            try:
+                conn = self._connect_to(af, addr, deadline)
+            except OSError:
+                if k == len(self._addrs) - 1:
+                    raise
+                continue
+            if k:
+                self._addrs.insert(0, self._addrs.pop(k))   # remember the address that worked
+            return conn
+
+    def _connect_to(self, af: int, addr: tuple, deadline: float) -> _Conn:
         sock = _socket.socket(af, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             err = sock.connect_ex(addr)
             if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
-                wait_write(sock.fileno(), timeout=max(timeout, 0.0), timeout_exc=_Deadline("connect timeout"))
+                wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
+                           timeout_exc=_Deadline("connection_error", "connect timeout"))
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise OSError(err, os.strerror(err))
             self.opened += 1
-            if not self.tls:
-                return _Conn(sock)
-            return self._handshake(sock, perf_counter() + timeout)
+            return self._handshake(sock, deadline) if self.tls else _Conn(sock)
         except BaseException:
             sock.close()
             raise
@@ -166,7 +173,7 @@ class ConnectionPool:
             except _TLS_WANT:
                 send_all(sock, tls_out.read(), deadline)
                 wait_read(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                          timeout_exc=_Deadline("TLS handshake timeout"))
+                          timeout_exc=_Deadline("connection_error", "TLS handshake timeout"))
                 data = sock.recv(RECV_SIZE)
                 if not data:
                     raise ConnectionResetError(errno.ECONNRESET, "closed during TLS handshake")
@@ -188,7 +195,7 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
             sent += sock.send(view[sent:])
         except BlockingIOError:
             wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                       timeout_exc=_Deadline("send timeout"))
+                       timeout_exc=_Deadline("timeout", "send timeout"))
         except OSError as e:
             e.sent = sent
             raise
@@ -198,10 +205,11 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> int:
 class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
-    __slots__ = ("conn", "parser", "waiter", "timer", "got_bytes", "outcome")
+    __slots__ = ("conn", "recv", "feed", "parser", "waiter", "timer", "got_bytes", "outcome")
 
     def __init__(self, conn: _Conn, parser: ResponseParser, timeout: float) -> None:
         self.conn, self.parser, self.waiter = conn, parser, Waiter()
+        self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
         self.got_bytes, self.outcome = False, None
         self.timer = get_hub().loop.timer(max(timeout, 0.0))
 
@@ -230,16 +238,24 @@ class _Stream:
     def _on_readable(self) -> None:
         # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
         try:
-            data = self.conn.sock.recv(RECV_SIZE)
+            data = self.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
-        self._data(data, perf_counter())
+        t = perf_counter()
+        if data and self.got_bytes:
+            try:
+                if self.feed(data, t):
+                    self._end("error" if self.parser.stream_error else "complete")
+            except Exception as e:
+                self._fail(e)
+            return
+        self._data(data, t)
 
     def _on_readable_tls(self) -> None:
         try:
-            raw = self.conn.sock.recv(RECV_SIZE)
+            raw = self.recv(RECV_SIZE)
         except BlockingIOError:
             return
         except OSError as e:
@@ -247,22 +263,17 @@ class _Stream:
         t = perf_counter()
         if not raw:
             return self._data(b"", t)
+        tls = self.conn.tls
         self.conn.tls_in.write(raw)
-        out = []
         try:
-            while True:
-                out.append(self.conn.tls.read(RECV_SIZE))
+            while self.outcome is None:     # a read may carry several TLS records
+                self._data(tls.read(RECV_SIZE), t)   # b"" = close_notify = EOF
         except _TLS_WANT:
             pass
         except ssl.SSLZeroReturnError:
-            out.append(b"")
+            self._data(b"", t)
         except ssl.SSLError as e:
-            return self._end("connection_error", f"TLS: {e.reason or e}")
-        for piece in out:
-            if piece or out[-1] == b"":
-                self._data(piece, t)
-                if self.outcome is not None:
-                    return
+            self._end("connection_error", f"TLS: {e.reason or e}")
 
     def _data(self, data: bytes, t: float) -> None:
         p = self.parser
@@ -278,10 +289,12 @@ class _Stream:
             else:
                 self._end("connection_error", f"connection closed mid-response after "
                                               f"{len(p.token_times)} content chunks")
-        except ProtocolError as e:
-            self._end("protocol_error", str(e)[:200])
-        except Exception as e:   # a parser bug must not hang the request until its deadline
-            self._end("protocol_error", f"{type(e).__name__}: {e}"[:200])
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        # a parser bug (not a ProtocolError) must not hang the request until its deadline either
+        self._end("protocol_error", (str(e) if isinstance(e, ProtocolError) else f"{type(e).__name__}: {e}")[:200])
 
 
 def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
@@ -318,7 +331,7 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
         pool.release(conn, ok_to_reuse and status == "complete")
         conn = None
     except _Deadline as e:
-        res.status, res.error = ("timeout" if "connect" not in str(e) else "connection_error"), str(e)
+        res.status, res.error = e.args
     except OSError as e:
         res.status, res.error = "connection_error", f"{e.strerror or e}"[:200]
     except GreenletExit:

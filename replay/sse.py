@@ -6,9 +6,9 @@ It is the client's hot path (one call per streamed token), so it is hand-written
 built on h11/httptools + a JSON parse per event:
 
 - content events are detected by byte pattern (`"text":"x` or `"content":"x`, a non-empty JSON
-  string, in an event whose brackets balance): no `json.loads` per token. A JSON string never
+  string, in an event whose braces balance): no `json.loads` per token. A JSON string never
   contains an unescaped `":"`, so the pattern cannot match inside generated text. The price:
-  a content event that is malformed JSON yet has balanced brackets is counted, not rejected;
+  a content event that is malformed JSON yet has balanced braces is counted, not rejected;
 - a full JSON parse happens only where needed: the first event (validates the stream), events
   without content (usage, finish, errors), events carrying `usage`, and every event when the
   generated text is wanted (`keep_text`).
@@ -40,6 +40,22 @@ def _content_at(payload: bytes, key: bytes) -> bool:
     if payload[i:i + 1] == b" ":
         i += 1
     return payload[i:i + 1] == b'"' and payload[i + 1:i + 2] != b'"'
+
+
+def plain_content(payload: bytes) -> bool:
+    """A `{...}` event that carries generated text and needs no JSON parse: a non-empty text or
+    content string, no usage, balanced braces (a truncated event fails this and gets parsed)."""
+    k = payload.find(b'"text":"')
+    if k >= 0:
+        k += 8
+    else:
+        k = payload.find(b'"content":"')
+        if k >= 0:
+            k += 11
+        elif not (_content_at(payload, b'"text":') or _content_at(payload, b'"content":')):
+            return False
+    return ((k < 0 or payload[k] != 34) and payload[-1:] == b"}" and payload.find(b'"usage"') < 0
+            and payload.count(b"{") == payload.count(b"}"))
 
 
 def _event_text(obj: dict) -> str:
@@ -76,11 +92,31 @@ class ResponseParser:
         self._buf = b""                # unparsed framing bytes
         self._sse = b""                # unparsed SSE bytes (an incomplete event)
         self._left = 0                 # bytes left in the current chunk / Content-Length body
-        self._first = True
+        self._fast = False             # content events may skip the JSON parse (after the first)
 
     # -- framing ----------------------------------------------------------------------------
     def feed(self, data: bytes, t: float) -> bool:
         """Consume bytes read at perf_counter time `t`; True once the response is complete."""
+        if self._fast and self.state == CHUNK_SIZE and not self._buf and not self._sse:
+            # The common read: exactly one chunk holding one single-line `data: {...}` event that
+            # plain_content() would accept; inlined with start offsets because each call and
+            # slice costs here (one read per token).
+            n = len(data)
+            i = data.find(b"\r\n", 0, 10)
+            if i > 0 and data.find(b"\n", i + 2) == n - 4 and data[n - 5:] == b"}\n\n\r\n":
+                k = data.find(b'"text":"', i)
+                k = k + 8 if k >= 0 else data.find(b'"content":"', i) + 11   # > 10 when found
+                if (k > 10 and data[k] != 34 and data.startswith(b"data: {", i + 2)
+                        and data.find(b"\r", i + 2, n - 4) < 0 and data.find(b'"usage"', i) < 0
+                        and data.count(b"{", i) == data.count(b"}", i)):
+                    try:
+                        size = int(data[:i], 16)
+                    except ValueError:
+                        size = -1
+                    if size == n - i - 4:
+                        self.token_times.append(t)
+                        self.chunk_tokens = None
+                        return False
         buf = self._buf + data if self._buf else data
         self._buf = b""
         pos, n = 0, len(buf)
@@ -244,18 +280,18 @@ class ResponseParser:
         if self.done:
             return
         if payload == b"[DONE]":
-            self.done = True
+            self.done, self._fast = True, False
             return
-        if (not self._first and not self.keep_text and payload[-1:] == b"}"
-                and (_content_at(payload, b'"text":') or _content_at(payload, b'"content":'))
-                and b'"usage"' not in payload and payload.count(b"{") == payload.count(b"}")
-                and payload.count(b"[") == payload.count(b"]")):
-            # balanced brackets catch a truncated event; unbalanced (e.g. "{" in the text) just
-            # takes the full parse below
-            self.token_times.append(t)           # the hot path: no JSON parse
-            self.chunk_tokens = None
-            return
-        self._first = False
+        if self._fast:
+            if plain_content(payload):
+                self.token_times.append(t)           # no JSON parse
+                self.chunk_tokens = None
+                return
+            if (payload.find(b'"finish_reason":"') > 0 and payload.find(b'"usage"') < 0
+                    and payload.find(b'"error"') < 0 and (b'"text":""' in payload or b'"delta":{}' in payload)
+                    and payload.count(b"{") == payload.count(b"}")):
+                return     # the text-less finish event: nothing to record
+        self._fast = not self.keep_text
         try:
             obj = json.loads(payload)
         except ValueError:

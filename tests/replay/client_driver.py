@@ -21,7 +21,8 @@ STREAM_FAULTS = ("done_early", "trailers", "split", "coalesce", "crlf", "comment
 
 
 def body(n=8, chat=False, usage=True, **extra) -> bytes:
-    b = {"model": "m", "max_tokens": n, "stream": True, **extra}
+    b = {"model": "m", "max_tokens": n, "stream": True}
+    b.update(extra)
     if usage:
         b["stream_options"] = {"include_usage": True}
     if chat:
@@ -60,6 +61,7 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
         p = ConnectionPool(url, headers={"X-Fault": f})
         out[f] = post(p, timeout=0.5)
         out[f + "_next"] = post(p, timeout=0.5)    # the pool stays usable after the fault
+    out["model_fault"] = post(pool, data=body(model="fault:http429"))
     p = ConnectionPool(url, headers={"X-Fault": "close_idle"})
     out["close_idle"] = post(p)
     gevent.sleep(0.2)    # the server has now closed the kept-alive connection
@@ -77,6 +79,18 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     silent.listen(8)     # accepts at the TCP level, never answers
     out["no_answer"] = post(ConnectionPool(f"http://127.0.0.1:{silent.getsockname()[1]}"), timeout=0.3)
     silent.close()
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)       # accept queue of one, never accepted: later SYNs are dropped
+    fillers = [socket.socket() for _ in range(3)]
+    for f in fillers:
+        f.setblocking(False)
+        f.connect_ex(full.getsockname())
+    gevent.sleep(0.05)
+    out["connect_timeout"] = post(ConnectionPool(f"http://127.0.0.1:{full.getsockname()[1]}",
+                                                 connect_timeout=0.3), timeout=5)
+    for f in [*fillers, full]:
+        f.close()
 
     # cancel: kill the greenlet mid-stream; it returns 'cancelled' and the pool stays usable
     p = ConnectionPool(url, headers={"X-Interval": "0.02"})

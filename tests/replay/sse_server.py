@@ -6,8 +6,8 @@
 Streams `max_tokens` (or --tokens) content events on /v1/completions and /v1/chat/completions,
 plus a usage chunk when `stream_options.include_usage` is set (or --usage). Raw asyncio
 protocol with `call_later` per step (no task per request) so one process serves thousands of
-events per second. A fault is chosen per request by the `X-Fault` header, else by --fault
-(applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
+events per second. A fault is chosen per request by the `X-Fault` header or a model named
+`fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
 override the flags. With --stamp-log FILE it writes `request_id index perf_counter_ns` for each
 content event just before writing it (request id: `X-Request-Id` header or the body's `user`).
 """
@@ -111,7 +111,9 @@ class Server:
         if path not in ("/v1/completions", "/v1/chat/completions") or not isinstance(req, dict):
             err = json.dumps({"error": {"message": f"bad request to {path}", "code": 400}}).encode()
             return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
-        fault = hdrs.get("x-fault") or (a.fault if a.fault and self.count % a.fault_every == 0 else "")
+        model = str(req.get("model", ""))
+        fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
+                 or (a.fault if a.fault and self.count % a.fault_every == 0 else ""))
         n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
         interval = float(hdrs.get("x-interval", a.interval))
         rid = hdrs.get("x-request-id") or str(req.get("user", self.count))

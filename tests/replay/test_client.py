@@ -119,6 +119,10 @@ def test_stream_shapes_parse_fully(out, fault):
     assert nxt["reused"] == (fault != "identity")
 
 
+def test_fault_selected_by_model_name(out):
+    assert (out["model_fault"]["status"], out["model_fault"]["http_status"]) == ("http_error", 429)
+
+
 def test_stale_keepalive_connection_is_replaced(out):
     assert out["close_idle"]["status"] == "ok"
     r = out["stale_next"]
@@ -132,6 +136,8 @@ def test_large_request_body(out):
 def test_connection_failures(out):
     assert out["refused"]["status"] == "connection_error" and not out["refused"]["sent"]
     assert out["no_answer"]["status"] == "timeout" and out["no_answer"]["sent"]
+    r = out["connect_timeout"]
+    assert (r["status"], r["error"], r["sent"]) == ("connection_error", "connect timeout", False)
 
 
 def test_kill_returns_cancelled_and_keeps_partial_times(out):

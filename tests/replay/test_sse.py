@@ -56,7 +56,7 @@ def test_every_single_split_point(nl):
             assert "".join(p.text) == "".join(f" w{i}" for i in range(5))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=900), max_size=40), st.booleans())
 def test_random_splits_and_one_byte_reads(cuts, crlf):
     data = stream(nl=b"\r\n" if crlf else b"\n")
@@ -156,3 +156,25 @@ def test_usage_on_every_chunk_gives_tokens_per_chunk():
     p = ResponseParser()
     assert p.feed(HEAD + chunk(body) + b"0\r\n\r\n", 1.0)
     assert p.chunk_token_counts() == [1, 2, 1] and p.completion_tokens == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=8), st.booleans(),
+       st.lists(st.integers(min_value=1, max_value=4000), max_size=6))
+def test_arbitrary_generated_text_is_counted_once_and_kept_exactly(texts, chat, cuts):
+    # text with quotes, braces, newlines, unicode or even '"text":"' must neither hide nor add tokens
+    evs = [chat_event({"content": x}) if chat else completion_event(x) for x in texts]
+    evs.append(completion_event("").replace(b'"finish_reason":null', b'"finish_reason":"stop"'))
+    data = HEAD + b"".join(chunk(e) for e in evs) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+    for keep in (False, True):
+        p, done = feed_pieces(data, [c % len(data) for c in cuts], keep_text=keep)
+        assert done and len(p.token_times) == len(texts)
+        if keep:
+            assert "".join(p.text) == "".join(texts)
+
+
+def test_finish_event_with_text_counts():
+    body = completion_event("a") + completion_event("b").replace(b'"finish_reason":null', b'"finish_reason":"length"')
+    p = ResponseParser()
+    assert p.feed(HEAD + chunk(body + b"data: [DONE]\n\n") + b"0\r\n\r\n", 1.0)
+    assert len(p.token_times) == 2

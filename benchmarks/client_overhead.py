@@ -1,0 +1,227 @@
+"""Client CPU per streamed token and dispatch lag: replay.client vs an aiohttp baseline.
+
+    python3 benchmarks/client_overhead.py [--rates 200,500,1000] [--duration 10] [--tokens 40]
+
+One run starts the fast asyncio SSE server (tests/replay/sse_server.py) pinned to the last CPU
+and, for each rate, replays the same Poisson arrival times open-loop from one client process
+pinned to CPU 0:
+  ours     replay.client.stream_post in a gevent-patched process, one greenlet per request
+           spawned at its absolute due time (what the Locust dispatcher does);
+  aiohttp  asyncio + aiohttp.ClientSession, one task per request, lines read with
+           `async for line in resp.content` and `json.loads` per event (vLLM's benchmark client).
+It prints client CPU (user+sys of the client process, from getrusage) per streamed token,
+achieved request rate, dispatch lag (sent - scheduled; for aiohttp the moment `post` is
+entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio <= 0.5.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def arrivals(rate: float, duration: float, seed: int) -> list[float]:
+    import random
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return out
+        out.append(t)
+
+
+def payload(i: int, tokens: int) -> bytes:
+    return json.dumps({"model": "m", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": tokens, "stream": True,
+                       "stream_options": {"include_usage": True}, "user": str(i)}).encode()
+
+
+def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int,
+              sent: list[float]) -> dict:
+    """`sent`: when each request went out; achieved rate = requests / span of those times."""
+    wall = max(sent) - min(sent) if len(sent) > 1 else float("nan")
+    lags = sorted(lags)
+    pct = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] * 1e3 if lags else float("nan")   # noqa: E731
+    return {"role": role, "cpu_s": cpu, "tokens": tokens, "ok": ok, "n": n, "rate": n / wall,
+            "us_per_token": cpu / max(tokens, 1) * 1e6,
+            "sys_us_per_token": sys_cpu / max(tokens, 1) * 1e6, "lag_p50_ms": pct(0.5), "lag_p99_ms": pct(0.99),
+            "lag_max_ms": lags[-1] * 1e3 if lags else float("nan")}
+
+
+def cpu_now() -> float:
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def sys_now() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    """Replay `times` open loop; `record`, when given, gets request index -> token times."""
+    from gevent import monkey
+    monkey.patch_all()
+    import gc
+    import gevent
+    from replay.client import ConnectionPool, stream_post
+    pool = ConnectionPool(url)
+    bodies = [payload(i, tokens) for i in range(len(times))]
+    lags, sent, counts = [], [], [0, 0]
+
+    def one(i: int, due: float) -> None:
+        r = stream_post(pool, "/v1/completions", bodies[i], timeout=60)
+        if r.sent:
+            lags.append(r.sent - due)
+            sent.append(r.sent)
+        counts[0] += len(r.token_times)
+        counts[1] += r.status == "ok"
+        if record is not None:
+            record[i] = list(r.token_times)
+
+    gc.collect()
+    gc.freeze()
+    c0, s0 = cpu_now(), sys_now()
+    t0 = time.perf_counter() + 0.2
+    gs = []
+    for i, a in enumerate(times):
+        d = t0 + a - time.perf_counter()
+        if d > 0:
+            gevent.sleep(d)
+        gs.append(gevent.spawn(one, i, t0 + a))
+    gevent.joinall(gs)
+    out = summarize("ours", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
+    out["connections"] = pool.opened
+    return out
+
+
+def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    import asyncio
+    import aiohttp
+    bodies = [payload(i, tokens) for i in range(len(times))]
+    lags, sent, counts = [], [], [0, 0]
+
+    async def one(session, i: int, due: float) -> None:
+        st = time.perf_counter()
+        lags.append(st - due)
+        sent.append(st)
+        n, ok, stamps = 0, False, []
+        async with session.post(url + "/v1/completions", data=bodies[i],
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status == 200:
+                async for chunk_bytes in resp.content:
+                    chunk_bytes = chunk_bytes.strip()
+                    if not chunk_bytes:
+                        continue
+                    chunk = chunk_bytes.decode("utf-8").removeprefix("data: ")
+                    if chunk == "[DONE]":
+                        ok = True
+                        continue
+                    ts = time.perf_counter()
+                    data = json.loads(chunk)
+                    if data.get("choices") and data["choices"][0].get("text"):
+                        n += 1
+                        stamps.append(ts)
+        counts[0] += n
+        counts[1] += ok
+        if record is not None:
+            record[i] = stamps
+
+    async def main() -> dict:
+        import gc
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+            gc.collect()
+            gc.freeze()
+            c0, s0 = cpu_now(), sys_now()
+            t0 = time.perf_counter() + 0.2
+            tasks = []
+            for i, a in enumerate(times):
+                d = t0 + a - time.perf_counter()
+                if d > 0:
+                    await asyncio.sleep(d)
+                tasks.append(asyncio.create_task(one(session, i, t0 + a)))
+            await asyncio.gather(*tasks)
+            return summarize("aiohttp", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1],
+                             len(times), sent)
+
+    return asyncio.run(main())
+
+
+def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "tests.replay.sse_server", "--port", "0", "--interval", str(interval), *extra]
+    if cpu is not None:
+        args += ["--cpu", str(cpu)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    line = proc.stdout.readline()
+    if not line.startswith("sse-server ready: "):
+        proc.kill()
+        raise SystemExit(f"server failed to start: {line}")
+    return proc, line.split(": ", 1)[1].strip()
+
+
+def client(role: str, url: str, rate: float, duration: float, tokens: int, seed: int, cpu: int | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, __file__, "--role", role, "--url", url, "--rates", str(rate),
+            "--duration", str(duration), "--tokens", str(tokens), "--seed", str(seed)]
+    if cpu is not None:
+        args += ["--cpu", str(cpu)]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=duration * 10 + 120)
+    if out.returncode != 0:
+        raise SystemExit(f"{role} client failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="200,500,1000")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--interval", type=float, default=0.01, help="server seconds between tokens")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=1, help="alternate the clients this many times; medians")
+    ap.add_argument("--role", choices=["ours", "aiohttp"], help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:   # child: one client run, JSON on stdout
+        if a.cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {a.cpu})
+        times = arrivals(float(a.rates), a.duration, a.seed)
+        fn = run_ours if a.role == "ours" else run_aiohttp
+        print(json.dumps(fn(a.url, times, a.tokens)))
+        return
+    ncpu = os.cpu_count() or 1
+    srv_cpu, cli_cpu = (ncpu - 1, 0) if ncpu > 1 else (None, None)
+    proc, url = start_server(a.interval, srv_cpu)
+    print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request, "
+          f"{a.interval * 1e3:g} ms apart, {a.duration:g} s Poisson traces")
+    print(f"{'rate':>6} {'client':>8} {'us/token':>9} {'req/s':>7} {'ok':>7} {'lag p50':>8} {'p99':>7} {'max':>7} ms")
+    try:
+        for rate in map(float, a.rates.split(",")):
+            res = {}
+            for _ in range(a.repeat):
+                for role in ("aiohttp", "ours"):
+                    r = client(role, url, rate, a.duration, a.tokens, a.seed, cli_cpu)
+                    res.setdefault(role, []).append(r)
+                    print(f"{rate:6g} {role:>8} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                          f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
+            med = {role: statistics.median(r["us_per_token"] for r in rs) for role, rs in res.items()}
+            print(f"{rate:6g}    ratio ours/aiohttp CPU per token = {med['ours'] / med['aiohttp']:.2f} "
+                  f"(median of {a.repeat}; target <= 0.5)", flush=True)
+        print("runner (Locust, 1 and 2 workers): not in this branch; measured at integration")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()
