@@ -1,0 +1,6 @@
+"""`python -m engine_stub serve ...`"""
+import sys
+
+from .cli import main
+
+sys.exit(main())

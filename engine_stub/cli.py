@@ -1,0 +1,191 @@
+"""`engine-stub serve`: parse options, start the HTTP server, build the engine, print the ready line.
+
+The ready line `engine-stub ready: http://HOST:PORT` is printed (and flushed) once the engine has
+warmed up and the socket accepts connections; tests and `replay demo` wait for it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import replace
+
+from .config import POLICIES, PRESETS, EngineConfig
+from .faults import DroppedConnection, FaultConfig, Faults
+from .pacing import PROFILES
+from .server import ServerOptions, build_app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine-stub", description="A small vLLM in torch (reference target).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible API")
+    a = s.add_argument
+    a("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    a("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
+    a("--model", action="append", metavar="NAME=PRESET",
+      help=f"serve PRESET as NAME (repeatable; PRESET alone serves it under its own name); "
+           f"presets: {', '.join(PRESETS)} (default tiny)")
+    a("--lora", action="append", default=[], metavar="NAME[=BASE]",
+      help="serve a seeded LoRA adapter NAME on model BASE (default: the first model); repeatable")
+    a("--lora-rank", type=int, default=8)
+    a("--max-loras", type=int, default=2, help="distinct adapters per step")
+    a("--block-size", type=int, default=16)
+    a("--num-blocks", type=int, help=f"KV blocks per model (default {EngineConfig.DEFAULT_NUM_BLOCKS})")
+    a("--kv-cache-bytes", type=int, help="KV budget in bytes per model (instead of --num-blocks)")
+    a("--max-num-seqs", type=int, default=64)
+    a("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
+    a("--max-model-len", type=int, default=2048)
+    a("--policy", choices=POLICIES, default="chunked")
+    a("--no-prefix-caching", action="store_true")
+    a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    a("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    a("--seed", type=int, default=0, help="sampling seed for requests without their own")
+    a("--threads", type=int, default=1, help="torch threads (default 1: a load generator shares the cores)")
+    a("--engine-process", action="store_true", help="run the engine loop in a child process (no GIL sharing)")
+    a("--emulate", choices=sorted(PROFILES), help="pace steps and size the KV cache like this model+GPU")
+    a("--api-key", default=os.environ.get("ENGINE_STUB_API_KEY"), help="require Bearer KEY on /v1/*")
+    a("--max-waiting", type=int, default=0, help="429 when this many requests wait (0: unbounded)")
+    a("--max-body-bytes", type=int, default=4 << 20)
+    for name, help_ in [("error-rate", "fraction answered HTTP 500"), ("reject-rate", "fraction answered 429"),
+                        ("stall-ms", "pause streams this long at their midpoint"),
+                        ("stall-rate", "fraction of streams that stall (default 1)"),
+                        ("drop-rate", "fraction of streams closed mid-stream"),
+                        ("malformed-rate", "fraction of streams with one broken SSE event")]:
+        a(f"--fault-{name}", type=float, default=1.0 if name == "stall-rate" else 0.0, help=help_)
+    a("--fault-seed", type=int, default=0)
+    a("--log-level", default="warning")
+    return parser
+
+
+def parse_models(specs: list[str] | None, loras: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """-> ({served name: preset}, {adapter name: base name})"""
+    models: dict[str, str] = {}
+    for spec in specs or ["tiny"]:
+        name, _, preset = spec.partition("=")
+        preset = preset or name
+        if preset not in PRESETS:
+            raise ValueError(f"--model {spec}: unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+        if name in models:
+            raise ValueError(f"--model {spec}: name {name!r} given twice")
+        models[name] = preset
+    adapters: dict[str, str] = {}
+    for spec in loras:
+        name, _, base = spec.partition("=")
+        base = base or next(iter(models))
+        if base not in models:
+            raise ValueError(f"--lora {spec}: unknown base model {base!r}")
+        if name in models or name in adapters:
+            raise ValueError(f"--lora {spec}: name {name!r} already served")
+        adapters[name] = base
+    return models, adapters
+
+
+def engine_configs(args, models: dict[str, str], adapters: dict[str, str]) -> dict[str, EngineConfig]:
+    base = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                        kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+                        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype,
+                        device=args.device, seed=args.seed, lora_rank=args.lora_rank, max_loras=args.max_loras)
+    if args.emulate and args.num_blocks is None and args.kv_cache_bytes is None:
+        from .pacing import Pacer
+        base = replace(base, num_blocks=Pacer(PROFILES[args.emulate]).num_blocks(args.block_size))
+    return {name: replace(base, model=PRESETS[preset],
+                          lora_names=tuple(a for a, b in adapters.items() if b == name)).resolved()
+            for name, preset in models.items()}
+
+
+async def serve(args) -> int:
+    import torch
+    import uvicorn
+
+    from .engine import AsyncEngine, EngineLoop, build_cores
+    from .engine_proc import ProcessBackend
+    from .metrics import Metrics
+    from .pacing import Pacer
+    from .server import Served
+
+    torch.set_num_threads(args.threads)
+    models, adapters = parse_models(args.model, args.lora)
+    configs = engine_configs(args, models, adapters)
+    faults = FaultConfig(args.fault_error_rate, args.fault_reject_rate, args.fault_stall_ms, args.fault_stall_rate,
+                         args.fault_drop_rate, args.fault_malformed_rate, args.fault_seed)
+    faults.validate()
+    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes), Faults(faults))
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as e:
+        raise ValueError(f"cannot bind {args.host}:{args.port}: {e.strerror}") from None
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=0.5,
+                            lifespan="off")
+    # uvicorn re-raises the signal that stopped it once it has shut down; exit 0 instead of dying by it
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server = uvicorn.Server(config)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+
+    loop = asyncio.get_running_loop()
+    if args.engine_process:
+        backend = ProcessBackend(configs, args.emulate, args.threads)
+        engine = AsyncEngine(backend.cores, backend)
+        await loop.run_in_executor(None, backend.start, engine.deliver, loop)
+        render = backend.render_metrics
+    else:
+        metrics = Metrics()
+        pacer = Pacer(PROFILES[args.emulate]) if args.emulate else None
+        cores = await loop.run_in_executor(None, build_cores, configs, metrics, pacer)
+        backend = EngineLoop(cores, lambda outs: loop.call_soon_threadsafe(engine.deliver, outs))
+        engine = AsyncEngine(cores, backend)
+        backend.start()
+
+        async def render() -> bytes:
+            return metrics.render()
+    for name, cfg in configs.items():
+        state.served[name] = Served(name, name)
+        for i, adapter in enumerate(cfg.lora_names, start=1):
+            state.served[adapter] = Served(adapter, name, i, parent=name)
+    state.render_metrics, state.engine = render, engine
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.01)
+    if serving.done():
+        return 1
+    shown = f"[{host}]" if ":" in host else host
+    print(f"engine-stub ready: http://{shown}:{port}", flush=True)
+    try:
+        await serving
+    finally:
+        engine.stop()
+    return 0
+
+
+class _QuietDrops(logging.Filter):
+    """An injected dropped connection is not a server error worth a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None and not isinstance(exc, DroppedConnection):
+            exc = getattr(exc, "exceptions", [None])[0] if hasattr(exc, "exceptions") else exc.__cause__
+        return exc is None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
+    try:
+        return asyncio.run(serve(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Engine configuration: model presets and the knobs of the serving engine.
+
+Presets are tiny seeded random-weight decoders; their vocab is always >= 8192 so that
+clients may send token-id prompts drawn from [1000, 8000).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    vocab_size: int = 8192
+    hidden: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    ffn: int = 512
+    max_position: int = 8192
+    rope_theta: float = 10000.0
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def num_params(self) -> int:
+        attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.hidden * self.hidden
+        mlp = 3 * self.hidden * self.ffn
+        return 2 * self.vocab_size * self.hidden + self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # ~3M params (1M of them the LM head): a decode step at batch 32 takes a few ms on one CPU thread.
+    "tiny": ModelSpec("tiny"),
+    # ~5M params: the same shape, wider.
+    "tiny-wide": ModelSpec("tiny-wide", hidden=192, heads=6, ffn=768, seed=3),
+    # ~32M params: slower steps, for heavier CPU rehearsals or a GPU.
+    "small": ModelSpec("small", hidden=512, layers=8, heads=8, kv_heads=4, ffn=1408, seed=1),
+    # ~1.1M params: for unit tests.
+    "micro": ModelSpec("micro", hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, seed=2),
+}
+
+POLICIES = ("chunked", "prefill-first", "reserve")
+
+
+@dataclass
+class ServedModel:
+    """One name served by the engine: a base preset, or a LoRA adapter on a base."""
+    name: str
+    preset: str
+    lora: str | None = None  # adapter name when this is an adapter on `preset`'s core
+
+
+@dataclass
+class EngineConfig:
+    model: ModelSpec = field(default_factory=lambda: PRESETS["tiny"])
+    block_size: int = 16
+    num_blocks: int | None = None        # None: from kv_cache_bytes or the default
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    policy: str = "chunked"
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    lora_names: tuple[str, ...] = ()
+    lora_rank: int = 8
+    max_loras: int = 2
+
+    DEFAULT_NUM_BLOCKS = 512  # 8192 tokens: queueing and preemption appear at modest load
+
+    def kv_bytes_per_block(self, elem_bytes: int) -> int:
+        m = self.model
+        return 2 * m.layers * m.kv_heads * m.head_dim * self.block_size * elem_bytes
+
+    def resolved(self) -> "EngineConfig":
+        """Fix device, dtype, block count and max_model_len; raise ValueError on nonsense."""
+        import torch
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = self.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if _native_bf16(device) else "float32"
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+        elem = 4 if dtype == "float32" else 2
+        num_blocks = self.num_blocks
+        if num_blocks is None:
+            num_blocks = (self.kv_cache_bytes // self.kv_bytes_per_block(elem)
+                          if self.kv_cache_bytes else self.DEFAULT_NUM_BLOCKS)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if num_blocks < 2:
+            raise ValueError(f"KV cache too small: {num_blocks} blocks of {self.block_size} tokens")
+        # one request must always fit in the whole pool, or preemption could never make room
+        max_len = min(self.max_model_len, num_blocks * self.block_size, self.model.max_position)
+        return replace(self, device=device, dtype=dtype, num_blocks=num_blocks, max_model_len=max_len)
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+
+def _native_bf16(device: str) -> bool:
+    import torch
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

@@ -1,0 +1,268 @@
+"""EngineCore (one model: scheduler + runner + output processing), EngineLoop (the thread that
+steps every core round-robin and emits one batch of outputs per step) and AsyncEngine (the
+asyncio side: per-request queues)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .attention import PagedAttention, PagedKVCache
+from .block_manager import BlockManager
+from .config import EngineConfig
+from .metrics import ModelMetrics
+from .model import TinyGPT
+from .pacing import Pacer
+from .request import EngineRequest, SamplingParams
+from .runner import ModelRunner
+from .sampler import Sampler
+from .scheduler import Scheduler
+from .tokenizer import EOS, IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    text: str                 # newly detokenized text of this step
+    num_new_tokens: int
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class EngineCore:
+    def __init__(self, cfg: EngineConfig, name: str, metrics: ModelMetrics | None,
+                 pacer: Pacer | None = None) -> None:
+        self.cfg, self.name, self.metrics, self.pacer = cfg, name, metrics, pacer
+        self.device = torch.device(cfg.device)
+        dtype = getattr(torch, cfg.dtype)
+        spec = cfg.model
+        self.tokenizer = Tokenizer(spec.vocab_size)
+        self.model = TinyGPT(spec, len(cfg.lora_names), cfg.lora_rank).to(self.device, dtype).eval()
+        self.kv = PagedKVCache(spec.layers, cfg.num_blocks, cfg.block_size, spec.kv_heads, spec.head_dim,
+                               dtype, self.device)
+        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(cfg, self.blocks)
+        sampler = Sampler(spec.vocab_size, self.tokenizer.generation_banned_ids(), self.device, cfg.seed)
+        self.runner = ModelRunner(self.model, PagedAttention(self.kv, spec.head_dim ** -0.5), sampler,
+                                  cfg.block_size, self.device)
+        self.requests: dict[str, EngineRequest] = {}
+        self._seq = 0
+
+    def add(self, req: EngineRequest) -> None:
+        self._seq += 1
+        req.seq = self._seq
+        req.detok = IncrementalDetokenizer(self.tokenizer)
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None:
+            self.scheduler.finish(req, "abort")
+            self.runner.sampler.forget(request_id)
+            self._observe_finish(req, time.perf_counter())
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        if not sched.items:
+            return []
+        reqs, tokens = self.runner.execute(sched)
+        if self.pacer is not None:
+            target = self.pacer.step_seconds([(n, r.num_computed_tokens + n) for r, n in sched.items])
+            delay = t0 + target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        now = time.perf_counter()  # the tokens of this step exist from here on
+        for req, n in sched.items:
+            req.num_computed_tokens += n
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = t0
+            self.blocks.cache_full_blocks(req)
+        outputs = [self._process(req, tok, now) for req, tok in zip(reqs, tokens)]
+        m = self.metrics
+        if m is not None:
+            m.iteration_tokens.observe(sched.num_tokens)
+            m.generation_tokens.inc(len(reqs))
+            if sched.preempted:
+                m.preemptions.inc(len(sched.preempted))
+            if sched.prefix_queries:
+                m.prefix_queries.inc(sched.prefix_queries)
+                m.prefix_hits.inc(sched.prefix_hits)
+            self.update_gauges()
+        return outputs
+
+    def _process(self, req: EngineRequest, tok: int, now: float) -> RequestOutput:
+        req.token_ids.append(tok)
+        p, m = req.params, self.metrics
+        if req.first_token_time is None:
+            req.first_token_time = now
+            if m is not None:  # as vLLM V1: the whole prompt (cached part included) at the first token
+                m.ttft.observe(now - req.arrival_time)
+                m.prompt_tokens.inc(req.num_prompt_tokens)
+        elif m is not None:
+            m.itl.observe(now - req.last_token_time)
+        req.last_token_time = now
+        reason = None
+        if (tok == EOS and not p.ignore_eos) or tok in p.stop_token_ids:
+            reason = "stop"
+        elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len:
+            reason = "length"
+        text = req.detok.step([tok])
+        if reason is not None:
+            text += req.detok.flush()
+            self.scheduler.finish(req, reason)
+            self.requests.pop(req.request_id, None)
+            self.runner.sampler.forget(req.request_id)
+            self._observe_finish(req, now)
+        return RequestOutput(req.request_id, text, 1, reason is not None, reason, req.num_prompt_tokens,
+                             req.num_output_tokens, req.num_cached_tokens)
+
+    def _observe_finish(self, req: EngineRequest, now: float) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.success[req.finish_reason].inc()
+        m.e2e.observe(now - req.arrival_time)
+        m.prompt_len.observe(req.num_prompt_tokens)
+        m.gen_len.observe(req.num_output_tokens)
+        if req.first_scheduled_time is not None:
+            m.queue.observe(req.first_scheduled_time - req.arrival_time)
+        if req.first_token_time is not None:
+            m.prefill.observe(req.first_token_time - req.first_scheduled_time)
+            m.decode.observe(now - req.first_token_time)
+
+    def fail_all(self) -> list[RequestOutput]:
+        """Abort every request (after an engine error) and say so to their clients."""
+        outs = []
+        for req in list(self.requests.values()):
+            self.abort(req.request_id)
+            outs.append(RequestOutput(req.request_id, "", 0, True, "abort", req.num_prompt_tokens,
+                                      req.num_output_tokens, req.num_cached_tokens))
+        return outs
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        m.running.set(len(self.scheduler.running))
+        m.waiting.set(len(self.scheduler.waiting))
+        m.kv_usage.set(self.blocks.usage)
+
+    def warmup(self) -> None:
+        """Run one short request so the first real step pays no one-time costs."""
+        metrics, self.metrics = self.metrics, None
+        self.add(EngineRequest("warmup", list(range(1000, 1000 + 3 * self.cfg.block_size)),
+                               SamplingParams(max_tokens=4, ignore_eos=True), time.perf_counter()))
+        while self.scheduler.has_work():
+            self.step()
+        self.blocks.reset_prefix_cache()  # clients must not get hits on the warm-up prompt
+        self.metrics = metrics
+
+
+class EngineLoop:
+    """The engine thread: applies queued adds/aborts, steps every core round-robin and emits one
+    batch of outputs per round. add/abort are thread-safe; emit runs on the engine thread."""
+
+    def __init__(self, cores: dict[str, EngineCore], emit: Callable[[list[RequestOutput]], None]) -> None:
+        self.cores, self.emit = cores, emit
+        self._commands: deque = deque()
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def add(self, core: str, req: EngineRequest) -> None:
+        self._commands.append((core, req))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self._commands.append((None, request_id))
+        self._wake.set()
+
+    def num_waiting(self, core: str) -> int:
+        return len(self.cores[core].scheduler.waiting) + sum(1 for c, _ in list(self._commands) if c == core)
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopped:
+            if not self._commands and not any(c.scheduler.has_work() for c in self.cores.values()):
+                self._wake.wait()
+            self._wake.clear()
+            while self._commands:
+                core, item = self._commands.popleft()
+                if core is None:
+                    for c in self.cores.values():
+                        c.abort(item)
+                else:
+                    self.cores[core].add(item)
+            outputs: list[RequestOutput] = []
+            for c in self.cores.values():
+                if c.scheduler.has_work():
+                    try:
+                        outputs.extend(c.step())
+                    except Exception:  # a bug must not hang every client: fail this core's requests
+                        traceback.print_exc()
+                        outputs.extend(c.fail_all())
+                elif c.metrics is not None:
+                    c.update_gauges()
+            if outputs:
+                self.emit(outputs)
+
+
+class AsyncEngine:
+    """What the server talks to, on the asyncio loop thread: submits requests to a backend (the
+    engine thread, or a process) and routes each step's outputs to per-request queues."""
+
+    def __init__(self, cores: dict, backend) -> None:
+        self.cores = cores  # name -> object with .cfg and .tokenizer
+        self.backend = backend
+        self._sinks: dict[str, asyncio.Queue] = {}
+
+    def submit(self, core: str, req: EngineRequest, sink: asyncio.Queue) -> None:
+        self._sinks[req.request_id] = sink
+        self.backend.add(core, req)
+
+    def abort(self, request_id: str) -> None:
+        """Idempotent: aborting a finished or unknown request does nothing."""
+        if self._sinks.pop(request_id, None) is not None:
+            self.backend.abort(request_id)
+
+    def num_waiting(self, core: str) -> int:
+        return self.backend.num_waiting(core)
+
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        sinks = self._sinks
+        for o in outputs:
+            q = sinks.pop(o.request_id, None) if o.finished else sinks.get(o.request_id)
+            if q is not None:
+                q.put_nowait(o)
+
+    def stop(self) -> None:
+        self.backend.stop()
+
+
+def build_cores(configs: dict[str, EngineConfig], metrics, pacer: Pacer | None) -> dict[str, EngineCore]:
+    cores = {}
+    for name, cfg in configs.items():
+        core = EngineCore(cfg, name, metrics.for_model(name) if metrics else None, pacer)
+        core.warmup()
+        if core.metrics is not None:
+            core.update_gauges()
+        cores[name] = core
+    return cores

@@ -1,0 +1,333 @@
+"""The OpenAI-compatible HTTP server (FastAPI) in front of the engine thread.
+
+Endpoints as vLLM: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics.
+Errors use the OpenAI envelope; invalid bodies are 400 (never FastAPI's 422). A client that goes
+away aborts its requests, which frees their KV blocks (idempotent with a natural finish).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from .engine import AsyncEngine, EngineCore, RequestOutput
+from .faults import DroppedConnection, Faults, RequestFaults
+from .protocol import ChatRequest, ChunkWriter, CompletionRequest, usage
+from .request import EngineRequest, SamplingParams
+
+VERSION = "0.1.0"
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+                413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
+                503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.retry_after = status, message, param, retry_after
+
+
+def error_response(e: APIError) -> JSONResponse:
+    body = {"error": {"message": e.message, "type": _ERROR_TYPES.get(e.status, "Error"), "param": e.param,
+                      "code": e.status}}
+    headers = {"Retry-After": str(e.retry_after)} if e.retry_after is not None else None
+    return JSONResponse(body, status_code=e.status, headers=headers)
+
+
+@dataclass
+class Served:
+    name: str
+    core: str           # the EngineCore serving it
+    lora_id: int = 0
+    parent: str | None = None
+
+
+@dataclass
+class ServerOptions:
+    api_key: str | None = None
+    max_waiting: int = 0            # 0: unbounded
+    max_body_bytes: int = 4 << 20
+
+
+class State:
+    """What the app needs once the engine is up (set by the CLI after startup)."""
+
+    def __init__(self) -> None:
+        self.engine: AsyncEngine | None = None
+        self.served: dict[str, Served] = {}
+        self.render_metrics: Callable[[], Awaitable[bytes]] | None = None
+
+
+def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
+    app = FastAPI(title="engine-stub", docs_url=None, redoc_url=None, openapi_url=None)
+    state = State()
+
+    app.add_middleware(_Guard, opts=opts, state=state)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request, e: APIError):
+        return error_response(e)
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, _e):
+        return error_response(APIError(404, f"no route {request.method} {request.url.path}"))
+
+    @app.exception_handler(405)
+    async def _bad_method(request: Request, _e):
+        return error_response(APIError(405, f"method {request.method} not allowed on {request.url.path}"))
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if state.engine is not None else 503)
+
+    @app.get("/version")
+    async def version():
+        return {"version": VERSION}
+
+    @app.get("/metrics")
+    async def metrics():
+        body = await state.render_metrics() if state.render_metrics else b""
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models():
+        created = int(time.time())
+        data = []
+        for s in state.served.values():
+            core = state.engine.cores[s.core]
+            data.append({"id": s.name, "object": "model", "created": created, "owned_by": "engine-stub",
+                         "root": core.cfg.model.name, "parent": s.parent,
+                         "max_model_len": core.cfg.max_model_len})
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _generate(request, chat=True)
+
+    async def _generate(request: Request, chat: bool):
+        body = await _read_json(request, opts.max_body_bytes)
+        try:
+            req = ChatRequest.model_validate(body) if chat else CompletionRequest.model_validate(body)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            param = str(err["loc"][0]) if err["loc"] else None
+            raise APIError(400, f"invalid request: {loc}: {err['msg']}" if loc else err["msg"], param) from None
+        names = list(state.served)
+        model = req.model if req.model is not None else names[0]
+        served = state.served.get(model)
+        if served is None:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+        engine = state.engine
+        core = engine.cores[served.core]
+        prompts = _prompt_ids(core, req, chat)
+        params = _sampling(core, req, chat, prompts)
+        fault = faults.draw()
+        if fault.error:
+            raise APIError(500, "injected fault: internal error")
+        if fault.reject or (opts.max_waiting and engine.num_waiting(served.core) >= opts.max_waiting):
+            raise APIError(429, "too many requests waiting; retry later", retry_after=1)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        ids = [f"{rid}-{i}" for i in range(len(prompts))]
+        queue: asyncio.Queue = asyncio.Queue()
+        now = time.perf_counter()
+        for sub_id, p in zip(ids, prompts):
+            engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id), queue)
+        writer = ChunkWriter(chat, rid, model)
+        watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))
+        stops = req.stop_strings
+        if req.stream:
+            return StreamingResponse(_stream(engine, queue, ids, writer, req.include_usage, fault, stops,
+                                             params.max_tokens, watcher),
+                                     media_type="text/event-stream")
+        try:
+            texts, reasons, u = await _collect(engine, queue, ids, stops)
+        finally:
+            watcher.cancel()
+        return JSONResponse(writer.final(texts, reasons, u))
+
+    return app, state
+
+
+class _Guard:
+    """Pure ASGI middleware (no per-chunk overhead on streams): API key and startup checks."""
+
+    def __init__(self, app, opts: ServerOptions, state: State) -> None:
+        self.app, self.opts, self.state = app, opts, state
+        self.expected = f"Bearer {opts.api_key}".encode() if opts.api_key is not None else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            error = None
+            if self.expected is not None:
+                auth = dict(scope["headers"]).get(b"authorization", b"")
+                if not hmac.compare_digest(auth, self.expected):
+                    error = APIError(401, "invalid or missing API key")
+            if error is None and self.state.engine is None:
+                error = APIError(503, "the engine is starting", retry_after=1)
+            if error is not None:
+                return await error_response(error)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+async def _read_json(request: Request, limit: int):
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body larger than {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except ValueError as e:
+        raise APIError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return body
+
+
+def _prompt_ids(core: EngineCore, req, chat: bool) -> list[list[int]]:
+    tok, vocab = core.tokenizer, core.cfg.model.vocab_size
+    if chat:
+        return [tok.chat_prompt([m.model_dump() for m in req.messages])]
+    out = []
+    for p in req.prompts():
+        if isinstance(p, str):
+            out.append(tok.encode(p))
+        else:
+            bad = next((t for t in p if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"token id {bad} is out of vocabulary range [0, {vocab})", "prompt")
+            out.append(list(p))
+    return out
+
+
+def _sampling(core: EngineCore, req, chat: bool, prompts: list[list[int]]) -> SamplingParams:
+    limit = core.cfg.max_model_len
+    longest = max(len(p) for p in prompts)
+    max_tokens = (req.max_completion_tokens or req.max_tokens) if chat else req.max_tokens
+    if max_tokens is None:
+        max_tokens = max(1, limit - longest) if chat else 16
+    if longest + max_tokens > limit:
+        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                            f"{longest + max_tokens} tokens ({longest} in the messages, {max_tokens} in the "
+                            f"completion). Please reduce the length of the messages or completion.",
+                       "max_tokens" if longest < limit else "prompt")
+    if req.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({req.min_tokens}) must be <= max_tokens ({max_tokens})", "min_tokens")
+    vocab = core.cfg.model.vocab_size
+    stop_ids = tuple(t for t in (req.stop_token_ids or ()) if 0 <= t < vocab)
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+                          top_p=req.top_p, top_k=req.top_k, seed=req.seed, min_tokens=req.min_tokens,
+                          ignore_eos=req.ignore_eos, stop_token_ids=stop_ids)
+
+
+async def _watch_disconnect(request: Request, engine: AsyncEngine, ids: list[str], queue: asyncio.Queue):
+    """Abort the requests (freeing their blocks) as soon as the client goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    for i in ids:
+        engine.abort(i)
+    queue.put_nowait(None)
+
+
+class _StopText:
+    """Stop strings: cut the text before the first match and finish the choice. Like vLLM, the
+    last len(longest stop) - 1 characters are held back until they cannot start a match."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops, self.text, self.sent = stops, "", 0
+        self.hold = max(map(len, stops), default=1) - 1
+
+    def feed(self, delta: str, finished: bool) -> tuple[str, bool]:
+        if not self.stops:
+            return delta, False
+        start = max(0, len(self.text) - self.hold)
+        self.text += delta
+        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        end = min(hits) if hits else len(self.text) if finished else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent:end], end
+        return out, bool(hits)
+
+
+async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], stops: list[str]):
+    """Yield (index, text, finish_reason, output) per engine step until every choice is done."""
+    index = {rid: i for i, rid in enumerate(ids)}
+    stop_text = [_StopText(stops) for _ in ids]
+    pending = len(ids)
+    while pending:
+        o: RequestOutput | None = await queue.get()
+        if o is None:  # client went away
+            return
+        i = index.get(o.request_id)
+        if i is None or stop_text[i] is None:
+            continue
+        text, hit = stop_text[i].feed(o.text, o.finished)
+        reason = "stop" if hit else o.finish_reason
+        if hit and not o.finished:
+            engine.abort(o.request_id)
+        if reason is not None:
+            stop_text[i] = None
+            pending -= 1
+        yield i, text, reason, o
+
+
+async def _collect(engine, queue, ids, stops):
+    texts, reasons = [""] * len(ids), [None] * len(ids)
+    prompt = completion = cached = 0
+    async for i, text, reason, o in _outputs(engine, queue, ids, stops):
+        texts[i] += text
+        if reason is not None:
+            reasons[i] = reason
+            prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
+                cached + o.cached_tokens
+    return texts, reasons, usage(prompt, completion, cached)
+
+
+async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, fault: RequestFaults,
+                  stops: list[str], max_tokens: int, watcher: asyncio.Future):
+    try:
+        events, midpoint = 0, max(1, max_tokens // 2)
+        started = [False] * len(ids)
+        prompt = completion = cached = 0
+        async for i, text, reason, o in _outputs(engine, queue, ids, stops):
+            event = writer.content(i, text, reason)
+            if writer.chat and not started[i]:
+                started[i] = True
+                event = writer.role(i) + event
+            yield event
+            events += 1
+            if events == midpoint:
+                if fault.stall_s:
+                    await asyncio.sleep(fault.stall_s)
+                if fault.malformed:
+                    yield f'{writer.head}{{"index":{i},"text":"\n\n'
+                if fault.drop:
+                    raise DroppedConnection("injected fault: connection dropped")
+            if reason is not None:
+                prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
+                    cached + o.cached_tokens
+        if watcher.done():  # the client is gone: nothing more to say
+            return
+        if include_usage:
+            yield writer.usage(usage(prompt, completion, cached))
+        yield "data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        for i in ids:
+            engine.abort(i)

@@ -1,0 +1,163 @@
+"""Server options on real subprocesses: several models and a LoRA adapter, --api-key (401),
+--max-waiting (429 + Retry-After), --max-body-bytes (413), KV pressure (preemption), and every
+--fault-* flag observable from the client side."""
+import concurrent.futures as cf
+import contextlib
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import run_cli, start_engine
+
+pytest.importorskip("torch")
+KEY = "s3cret"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+IDS = list(range(2000, 2030))
+
+
+@pytest.fixture(scope="module")
+def url():
+    eng = start_engine("--model", "tiny", "--model", "m2=micro", "--lora", "ad1", "--api-key", KEY,
+                       "--max-waiting", "2", "--max-num-seqs", "2", "--num-blocks", "40",
+                       "--max-body-bytes", "4096")
+    yield eng.url
+    eng.stop()
+
+
+def post(url, body, headers=AUTH, **kw):
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60, **kw)
+
+
+def metric_value(url, name, model="tiny"):
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'{name}{{model_name="{model}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def test_api_key(url):
+    assert post(url, {"prompt": IDS, "max_tokens": 1}, headers={}).status_code == 401
+    r = post(url, {"prompt": IDS, "max_tokens": 1}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["code"] == 401
+    assert post(url, {"prompt": IDS, "max_tokens": 1}).status_code == 200
+    assert httpx.get(url + "/health").status_code == 200  # health and metrics stay open
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_models_and_adapters(url):
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {"tiny", "m2", "ad1"}
+    assert models["ad1"].model_extra["parent"] == "tiny" and models["tiny"].model_extra["parent"] is None
+    outs = {}
+    for name in models:
+        r = client.completions.create(model=name, prompt=IDS, max_tokens=8, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert r.model == name and r.usage.completion_tokens == 8
+        outs[name] = r.choices[0].text
+    assert len(set(outs.values())) == 3  # three different models
+    assert metric_value(url, "vllm:generation_tokens_total", "m2") >= 8
+
+
+def test_body_too_large(url):
+    r = post(url, {"prompt": list(range(1000, 2000)), "max_tokens": 1})
+    assert r.status_code == 413 and r.json()["error"]["code"] == 413
+
+
+def test_kv_pressure_preempts_and_still_completes(url):
+    # 40 blocks of 16 tokens; two requests growing to 30 + 300 tokens each cannot both fit
+    before = metric_value(url, "vllm:num_preemptions_total")
+    body = {"prompt": IDS, "max_tokens": 300, "ignore_eos": True}
+    with cf.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: post(url, body), range(2)))
+    assert [r.json()["usage"]["completion_tokens"] for r in results] == [300, 300]
+    assert metric_value(url, "vllm:num_preemptions_total") > before
+
+
+def test_full_waiting_queue_is_429_with_retry_after(url):
+    body = {"prompt": IDS, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with contextlib.ExitStack() as stack:
+        # two running (max-num-seqs 2), two waiting (max-waiting 2): the fifth is refused
+        for _ in range(4):
+            r = stack.enter_context(httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH,
+                                                 timeout=60))
+            assert r.status_code == 200
+        r = post(url, {"prompt": IDS, "max_tokens": 1})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+        assert r.json()["error"]["type"] == "RateLimitError"
+    deadline = time.monotonic() + 30
+    while metric_value(url, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric_value(url, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_faults_are_observable():
+    eng = start_engine("--fault-error-rate", "0.2", "--fault-reject-rate", "0.2", "--fault-drop-rate", "0.25",
+                       "--fault-malformed-rate", "0.25", "--fault-stall-ms", "400", "--fault-stall-rate", "0.25",
+                       "--fault-seed", "1")
+    seen = {"500": 0, "429": 0, "drop": 0, "malformed": 0, "stall": 0, "clean": 0}
+    try:
+        for _ in range(30):
+            body = {"prompt": IDS, "max_tokens": 6, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=30) as r:
+                if r.status_code != 200:
+                    seen[str(r.status_code)] += 1
+                    assert r.status_code == 429 or r.read() and r.json()["error"]["code"] == 500
+                    continue
+                events, gaps, last = [], [], time.monotonic()
+                try:
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            now = time.monotonic()
+                            events.append(line[6:])
+                            gaps.append(now - last)
+                            last = now
+                except httpx.RemoteProtocolError:
+                    seen["drop"] += 1
+                    assert events[-1] != "[DONE]"
+                    continue
+                bad = [e for e in events if e != "[DONE]" and not _is_json(e)]
+                seen["malformed"] += bool(bad)
+                seen["stall"] += max(gaps[1:]) >= 0.4
+                seen["clean"] += not bad and max(gaps[1:]) < 0.4
+                assert events[-1] == "[DONE]"
+    finally:
+        eng.stop()
+    assert all(seen.values()), seen
+
+
+def _is_json(s):
+    import json
+    try:
+        json.loads(s)
+        return True
+    except ValueError:
+        return False
+
+
+def test_bad_flags_exit_2_with_a_message():
+    r = run_cli("engine_stub", "serve", "--model", "x=nosuch", "--port", "0", timeout=60)
+    assert r.returncode == 2 and "unknown preset 'nosuch'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_engine_process_mode_serves_and_frees_blocks():
+    eng = start_engine("--engine-process", "--model", "m=micro")
+    try:
+        client = openai.OpenAI(base_url=eng.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(client.completions.create(model="m", prompt=IDS, max_tokens=5, stream=True,
+                                                stream_options={"include_usage": True},
+                                                extra_body={"ignore_eos": True}))
+        assert len(chunks) == 6 and chunks[-1].usage.completion_tokens == 5
+        body = {"model": "m", "prompt": IDS, "max_tokens": 600, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=30) as r:
+            next(r.iter_lines())
+        deadline = time.monotonic() + 30
+        while metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") == 0
+        assert metric_value(eng.url, "vllm:generation_tokens_total", "m") < 600
+    finally:
+        eng.stop()
