@@ -1,0 +1,296 @@
+"""Client CPU per streamed token and dispatch lag: replay.client vs an aiohttp baseline.
+
+    python3 benchmarks/client_overhead.py [--rates 200,500,1000] [--duration 10] [--tokens 40]
+
+One run starts the fast asyncio SSE server (tests/replay/sse_server.py) pinned to the last CPU
+and, for each rate, replays the same Poisson arrival times open-loop from one client process
+pinned to CPU 0:
+  ours     replay.client.stream_post in a gevent-patched process, one greenlet per request
+           spawned at its absolute due time (what the Locust dispatcher does);
+  ours-read  the same with kernel_timestamps=False (perf_counter when the bytes are read);
+  aiohttp  asyncio + aiohttp.ClientSession, one task per request, lines read with
+           `async for line in resp.content` and `json.loads` per event (vLLM's benchmark client).
+  replay x1/x2  the real runner, `replay run --workers N` (Locust; 2 workers only at >= 1000
+           req/s, not pinned), CPU of all its processes minus a 5-row run of the same command.
+It prints client CPU (user+sys of the client process, from getrusage) per streamed token,
+achieved request rate, dispatch lag (sent - scheduled; for aiohttp the moment `post` is
+entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio <= 0.5.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def arrivals(rate: float, duration: float, seed: int) -> list[float]:
+    import random
+    rng, t, out = random.Random(seed), 0.0, []
+    while True:
+        t += rng.expovariate(rate)
+        if t >= duration:
+            return out
+        out.append(t)
+
+
+def payload(i: int, tokens: int) -> bytes:
+    return json.dumps({"model": "m", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": tokens, "stream": True,
+                       "stream_options": {"include_usage": True}, "user": str(i)}).encode()
+
+
+def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int,
+              sent: list[float]) -> dict:
+    """`sent`: when each request went out; achieved rate = requests / span of those times."""
+    wall = max(sent) - min(sent) if len(sent) > 1 else float("nan")
+    lags = sorted(lags)
+    pct = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))] * 1e3 if lags else float("nan")   # noqa: E731
+    return {"role": role, "cpu_s": cpu, "tokens": tokens, "ok": ok, "n": n, "rate": n / wall,
+            "us_per_token": cpu / max(tokens, 1) * 1e6,
+            "sys_us_per_token": sys_cpu / max(tokens, 1) * 1e6, "lag_p50_ms": pct(0.5), "lag_p99_ms": pct(0.99),
+            "lag_max_ms": lags[-1] * 1e3 if lags else float("nan")}
+
+
+def cpu_now() -> float:
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def sys_now() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
+def schedule(times: list[float]):
+    """Open loop on an absolute clock: (index, due perf_counter, seconds to wait) per request."""
+    t0 = time.perf_counter() + 0.2
+    for i, a in enumerate(times):
+        yield i, t0 + a, t0 + a - time.perf_counter()
+
+
+def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None,
+             kernel_timestamps: bool = True) -> dict:
+    """Replay `times` open loop; `record`, when given, gets request index -> token times."""
+    from gevent import monkey
+    monkey.patch_all()
+    import gc
+    import gevent
+    from replay.client import ConnectionPool, stream_post
+    pool = ConnectionPool(url, kernel_timestamps=kernel_timestamps)
+    bodies = [payload(i, tokens) for i in range(len(times))]
+    lags, sent, counts = [], [], [0, 0]
+
+    def one(i: int, due: float) -> None:
+        r = stream_post(pool, "/v1/completions", bodies[i], timeout=60)
+        if r.sent:
+            lags.append(r.sent - due)
+            sent.append(r.sent)
+        counts[0] += len(r.token_times)
+        counts[1] += r.status == "ok"
+        if record is not None:
+            record[i] = list(r.token_times)
+
+    gc.collect()
+    gc.freeze()
+    c0, s0 = cpu_now(), sys_now()
+    gs = []
+    for i, due, wait in schedule(times):
+        if wait > 0:
+            gevent.sleep(wait)
+        gs.append(gevent.spawn(one, i, due))
+    gevent.joinall(gs)
+    out = summarize("ours" if kernel_timestamps else "ours-read", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
+    out["connections"] = pool.opened
+    return out
+
+
+def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    import asyncio
+    import aiohttp
+    bodies = [payload(i, tokens) for i in range(len(times))]
+    lags, sent, counts = [], [], [0, 0]
+
+    async def one(session, i: int, due: float) -> None:
+        st = time.perf_counter()
+        lags.append(st - due)
+        sent.append(st)
+        n, ok, stamps = 0, False, []
+        async with session.post(url + "/v1/completions", data=bodies[i],
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status == 200:
+                async for chunk_bytes in resp.content:
+                    chunk_bytes = chunk_bytes.strip()
+                    if not chunk_bytes:
+                        continue
+                    chunk = chunk_bytes.decode("utf-8").removeprefix("data: ")
+                    if chunk == "[DONE]":
+                        ok = True
+                        continue
+                    ts = time.perf_counter()
+                    data = json.loads(chunk)
+                    if data.get("choices") and data["choices"][0].get("text"):
+                        n += 1
+                        stamps.append(ts)
+        counts[0] += n
+        counts[1] += ok
+        if record is not None:
+            record[i] = stamps
+
+    async def main() -> dict:
+        import gc
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=60)) as session:
+            gc.collect()
+            gc.freeze()
+            c0, s0 = cpu_now(), sys_now()
+            tasks = []
+            for i, due, wait in schedule(times):
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(one(session, i, due)))
+            await asyncio.gather(*tasks)
+            return summarize("aiohttp", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1],
+                             len(times), sent)
+
+    return asyncio.run(main())
+
+
+ROLES = ("aiohttp", "ours", "ours-read")
+
+
+def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int | None, tmp: str) -> dict:
+    """The real runner: `replay run` (Locust) on a trace with these arrival times. Its CPU is
+    that of all its processes (RUSAGE_CHILDREN), minus a 5-row run of the same command (start-up,
+    Locust import, run directory), per token of the difference."""
+    import resource
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from traces.trace import Trace
+
+    def once(rows: int) -> tuple[float, pa.Table]:
+        trace, out = f"{tmp}/trace{rows}.parquet", f"{tmp}/run{rows}-{workers}"
+        n = len(times[:rows])
+        Trace(pa.table({"arrival_ns": (np.array(times[:rows]) * 1e9).astype("int64"),
+                        "input_tokens": np.full(n, 8, "int32"),
+                        "output_tokens": np.full(n, tokens, "int32")})).write(trace)
+        pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
+                        "--workers", str(workers), "--no-check", "--prompt-mode", "ids", "--no-progress"],
+                       check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
+                       preexec_fn=pin, timeout=times[-1] * 10 + 120)
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        return cpu_s, pq.read_table(f"{out}/records.parquet")
+
+    small_cpu, small = once(5)
+    big_cpu, big = once(len(times))
+    recs = big.to_pydict()
+    sent = [x for x in recs["sent_s"] if x is not None]
+    lags = [a - b for a, b in zip(recs["sent_s"], recs["scheduled_s"]) if a is not None]
+    ntok = sum(len(tt or ()) for tt in recs["token_times"])
+    small_tok = sum(len(tt or ()) for tt in small.column("token_times").to_pylist())
+    out = summarize(f"replay x{workers}", big_cpu - small_cpu, 0.0, lags, ntok,
+                    recs["status"].count("ok"), len(times), sent)
+    out["us_per_token"] = (big_cpu - small_cpu) / max(ntok - small_tok, 1) * 1e6
+    return out
+
+
+def run_role(role: str, url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    """ours: kernel receive timestamps (the default); ours-read: stamped when read (perf_counter)."""
+    if role == "aiohttp":
+        return run_aiohttp(url, times, tokens, record)
+    return run_ours(url, times, tokens, record, kernel_timestamps=role == "ours")
+
+
+def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, "-m", "tests.replay.sse_server", "--port", "0", "--interval", str(interval), *extra]
+    if cpu is not None:
+        args += ["--cpu", str(cpu)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    line = proc.stdout.readline()
+    if not line.startswith("sse-server ready: "):
+        proc.kill()
+        raise SystemExit(f"server failed to start: {line}")
+    return proc, line.split(": ", 1)[1].strip()
+
+
+def client(role: str, url: str, rate: float, duration: float, tokens: int, seed: int, cpu: int | None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, __file__, "--role", role, "--url", url, "--rates", str(rate),
+            "--duration", str(duration), "--tokens", str(tokens), "--seed", str(seed)]
+    if cpu is not None:
+        args += ["--cpu", str(cpu)]
+    out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=duration * 10 + 120)
+    if out.returncode != 0:
+        raise SystemExit(f"{role} client failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="200,500,1000")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--interval", type=float, default=0.01, help="server seconds between tokens")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runner", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time `replay run` (Locust runner, 1 worker; 2 workers at >= 1000 req/s)")
+    ap.add_argument("--repeat", type=int, default=1, help="alternate the clients this many times; medians")
+    ap.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:   # child: one client run, JSON on stdout
+        if a.cpu is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {a.cpu})
+        times = arrivals(float(a.rates), a.duration, a.seed)
+        print(json.dumps(run_role(a.role, a.url, times, a.tokens)))
+        return
+    ncpu = os.cpu_count() or 1
+    srv_cpu, cli_cpu = (ncpu - 1, 0) if ncpu > 1 else (None, None)
+    proc, url = start_server(a.interval, srv_cpu)
+    print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request, "
+          f"{a.interval * 1e3:g} ms apart, {a.duration:g} s Poisson traces")
+    print(f"{'rate':>6} {'client':>9} {'us/token':>9} {'req/s':>7} {'ok':>7} {'lag p50':>8} {'p99':>7} {'max':>7} ms")
+    try:
+        for rate in map(float, a.rates.split(",")):
+            res = {}
+            for _ in range(a.repeat):
+                for role in ROLES:
+                    r = client(role, url, rate, a.duration, a.tokens, a.seed, cli_cpu)
+                    res.setdefault(role, []).append(r)
+                    print(f"{rate:6g} {role:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                          f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
+            med = {role: statistics.median(r["us_per_token"] for r in rs) for role, rs in res.items()}
+            print(f"{rate:6g}    ratio ours/aiohttp CPU per token = {med['ours'] / med['aiohttp']:.2f}, "
+                  f"ours-read/aiohttp = {med['ours-read'] / med['aiohttp']:.2f} "
+                  f"(median of {a.repeat}; target <= 0.5)", flush=True)
+            if a.runner and importlib.util.find_spec("replay.runner") is not None:
+                for workers in ((1, 2) if rate >= 1000 else (1,)):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        r = run_replay(url, arrivals(rate, a.duration, a.seed), a.tokens, workers,
+                                       cli_cpu if workers == 1 else None, tmp)
+                    print(f"{rate:6g} {r['role']:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                          f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
+                    print(f"{rate:6g}    ratio replay x{workers}/aiohttp CPU per token = "
+                          f"{r['us_per_token'] / med['aiohttp']:.2f}", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""`replay check --target URL`: what does this OpenAI-compatible server support?
+
+Probes with the official `openai` SDK: the model list, chat and completions (plain and
+streaming), usage in the stream, token-id prompts, and `min_tokens` + `ignore_eos`.
+`replay run` calls `probe` to choose its defaults (prompt mode, forced output length).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "completions", "completions_stream",
+          "token_id_prompts", "min_tokens_ignore_eos")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("check", help="probe what an OpenAI-compatible target supports",
+                       description="Probe a target with the official openai SDK and print what it supports.")
+    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--model", help="model to probe (default: the first served model)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=main)
+
+
+def probe(target: str, api_key: str | None = None, model: str | None = None,
+          timeout: float = 20.0) -> dict:
+    """Capabilities of `target`: each probe True/False, `models`, and `errors` per failed probe."""
+    import openai
+    client = openai.OpenAI(base_url=target.rstrip("/").removesuffix("/v1") + "/v1",
+                           api_key=api_key or "none", timeout=timeout, max_retries=0)
+    out: dict = {"errors": {}}
+
+    def attempt(name, fn):
+        try:
+            out[name] = bool(fn())
+        except Exception as e:  # noqa: BLE001 - every failure is an answer: "not supported"
+            out[name] = False
+            out["errors"][name] = f"{type(e).__name__}: {e}"[:200]
+
+    served: list[str] = []
+    attempt("list_models", lambda: served.extend(m.id for m in client.models.list().data) or served)
+    out["models"] = served
+    model = model or (served[0] if served else "default")
+    out["model"] = model
+    msgs = [{"role": "user", "content": "Say hello."}]
+    attempt("chat", lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=4).choices)
+
+    def chat_stream():
+        chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=4, stream=True,
+                                                     stream_options={"include_usage": True}))
+        out["usage_in_stream"] = any(getattr(c, "usage", None) for c in chunks)
+        return any(c.choices and c.choices[0].delta.content for c in chunks)
+    attempt("chat_stream", chat_stream)
+    attempt("completions", lambda: client.completions.create(model=model, prompt="Hello", max_tokens=4).choices)
+    attempt("completions_stream", lambda: any(
+        c.choices and c.choices[0].text for c in
+        client.completions.create(model=model, prompt="Hello", max_tokens=4, stream=True)))
+    attempt("token_id_prompts", lambda: client.completions.create(
+        model=model, prompt=[1000, 1001, 1002, 1003], max_tokens=2).usage.prompt_tokens == 4)
+
+    def forced():
+        r = client.completions.create(model=model, prompt=[1000, 1001, 1002], max_tokens=12,
+                                      extra_body={"min_tokens": 12, "ignore_eos": True})
+        return r.usage is not None and r.usage.completion_tokens == 12
+    attempt("min_tokens_ignore_eos", forced)
+    out.setdefault("usage_in_stream", False)
+    return out
+
+
+def main(args) -> int:
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    caps = probe(args.target, key, args.model)
+    if args.json:
+        print(json.dumps(caps, indent=2))
+        return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
+    print(f"target {args.target}  model {caps['model']}  served: {', '.join(caps['models']) or '-'}")
+    for name in PROBES:
+        err = caps["errors"].get(name, "")
+        print(f"  {name:24s} {'yes' if caps.get(name) else 'no ':3s}  {err}")
+    mode = "ids" if caps.get("token_id_prompts") else "text"
+    print(f"replay run defaults: --prompt-mode {mode}, force output length "
+          f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")
+    return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1

@@ -1,0 +1,232 @@
+"""Lean streaming HTTP/1.1 client for the runner's hot path (gevent, keep-alive, SSE).
+
+Why not FastHttpUser/aiohttp: per streamed token they cost 25-35 us of CPU, and the client's
+CPU is what limits an open-loop replayer (DESIGN section 7). Here, per token:
+
+- a per-connection libev I/O watcher callback runs *in the hub*: one `recv`, one stamp taken
+  before any parsing (the kernel's receive time via SO_TIMESTAMPNS where available, else
+  `perf_counter()`), one `ResponseParser.feed`;
+- the request greenlet only connects/sends and is woken once, at the end (no greenlet switch
+  per event), by a `Waiter`;
+- one deadline timer per request instead of a socket timeout per read; no failing EAGAIN
+  `recv` per event (we only read when libev says the socket is readable).
+
+TLS goes through `ssl.SSLObject` over memory BIOs, so the same watcher drives it.
+Call `stream_post` from a greenlet of a gevent process (Locust); it blocks only that greenlet.
+"""
+from __future__ import annotations
+
+import ssl
+import struct
+import time
+from dataclasses import dataclass, field
+
+from gevent import GreenletExit
+from gevent.hub import Waiter, get_hub
+
+from .pool import RECV_SIZE, TLS_WANT, Conn, ConnectionPool, Deadline, send_all
+from .sse import COMPLETE, ProtocolError, ResponseParser
+
+__all__ = ["ConnectionPool", "StreamResult", "stream_post"]
+
+perf_counter = time.perf_counter
+_timespec = struct.Struct("@qq").unpack_from
+
+
+@dataclass
+class StreamResult:
+    status: str                 # 'ok','http_error','timeout','connection_error','protocol_error','cancelled'
+    http_status: int | None = None
+    error: str | None = None    # short, never secrets
+    sent: float | None = None   # perf_counter just before the write of the request's last byte
+    first_token: float | None = None
+    last_token: float | None = None
+    token_times: list[float] = field(default_factory=list)   # array('d') of perf_counter stamps
+    chunk_tokens: list[int] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    text: str | None = None
+    reused_connection: bool = False   # sent on a kept-alive connection
+
+
+class _Stream:
+    """One in-flight response, driven from the hub by the connection's I/O watcher."""
+
+    __slots__ = ("conn", "recv", "recvmsg", "feed", "parser", "waiter", "timer", "got_bytes", "outcome",
+                 "sec0", "base")
+
+    def __init__(self, conn: Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool) -> None:
+        self.conn, self.parser, self.waiter = conn, parser, Waiter()
+        self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
+        self.recvmsg = conn.sock.recvmsg if kernel_timestamps else None
+        self.got_bytes, self.outcome = False, None
+        # kernel stamps are CLOCK_REALTIME: map them onto perf_counter once per request
+        ns, p = time.time_ns(), perf_counter()
+        self.sec0, self.base = ns // 1_000_000_000, p - (ns % 1_000_000_000) * 1e-9
+        self.timer = get_hub().loop.timer(max(timeout, 0.0))
+
+    def wait(self) -> tuple[str, str | None]:
+        self.timer.start(self._on_deadline)
+        self.conn.io.start(self._on_readable_tls if self.conn.tls else self._on_readable)
+        try:
+            return self.waiter.get()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        self.conn.io.stop()
+        self.timer.stop()
+        self.timer.close()
+
+    def _end(self, status: str, error: str | None = None) -> None:
+        if self.outcome is None:
+            self.outcome = (status, error)
+            self.stop()
+            self.waiter.switch(self.outcome)
+
+    def _on_deadline(self) -> None:
+        self._end("timeout", "no complete response before the deadline")
+
+    def _on_readable(self) -> None:
+        # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
+        try:
+            if self.recvmsg is None:
+                data, anc = self.recv(RECV_SIZE), None
+            else:
+                data, anc, _, _ = self.recvmsg(RECV_SIZE, 64)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            return self._end("connection_error", f"recv: {e.strerror or e}")
+        t = perf_counter()
+        if anc:   # the kernel's receive time of the last byte read; never later than now
+            sec, nsec = _timespec(anc[0][2])
+            kt = (sec - self.sec0) + nsec * 1e-9 + self.base
+            if kt < t:
+                t = kt
+        if data and self.got_bytes:
+            try:
+                if self.feed(data, t):
+                    self._end("error" if self.parser.stream_error else "complete")
+            except Exception as e:
+                self._fail(e)
+            return
+        self._data(data, t)
+
+    def _on_readable_tls(self) -> None:
+        try:
+            raw = self.recv(RECV_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            return self._end("connection_error", f"recv: {e.strerror or e}")
+        t = perf_counter()
+        if not raw:
+            return self._data(b"", t)
+        tls = self.conn.tls
+        self.conn.tls_in.write(raw)
+        try:
+            while self.outcome is None:     # a read may carry several TLS records
+                self._data(tls.read(RECV_SIZE), t)   # b"" = close_notify = EOF
+        except TLS_WANT:
+            pass
+        except ssl.SSLZeroReturnError:
+            self._data(b"", t)
+        except ssl.SSLError as e:
+            self._end("connection_error", f"TLS: {e.reason or e}")
+
+    def _data(self, data: bytes, t: float) -> None:
+        p = self.parser
+        try:
+            if data:
+                self.got_bytes = True
+                if p.feed(data, t):
+                    self._end("error" if p.stream_error else "complete")
+            elif p.eof(t):
+                self._end("complete")
+            elif not self.got_bytes:
+                self._end("connection_error", "connection closed before any response byte")
+            else:
+                self._end("connection_error", f"connection closed mid-response after "
+                                              f"{len(p.token_times)} content chunks")
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        # a parser bug (not a ProtocolError) must not hang the request until its deadline either
+        self._end("protocol_error", (str(e) if isinstance(e, ProtocolError) else f"{type(e).__name__}: {e}")[:200])
+
+
+def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
+                keep_text: bool = False, on_sent=None) -> StreamResult:
+    """POST `body` to `path` and stream the SSE response; never raises for network or server
+    faults (they become the result's status). `on_sent(t)` is called with `result.sent`, the
+    perf_counter just before the request's last byte was written. Killing the calling greenlet
+    (GreenletExit) returns a 'cancelled' result and discards the connection."""
+    deadline = perf_counter() + timeout
+    req = pool.request_bytes(path, body)
+    res = StreamResult(status="connection_error")
+    conn = stream = None
+    try:
+        for attempt in (0, 1):
+            conn = pool.acquire(deadline)
+            res.reused_connection = conn.reused
+            try:
+                res.sent = send_all(conn.sock, _encrypt(conn, req) if conn.tls else req, deadline)
+                break
+            except OSError as e:
+                pool.release(conn, False)
+                conn = None
+                # a kept-alive connection the server had closed: safe to retry only if nothing was sent
+                if attempt or not res.reused_connection or getattr(e, "sent", 1):
+                    raise
+        if on_sent is not None:
+            on_sent(res.sent)
+        parser = ResponseParser(keep_text)
+        stream = _Stream(conn, parser, deadline - perf_counter(), pool.kernel_timestamps)
+        status, error = stream.wait()
+        _fill(res, parser, status, error)
+        pool.release(conn, status == "complete" and parser.state == COMPLETE and parser.keep_alive)
+        conn = None
+    except Deadline as e:
+        res.status, res.error = e.args
+    except ssl.SSLError as e:     # before OSError, its base class
+        res.status, res.error = "connection_error", f"TLS: {e.reason or e}"[:200]
+    except OSError as e:
+        res.status, res.error = "connection_error", f"{e.strerror or e}"[:200]
+    except GreenletExit:
+        res.status, res.error = "cancelled", "cancelled while in flight"
+        if stream is not None:
+            _fill(res, stream.parser, "cancelled", res.error)
+    finally:
+        if conn is not None:
+            pool.release(conn, False)
+    return res
+
+
+def _encrypt(conn: Conn, data: bytes) -> bytes:
+    conn.tls.write(data)
+    return conn.tls_out.read()
+
+
+def _fill(res: StreamResult, p: ResponseParser, status: str, error: str | None) -> None:
+    """Copy the parser's findings into the result and decide the final status."""
+    tt = p.token_times
+    res.http_status = p.http_status
+    res.token_times = tt
+    res.first_token = tt[0] if tt else None
+    res.last_token = tt[-1] if tt else None
+    res.chunk_tokens = p.chunk_token_counts()
+    res.prompt_tokens, res.completion_tokens = p.prompt_tokens, p.completion_tokens
+    if p.text is not None:
+        res.text = "".join(p.text)
+    if status == "complete":
+        if p.http_status != 200:
+            status, error = "http_error", f"HTTP {p.http_status}: {p.error_message()}"[:200]
+        elif not tt and b"event-stream" not in p.content_type and p.content_type:
+            status, error = "protocol_error", f"expected text/event-stream, got {p.content_type.decode()[:60]}"
+        else:
+            status = "ok"
+    elif status == "error":
+        status, error = "http_error", p.stream_error + (f" (code {p.error_code})" if p.error_code else "")
+    res.status, res.error = status, error

@@ -1,0 +1,189 @@
+"""The dispatcher: one Locust user per process that replays its rows open-loop.
+
+`Job` walks the process's rows in schedule order, sleeps until each row's absolute due
+time (perf_counter of T0 + scheduled_s; never relative sleeps, so lag cannot accumulate)
+and spawns one greenlet per request into a `Group`; sending never waits for responses.
+Each greenlet streams through the lean client (`replay.client`), writes exactly one record,
+and fires one Locust request event for E2E and one for TTFT (never one per token).
+`stop()` ends dispatching: unsent rows become `not_sent`, in-flight requests get a grace
+time and are then killed (`cancelled`).
+
+`Dispatcher` is the Locust user: a FastHttpUser subclass (Locust's conventions, UI, stats;
+its own pool is sized far above any in-flight count) whose task runs the process's Job.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+
+import gevent
+from gevent.event import Event
+from gevent.pool import Group
+from greenlet import GreenletExit
+from locust import task
+from locust.contrib.fasthttp import FastHttpUser
+
+from . import plan
+from .client import ConnectionPool, StreamResult, stream_post
+from .prompts import PromptBuilder
+from .recorder import Recorder, record, unsent
+from .sessions import Sessions
+
+MAX_CONNECTIONS = 100_000
+
+
+class Job:
+    """One process's share of a run."""
+
+    def __init__(self, config: plan.RunConfig, worker: int, t0: float, feed, recorder: Recorder,
+                 events=None) -> None:
+        self.c, self.worker, self.t0, self.feed, self.rec, self.events = config, worker, t0, feed, recorder, events
+        key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        self.pool = ConnectionPool(config.target, max_connections=MAX_CONNECTIONS, headers=headers)
+        self.group = Group()
+        self.prompts = PromptBuilder(config)
+        self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
+        self.stopping = False
+        self.wake = Event()
+        self.finished = Event()
+        self.sent = self.done = self.errors = self.tokens = 0
+        self.lags: deque = deque(maxlen=4096)
+
+    # --- dispatch loop --------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            for chunk in self.feed:
+                for row in chunk:
+                    if self.stopping:
+                        self._unsent(row)
+                    elif self.sessions is None or self.sessions.admit(row):
+                        self._dispatch(row)
+            self._drain()
+        finally:
+            self.finished.set()
+
+    def _dispatch(self, row: tuple) -> None:
+        prepared = self._prepare(row)
+        delay = self.t0 + row[plan.SCHED] - time.perf_counter()
+        if delay > 0:
+            self.wake.wait(delay)
+        if self.stopping:
+            self._unsent(row)
+        else:
+            self.group.spawn(self._send, row, prepared)
+
+    def _prepare(self, row: tuple):
+        api = row[plan.API] or self.c.api
+        model = self.c.target_model(row[plan.MODEL])
+        history, user_tokens = None, None
+        if self.sessions is not None and row[plan.SESSION] is not None and api == "chat":
+            history, user_tokens = self.sessions.context(row)
+        path, body, chars, text = self.prompts.body(row, model, api, history, user_tokens)
+        return api, model, path, body, chars, text
+
+    def _drain(self) -> None:
+        """Wait for in-flight requests; after stop(), at most the grace time, then kill them."""
+        while self.group:
+            if self.stopping:
+                self.group.join(timeout=self.c.grace_s)
+                self.group.kill(block=True, timeout=5)
+                break
+            self.group.join(timeout=0.2)
+        if self.sessions is not None:
+            for row in self.sessions.parked():
+                self._unsent(row)
+
+    def stop(self) -> None:
+        """Stop dispatching now (the rest of the feed is recorded `not_sent`)."""
+        self.stopping = True
+        self.wake.set()
+
+    # --- one request --------------------------------------------------------------
+    def _send(self, row: tuple, prepared, due: float | None = None) -> None:
+        api, model, path, body, chars, text = prepared
+        if due is not None:  # closed-session turn: wait for its think time
+            delay = self.t0 + due - time.perf_counter()
+            if delay > 0:
+                try:
+                    gevent.sleep(delay)
+                except GreenletExit:
+                    self._unsent(row)
+                    return
+            if self.stopping:
+                self._unsent(row)
+                return
+        self.sent += 1
+        keep = self.sessions is not None and row[plan.SESSION] is not None
+        try:
+            res = stream_post(self.pool, path, body, timeout=self.c.timeout_s, keep_text=keep)
+        except GreenletExit:
+            res = StreamResult(status="cancelled", error="cancelled while in flight")
+        self._finish(row, model, api, chars, text, res)
+
+    def _finish(self, row, model, api, chars, text, res: StreamResult) -> None:
+        if res.status == "cancelled" and res.sent is None:
+            self._unsent(row, "cancelled")  # killed before the bytes left: cancelled, never sent
+        else:
+            self.rec.add(record(row, model, self.worker, self.t0, res))
+        self.done += 1
+        ok = res.status == "ok"
+        if not ok:
+            self.errors += 1
+        if res.sent is not None:
+            self.lags.append(res.sent - self.t0 - row[plan.SCHED])
+        self.tokens += res.completion_tokens or len(res.token_times or ())
+        if ok:
+            self.prompts.observe(api, chars, res.prompt_tokens)
+        self._fire(row, res)
+        if self.sessions is not None and row[plan.SESSION] is not None:
+            nxt = self.sessions.completed(row, text, res.text, ok, res.prompt_tokens,
+                                          res.completion_tokens, time.perf_counter() - self.t0)
+            if nxt is not None:
+                nrow, due = nxt
+                if self.stopping:
+                    self._unsent(nrow)
+                else:
+                    self.group.spawn(self._send, nrow, self._prepare(nrow), due)
+
+    def _unsent(self, row: tuple, status: str = "not_sent") -> None:
+        self.rec.add(unsent(row, self.c.target_model(row[plan.MODEL]), self.worker, status))
+
+    def _fire(self, row: tuple, res: StreamResult) -> None:
+        """Locust request events: the dashboard (Locust's histograms round; records are the data)."""
+        if self.events is None or res.sent is None:
+            return
+        end = res.last_token or time.perf_counter()
+        exc = None if res.status == "ok" else RuntimeError(f"{res.status}: {res.error}")
+        name = row[plan.MODEL] or "all"
+        self.events.request.fire(request_type="E2E", name=name, response_time=(end - res.sent) * 1000,
+                                 response_length=res.completion_tokens or 0, exception=exc, context={})
+        if res.first_token is not None:
+            self.events.request.fire(request_type="TTFT", name=name,
+                                     response_time=(res.first_token - res.sent) * 1000,
+                                     response_length=0, exception=None, context={})
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.group)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class Dispatcher(FastHttpUser):
+    """The replay user: one per process; extra users on a process idle."""
+
+    host = "http://127.0.0.1"  # overridden by --host / the run config
+    concurrency = MAX_CONNECTIONS  # Locust's own pool: never the bottleneck (the default 10 is closed-loop)
+    wait_time = staticmethod(lambda: 3600)
+
+    @task
+    def replay(self) -> None:
+        ctx = getattr(self.environment, "replay", None)
+        if ctx is None or not ctx.claim():
+            gevent.sleep(3600)  # a second user on this process: nothing to do
+            return
+        ctx.run_job()
+        gevent.sleep(3600)  # the process's runner quits when the job is done

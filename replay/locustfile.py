@@ -1,0 +1,105 @@
+"""Replay with Locust's own CLI and web UI:
+
+    locust -f replay/locustfile.py --host http://127.0.0.1:8000 --trace T.parquet --run-dir runs/x
+    locust -f replay/locustfile.py --headless -u 1 -r 1 --host URL --trace T.parquet
+    locust -f replay/locustfile.py --master ...   /   locust -f replay/locustfile.py --worker
+
+The user class is the same Dispatcher that `replay run` uses (one per process; start one
+user per worker process), and the replay options are `replay run`'s, registered through
+`events.init_command_line_parser`. Records and run.json go to --run-dir exactly as with
+`replay run`; Locust's statistics and UI are the dashboard.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import gevent  # noqa: E402
+from locust import events  # noqa: E402
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner  # noqa: E402
+
+from replay.dispatcher import Dispatcher  # noqa: E402,F401  (the user class Locust finds)
+
+_state: dict = {}
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser) -> None:
+    from replay.run_cmd import add_run_arguments
+    parser.add_argument("--trace", help="replay: trace file (Parquet)", default="")
+    parser.add_argument("--run-dir", help="replay: run directory (default runs/locust-<UTC time>)")
+    add_run_arguments(parser)
+
+
+@events.init.add_listener
+def _on_init(environment, **kw) -> None:
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        from replay.worker import WorkerSide
+        WorkerSide(environment)
+        return
+    opts = environment.parsed_options
+    if opts is None or not opts.trace:
+        return
+    from replay.run_cmd import build_config, prepare_run_dir
+    opts.target = environment.host or opts.host
+    opts.out = opts.run_dir or f"runs/locust-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    opts.workers, opts.remote_workers, opts.master_bind = 1, 0, ""
+    config, notes = build_config(opts)
+    if isinstance(runner, MasterRunner):
+        config.workers = max(1, opts.expect_workers or 1)
+    prepare_run_dir(config, notes)
+    _state["config"] = config
+
+
+@events.test_start.add_listener
+def _on_test_start(environment, **kw) -> None:
+    config = _state.get("config")
+    if config is None or "out" in _state or isinstance(environment.runner, WorkerRunner):
+        return
+    from replay.output import Output
+    from replay.runner import start_local, start_master
+    out = _state["out"] = Output(config)
+    if isinstance(environment.runner, LocalRunner):
+        job = start_local(environment, config, out)
+        _state["stop"], done = job.stop, job.finished
+    else:
+        master = start_master(environment, config, out)
+        _state["stop"], done = master.stop, master.finished
+    _state["done"] = done
+    gevent.spawn(_quit_when_done, environment, done)
+
+
+def _quit_when_done(environment, done) -> None:
+    done.wait()
+    _finish()
+    if environment.parsed_options.headless:
+        environment.runner.quit()
+    else:
+        environment.runner.stop()
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment, **kw) -> None:
+    """Stopped from the UI or by --run-time: unsent rows -> not_sent, in flight -> cancelled."""
+    if "done" in _state and not _state["done"].is_set():
+        _state["stop"]()
+        _state["done"].wait(timeout=_state["config"].grace_s + 20)
+        _finish()
+
+
+@events.quitting.add_listener
+def _on_quitting(environment, **kw) -> None:
+    _finish()
+
+
+def _finish() -> None:
+    out = _state.pop("out", None)
+    if out is not None:
+        from replay.output import update_run_json
+        counts = out.close()
+        update_run_json(out.dir, status="completed", status_counts=counts, ended_wall=time.time())
+        print(f"replay: run directory {out.dir}", file=sys.stderr)

@@ -1,0 +1,73 @@
+"""The run directory's writer side in the runner process: records, progress, scraping.
+
+`Output.recorder` receives records (from the local Job, or as batches from workers); a
+flusher greenlet hands them to `records.arrows` at least every second; `close` finalises
+`records.parquet` (and `server_metrics.parquet`) and returns the status counts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import gevent
+import pyarrow as pa
+
+from . import plan
+from .progress import Progress
+from .recorder import RECORDS_FILE, RECORDS_STREAM, IpcFile, Recorder, finalize
+
+FLUSH_EVERY_S = 0.5
+
+
+def update_run_json(run_dir: str | Path, **fields) -> None:
+    """Merge `fields` into run.json atomically (a reader never sees half a file)."""
+    path = Path(run_dir) / "run.json"
+    info = json.loads(path.read_text()) if path.exists() else {}
+    info.update(fields)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(plan.dumps(info))
+    os.replace(tmp, path)
+
+
+class Output:
+    def __init__(self, config: plan.RunConfig) -> None:
+        self.config = config
+        self.dir = Path(config.run_dir)
+        self.file = IpcFile(self.dir / RECORDS_STREAM)
+        self.recorder = Recorder(self.write)
+        self.progress = Progress(config.rows, config.window_s)
+        self.greenlets: list[gevent.Greenlet] = []
+        self.scraper = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.file(batch)
+        self.progress.add(batch)
+
+    def start(self, t0_wall: float, t0_perf: float) -> None:
+        update_run_json(self.dir, t0_wall=t0_wall)
+        self.progress.t0 = t0_perf
+        self.greenlets.append(gevent.spawn(self._flusher))
+        if self.config.progress:
+            self.greenlets.append(gevent.spawn(self.progress.run))
+        if self.config.scrape_url:
+            from .scrape import Scraper
+            self.scraper = Scraper(self.config.scrape_url, self.dir, t0_perf, self.config.scrape_interval_s)
+            self.greenlets.append(gevent.spawn(self.scraper.run))
+
+    def _flusher(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_EVERY_S)
+            self.recorder.flush()
+
+    def close(self) -> dict[str, int]:
+        gevent.killall(self.greenlets, block=True, timeout=5)
+        self.recorder.flush()
+        self.file.close()
+        if self.scraper is not None:
+            self.scraper.close()
+        if self.config.progress:
+            print(("\n" if sys.stderr.isatty() else "") + self.progress.line(), file=sys.stderr)
+        finalize(self.dir / RECORDS_STREAM, self.dir / RECORDS_FILE)
+        return dict(sorted(self.progress.status.items()))

@@ -1,0 +1,187 @@
+"""What to replay: the run configuration and the trace window as a stream of rows.
+
+The runner never holds the trace: `TraceWindow` walks the Parquet file in small record
+batches and yields rows (plain tuples, so they travel in Locust messages unchanged) with
+their schedule already computed. `scan` validates the window once before the run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from traces.errors import TraceError
+from traces.trace import Trace, conform
+
+# A row is a tuple (msgpack-friendly); these are its fields.
+IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH = range(12)
+ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
+               "turn", "slo_class", "api", "prompt", "hash_ids")
+
+
+@dataclass
+class RunConfig:
+    """Everything a runner process needs; written (minus nothing secret) into run.json."""
+    trace: str
+    target: str
+    run_dir: str
+    api: str = "completions"                 # default API for rows without an `api` value
+    model_map: dict = field(default_factory=dict)   # trace label -> served name
+    default_model: str | None = None         # for labels not in model_map (and null labels)
+    speed: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    max_requests: int | None = None
+    warmup: int = 0
+    timeout_s: float = 300.0
+    grace_s: float = 5.0
+    api_key_env: str | None = None           # the NAME of the env var; the key itself is never stored
+    workers: int = 1
+    remote_workers: int = 0
+    master_host: str = "127.0.0.1"
+    master_port: int = 0
+    seed: int = 0
+    sessions: str = "off"                    # off | timestamps | closed
+    prompt_mode: str = "ids"                 # ids | text
+    tokenizer: str | None = None
+    calibration: dict | None = None          # text mode: tokens = a + b * chars (per api)
+    force_output_len: bool = True            # send min_tokens + ignore_eos
+    block_size: int = 16
+    scrape_url: str | None = None
+    scrape_interval_s: float = 1.0
+    lead_s: float = 0.5                      # T0 = now + lead
+    rows: int = 0                            # rows in the window (from scan)
+    window_s: float = 0.0                    # schedule length of the window (from scan)
+    progress: bool = True
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "RunConfig":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+    def target_model(self, label: str | None) -> str | None:
+        return self.model_map.get(label, self.default_model) if label is not None else self.default_model
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _origin(path: str) -> int:
+    for b in Trace.iter_batches(path, batch_size=1, columns=["arrival_ns"]):
+        return int(b.column(0)[0].as_py()) if b.num_rows else 0
+    raise TraceError("the trace is empty (0 rows)", file=path)
+
+
+class TraceWindow:
+    """Rows of `config.trace` inside the window, in order, with `scheduled_s` = trace time
+    since the window start divided by `speed`."""
+
+    def __init__(self, config: RunConfig, batch_size: int = 2048) -> None:
+        self.config, self.batch_size = config, batch_size
+        self.origin = _origin(config.trace)
+        self.lo = self.origin + int(config.start_s * 1e9)
+        self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
+
+    def batches(self, validate: bool = False) -> Iterator[tuple[int, pa.RecordBatch]]:
+        """(file row offset, batch) restricted to the window's time range."""
+        offset, last = 0, None
+        path = self.config.trace
+        for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=list(ROW_COLUMNS)):
+            if validate:
+                _validate(b, path, offset, last)
+                last = int(b.column("arrival_ns")[-1].as_py())
+            arr = b.column("arrival_ns").to_numpy()
+            if self.hi is not None and arr[0] >= self.hi:
+                return
+            keep = (arr >= self.lo) & (arr < self.hi if self.hi is not None else True)
+            if keep.all():
+                yield offset, b
+            elif keep.any():
+                first = int(np.argmax(keep))
+                yield offset + first, b.slice(first, int(keep.sum()))
+            offset += b.num_rows
+
+    def rows(self) -> Iterator[list[tuple]]:
+        """Lists of row tuples (bounded by `max_requests`)."""
+        left = self.config.max_requests
+        speed = self.config.speed
+        for offset, b in self.batches():
+            if left is not None:
+                if left <= 0:
+                    return
+                b = b.slice(0, left)
+                left -= b.num_rows
+            cols = {n: b.column(n).to_pylist() if n in b.schema.names else None for n in ROW_COLUMNS}
+            n = b.num_rows
+            sched = ((b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / speed).tolist()
+            none = [None] * n
+            rid = cols["request_id"] or [str(offset + i) for i in range(n)]
+            yield list(zip(range(offset, offset + n), rid, sched, cols["input_tokens"],
+                           cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
+                           cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
+                           cols["prompt"] or none, cols["hash_ids"] or none))
+
+
+def _validate(b: pa.RecordBatch, path: str, offset: int, last: int | None) -> None:
+    try:
+        conform(pa.Table.from_batches([b]), file=path, fill_request_id=False)
+    except TraceError as e:  # rows are batch-relative: report them as file rows
+        rows = None if e.rows is None else [r + offset for r in e.rows]
+        raise TraceError(e.rule, file=path, column=e.column, rows=rows) from None
+    first = int(b.column("arrival_ns")[0].as_py())
+    if last is not None and first < last:
+        raise TraceError("arrival_ns must be non-decreasing (sort the trace first)",
+                         file=path, column="arrival_ns", rows=[offset])
+
+
+def scan(config: RunConfig) -> tuple[int, float]:
+    """Validate the window of the trace batch by batch: (row count, schedule length in s)."""
+    if not Path(config.trace).exists():
+        raise TraceError("file not found", file=config.trace)
+    n, last, cap = 0, None, config.max_requests
+    window = TraceWindow(config, batch_size=65536)
+    for _, b in window.batches(validate=True):
+        if cap is not None:
+            b = b.slice(0, cap - n)
+        n += b.num_rows
+        if b.num_rows:
+            last = int(b.column("arrival_ns")[-1].as_py())
+        if cap is not None and n >= cap:
+            break
+    if n == 0:
+        raise TraceError("no trace rows in the selected window (check --start/--duration)",
+                         file=config.trace)
+    return n, (last - window.lo) / 1e9 / config.speed
+
+
+def trace_block_size(path: str, default: int = 16) -> int:
+    meta = Trace.read_metadata(path)
+    try:
+        return int(meta.get("block_size") or default)
+    except (TypeError, ValueError):
+        return default
+
+
+def shard_of(row: tuple, n: int, counter: int) -> int:
+    """Worker for a row: all turns of a session together, other rows round-robin."""
+    if n == 1:
+        return 0
+    s = row[SESSION]
+    return zlib.crc32(s.encode()) % n if s is not None else counter % n
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)

@@ -1,0 +1,181 @@
+"""Prompts of the trace's lengths, and the request bodies that carry them.
+
+- `ids` mode: token-id arrays (ids in [1000, 8000)) to /v1/completions: exact lengths, no tokenizer.
+- `text` mode: text from a built-in word corpus, `chars = (tokens - a) / b` with (a, b)
+  measured on the target by `calibrate` (two probe requests), then corrected while running
+  from the `usage.prompt_tokens` drift of each answer.
+- `--tokenizer tokenizer.json`: text cut at an exact token boundary (needs `tokenizers`).
+
+Each `hash_ids` block is generated from (seed, hash id) alone, so equal blocks are
+byte-identical and the trace's prefix sharing reaches the server's prefix cache; the tail
+after the blocks is seeded by the row, so distinct requests never share it. A `prompt`
+column is sent verbatim.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import numpy as np
+
+from . import plan
+
+ID_LOW, ID_HIGH = 1000, 8000
+_WORDS = ("time year people way day man thing woman life child world school state family student "
+          "group country problem hand part place case week company system program question work "
+          "government number night point home water room mother area money story fact month lot "
+          "right study book eye job word business issue side kind head house service friend father "
+          "power hour game line end member law car city community name president team minute idea "
+          "kid body information back parent face others level office door health person art war "
+          "history party result change morning reason research girl guy moment air teacher force "
+          "education foot boy age policy music market sense nation plan college interest death "
+          "experience effect use class control care field development role effort rate heart drug "
+          "show leader light voice wife police mind price report decision son view relationship town "
+          "road arm difference value building action model season society tax director position "
+          "player record paper space ground form event official matter center couple site project "
+          "activity star table need court oil situation cost industry figure street image phone data "
+          "picture practice piece land product doctor wall patient worker news test movie north love "
+          "support technology step baby computer type attention film tree source organization hair "
+          "window evidence population site river garden sound island bridge").split()
+_WORD_ARR = np.array(_WORDS)
+
+
+def _rng(seed: int, key: int) -> np.random.Generator:
+    return np.random.default_rng([seed & 0xFFFFFFFF, key & 0xFFFFFFFFFFFFFFFF])
+
+
+def corpus_text(seed: int, key: int, chars: int) -> str:
+    """Deterministic text of about `chars` characters (whole words, leading space)."""
+    if chars <= 0:
+        return ""
+    words = _WORD_ARR[_rng(seed, key).integers(0, len(_WORDS), chars // 4 + 2)]
+    text = " " + " ".join(words)
+    while len(text) < chars:  # short words: extend deterministically
+        text += text
+    cut = text.rfind(" ", 0, chars + 1)
+    return text[:cut if cut > 0 else chars]
+
+
+class PromptBuilder:
+    """Builds request bodies for rows; one per runner process."""
+
+    def __init__(self, config: plan.RunConfig) -> None:
+        self.c = config
+        self.mode, self.seed, self.bs = config.prompt_mode, config.seed, config.block_size
+        self.blocks: dict[int, object] = {}
+        self.cal = dict(config.calibration or {})
+        self.drift: dict[str, float] = {}
+        self.tok = _load_tokenizer(config.tokenizer) if config.tokenizer else None
+
+    # --- token ids ----------------------------------------------------------------
+    def _block(self, h: int, text_chars: int = 0):
+        key = (h, text_chars)
+        blk = self.blocks.get(key)
+        if blk is None:
+            if len(self.blocks) > 8192:  # bounded cache; regenerating is deterministic
+                self.blocks.clear()
+            blk = (corpus_text(self.seed, h, text_chars) if text_chars
+                   else _rng(self.seed, h).integers(ID_LOW, ID_HIGH, self.bs).tolist())
+            self.blocks[key] = blk
+        return blk
+
+    def ids(self, row: tuple) -> list[int]:
+        n = max(1, row[plan.IN])
+        out: list[int] = []
+        for h in row[plan.HASH] or ():
+            if len(out) >= n:
+                break
+            out += self._block(h)
+        if len(out) < n:
+            out += _rng(self.seed ^ 0x5EED, row[plan.IDX] + 1).integers(ID_LOW, ID_HIGH, n - len(out)).tolist()
+        return out[:n]
+
+    # --- text ---------------------------------------------------------------------
+    def text(self, row: tuple, api: str, tokens: int | None = None) -> str:
+        n = max(1, row[plan.IN] if tokens is None else tokens)
+        if self.tok is not None:
+            return self._exact_text(row, n)
+        a, b = self.cal.get(api, (0.0, 0.25))
+        block_chars = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
+        parts, have = [], 0
+        for h in row[plan.HASH] or ():
+            if have + self.bs > n:
+                break
+            parts.append(self._block(h, block_chars))
+            have += self.bs
+        want_chars = max(1.0, (n - a) / (b * self.drift.get(api, 1.0)))
+        tail = int(want_chars - sum(map(len, parts)))
+        if tail > 0 or not parts:
+            parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, max(tail, 2)))
+        return "".join(parts)
+
+    def observe(self, api: str, chars: int, prompt_tokens: int | None) -> None:
+        """Drift correction from `usage.prompt_tokens` (text mode without a tokenizer)."""
+        if self.mode != "text" or self.tok is not None or not prompt_tokens or chars <= 0:
+            return
+        a, b = self.cal.get(api, (0.0, 0.25))
+        f = min(2.0, max(0.5, (prompt_tokens - a) / (b * chars)))
+        self.drift[api] = 0.8 * self.drift.get(api, 1.0) + 0.2 * f
+
+    def _exact_text(self, row: tuple, n: int) -> str:
+        blocks = "".join(self._block(h, self.bs * 8) for h in (row[plan.HASH] or ()))
+        text = blocks + corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, n * 8 + 16)
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return text[:enc.offsets[min(n, len(enc.offsets)) - 1][1]]
+
+    # --- bodies -------------------------------------------------------------------
+    def body(self, row: tuple, model: str | None, api: str,
+             history: list[dict] | None = None, user_tokens: int | None = None) -> tuple[str, bytes, int, str | None]:
+        """(path, JSON body, prompt chars, user text) for one row."""
+        text = row[plan.PROMPT]
+        if text is None and (api == "chat" or self.mode == "text"):
+            text = self.text(row, api, user_tokens)
+        req: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+        if api == "chat":
+            path = "/v1/chat/completions"
+            req["messages"] = [*(history or ()), {"role": "user", "content": text}]
+        else:
+            path = "/v1/completions"
+            req["prompt"] = text if text is not None else self.ids(row)
+        out = row[plan.OUT]
+        if out is not None:
+            req["max_tokens"] = max(1, out)
+            if self.c.force_output_len:
+                req["min_tokens"] = max(1, out)
+                req["ignore_eos"] = True
+        return path, json.dumps(req, separators=(",", ":")).encode(), len(text or ""), text
+
+
+def _load_tokenizer(path: str):
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise PromptError("--tokenizer needs the `tokenizers` package (pip install tokenizers)") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - any load failure is a bad input file
+        raise PromptError(f"{path}: cannot load tokenizer.json: {e}") from None
+
+
+class PromptError(ValueError):
+    exit_code = 2
+
+
+def calibrate(post: Callable[[str, dict], dict], api: str, model: str, seed: int = 0) -> tuple[float, float]:
+    """Measure tokens = a + b * chars for the built-in corpus with two probe requests.
+    `post(path, json_body) -> response JSON` is a blocking HTTP call."""
+    points = []
+    for chars in (400, 4000):
+        text = corpus_text(seed, 0xCA11B + chars, chars)
+        if api == "chat":
+            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+            resp = post("/v1/chat/completions", body)
+        else:
+            resp = post("/v1/completions", {"model": model, "prompt": text, "max_tokens": 1})
+        pt = (resp.get("usage") or {}).get("prompt_tokens")
+        if not pt:
+            raise PromptError(f"calibration: the target reported no usage.prompt_tokens for {api}")
+        points.append((len(text), pt))
+    (c1, p1), (c2, p2) = points
+    b = max(1e-3, (p2 - p1) / (c2 - c1))
+    return p1 - b * c1, b

@@ -1,0 +1,126 @@
+"""Records: one per trace row, in `reports.schema.RECORD_SCHEMA`, written incrementally.
+
+A `Recorder` buffers records column-wise and hands a RecordBatch to its sink at least
+every second (the runner's flusher calls `flush`). On the process that owns the run
+directory the sink appends to an Arrow IPC stream (`records.arrows`), which survives a
+killed runner up to the last complete batch; `finalize` turns it into `records.parquet`.
+On a distributed worker the sink ships the batch to the master instead.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reports.schema import RECORD_SCHEMA
+
+from . import plan
+
+FIELDS = RECORD_SCHEMA.names
+ERROR_MAX = 400
+RECORDS_STREAM = "records.arrows"
+RECORDS_FILE = "records.parquet"
+
+
+def record(row: tuple, target_model: str | None, worker: int, t0: float, res) -> tuple:
+    """A record from a `replay.client.StreamResult` (perf_counter times) and its row."""
+    sent = res.sent
+    tt = res.token_times
+    ct = res.chunk_tokens
+    return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
+            row[plan.SCHED],
+            None if sent is None else sent - t0,
+            None if res.first_token is None else res.first_token - t0,
+            None if res.last_token is None else res.last_token - t0,
+            None if sent is None else [t - sent for t in tt],
+            None if ct is None else [min(c, 32767) for c in ct],
+            row[plan.IN], row[plan.OUT], res.prompt_tokens, res.completion_tokens,
+            res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX])
+
+
+def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",
+           error: str | None = None) -> tuple:
+    """The record of a row that never completed (not_sent, or cancelled without a result)."""
+    return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
+            row[plan.SCHED], None, None, None, None, None, row[plan.IN], row[plan.OUT],
+            None, None, status, None, error)
+
+
+def to_batch(rows: list[tuple]) -> pa.RecordBatch:
+    cols = list(zip(*rows)) if rows else [[] for _ in FIELDS]
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, RECORD_SCHEMA)],
+                                      schema=RECORD_SCHEMA)
+
+
+class Recorder:
+    """Buffers records; `flush` hands them to `sink` as one RecordBatch."""
+
+    def __init__(self, sink: Callable[[pa.RecordBatch], None]) -> None:
+        self.sink = sink
+        self.buf: list[tuple] = []
+        self.count = 0
+
+    def add(self, rec: tuple) -> None:
+        self.buf.append(rec)
+        self.count += 1
+
+    def flush(self) -> None:
+        if self.buf:
+            buf, self.buf = self.buf, []
+            self.sink(to_batch(buf))
+
+
+class IpcFile:
+    """Append-only Arrow IPC stream: every batch reaches the kernel when written."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema = RECORD_SCHEMA) -> None:
+        self.path = Path(path)
+        self.file = pa.OSFile(str(self.path), "wb")
+        self.writer = pa.ipc.new_stream(self.file, schema)
+
+    def __call__(self, batch: pa.RecordBatch) -> None:
+        self.writer.write_batch(batch)
+
+    def close(self) -> None:
+        if not self.file.closed:
+            self.writer.close()
+            self.file.close()
+
+
+def read_stream(path: str | Path) -> Iterator[pa.RecordBatch]:
+    """Every complete batch of an IPC stream, also of one cut short by a killed writer."""
+    try:
+        reader = pa.ipc.open_stream(pa.OSFile(str(path), "rb"))
+    except (pa.ArrowInvalid, OSError):
+        return
+    while True:
+        try:
+            yield reader.read_next_batch()
+        except (StopIteration, pa.ArrowInvalid, OSError):
+            return
+
+
+def finalize(stream: str | Path, out: str | Path, schema: pa.Schema = RECORD_SCHEMA,
+             row_group: int = 65536) -> int:
+    """Convert an IPC stream into a Parquet file (bounded memory); remove the stream.
+    Returns the number of rows written."""
+    stream, out = Path(stream), Path(out)
+    tmp = out.with_suffix(".parquet.tmp")
+    n, pending, size = 0, [], 0
+    with pq.ParquetWriter(str(tmp), schema, compression="zstd") as w:
+        for b in read_stream(stream):
+            pending.append(b)
+            size += b.num_rows
+            if size >= row_group:
+                w.write_table(pa.Table.from_batches(pending, schema))
+                n, pending, size = n + size, [], 0
+        if pending or n == 0:
+            w.write_table(pa.Table.from_batches(pending, schema))
+            n += size
+    os.replace(tmp, out)
+    if stream.exists():
+        stream.unlink()
+    return n

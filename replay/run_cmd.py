@@ -1,0 +1,211 @@
+"""`replay run`: replay a trace open-loop against an OpenAI-compatible target.
+
+This module only parses, validates, probes the target and prepares the run directory;
+the replay itself runs in a child process (`python -m replay.runner RUN_DIR`) that is the
+only one to import locust/gevent. Ctrl-C is forwarded to it (a second one skips the grace
+time); if the child dies, the records it flushed are still finalised here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from . import __version__, plan
+
+
+class RunError(ValueError):
+    exit_code = 2
+
+
+def parse_duration(s: str) -> float:
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m|h)?\s*", str(s))
+    if not m:
+        raise RunError(f"not a duration: {s!r} (examples: 30, 1.5s, 500ms, 2m)")
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="replay a trace open-loop against an OpenAI-compatible target",
+                       description="Send every trace row at its timestamp, stream the responses and "
+                                   "record one row per request into RUN_DIR/records.parquet.")
+    p.add_argument("--trace", required=True, help="trace file (Parquet)")
+    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("-o", "--out", help="run directory (default runs/<UTC time>)")
+    add_run_arguments(p)
+    p.add_argument("--workers", type=int, default=1, help="local runner processes (N>1: Locust master + N workers)")
+    p.add_argument("--remote-workers", type=int, default=0,
+                   help="also wait for this many `replay worker --master HOST:PORT` processes")
+    p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
+                   help="master address for remote workers (default 0.0.0.0:5557)")
+    p.set_defaults(func=run)
+
+
+def add_run_arguments(p) -> None:
+    """The replay options shared by `replay run` and the locustfile (Locust's parser)."""
+    p.add_argument("--api", choices=("completions", "chat"), default="completions",
+                   help="API for rows without an `api` value (default completions)")
+    p.add_argument("--model-map", action="append", default=[], metavar="TRACE=SERVED",
+                   help="map a trace model label to a served model (repeatable; '*=NAME' for all others)")
+    p.add_argument("--speed", type=float, default=1.0, help="time compression: 2 = twice as fast")
+    p.add_argument("--start", type=parse_duration, default=0.0, help="skip this much trace time")
+    p.add_argument("--duration", type=parse_duration, help="replay only this much trace time")
+    p.add_argument("--max-requests", type=int, help="replay at most this many rows")
+    p.add_argument("--warmup", type=int, default=0, help="unrecorded warm-up requests before T0")
+    p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
+    p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
+    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--seed", type=int, default=0, help="prompt content seed")
+    p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
+                   help="multi-turn sessions: turns at trace times, or closed loop with think time")
+    p.add_argument("--prompt-mode", choices=("ids", "text"),
+                   help="token-id prompts (completions) or calibrated text (default: ids when the target accepts them)")
+    p.add_argument("--tokenizer", metavar="tokenizer.json", help="local tokenizer for exact text prompts")
+    p.add_argument("--force-output-len", action=argparse_bool(), default=None,
+                   help="send min_tokens + ignore_eos (default: on when the target accepts them)")
+    p.add_argument("--scrape", metavar="URL", help="Prometheus metrics URL to sample during the run")
+    p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
+    p.add_argument("--no-check", action="store_true", help="skip probing the target's capabilities")
+    p.add_argument("--no-progress", action="store_true", help="no live progress line")
+
+
+def argparse_bool():
+    import argparse
+    return argparse.BooleanOptionalAction
+
+
+def http_json(target: str, path: str, body: dict | None = None, key: str | None = None,
+              timeout: float = 30.0) -> dict:
+    req = urllib.request.Request(target.rstrip("/") + path, method="POST" if body is not None else "GET",
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def served_models(target: str, key: str | None) -> list[str]:
+    try:
+        return [m["id"] for m in http_json(target, "/v1/models", key=key, timeout=10).get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
+        raise RunError(f"target {target}: GET /v1/models failed ({e}); is the server up? "
+                       "(or pass --model-map '*=NAME')") from None
+
+
+def build_config(args) -> tuple[plan.RunConfig, dict]:
+    if args.speed <= 0:
+        raise RunError("--speed must be > 0")
+    if args.workers < 1 or args.remote_workers < 0:
+        raise RunError("--workers must be >= 1 and --remote-workers >= 0")
+    run_dir = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    host, _, port = args.master_bind.rpartition(":")
+    c = plan.RunConfig(trace=str(args.trace), target=args.target.rstrip("/").removesuffix("/v1"),
+                       run_dir=run_dir, api=args.api, speed=args.speed, start_s=args.start,
+                       duration_s=args.duration, max_requests=args.max_requests, warmup=args.warmup,
+                       timeout_s=args.timeout, grace_s=args.grace, api_key_env=args.api_key_env,
+                       workers=args.workers, remote_workers=args.remote_workers, master_host=host or "0.0.0.0",
+                       master_port=int(port) if args.remote_workers and port.isdigit() else 0,
+                       seed=args.seed, sessions=args.sessions, tokenizer=args.tokenizer,
+                       scrape_url=args.scrape, scrape_interval_s=args.scrape_interval,
+                       progress=not args.no_progress)
+    c.rows, c.window_s = plan.scan(c)
+    c.block_size = plan.trace_block_size(c.trace)
+    key = os.environ.get(c.api_key_env) if c.api_key_env else None
+    if c.api_key_env and not key:
+        raise RunError(f"--api-key-env {c.api_key_env}: that environment variable is not set")
+    notes: dict = {}
+    caps: dict = {}
+    if not args.no_check:
+        from .check import probe
+        caps = probe(c.target, key)
+        notes["capabilities"] = caps
+    mapping = dict(m.split("=", 1) for m in args.model_map if "=" in m)
+    bad = [m for m in args.model_map if "=" not in m]
+    if bad:
+        raise RunError(f"--model-map expects TRACE=SERVED, got {bad[0]!r}")
+    c.default_model = mapping.pop("*", None)
+    c.model_map = mapping
+    if c.default_model is None:
+        served = caps.get("models") or served_models(c.target, key)
+        if not served:
+            raise RunError(f"target {c.target} serves no models (GET /v1/models is empty)")
+        c.default_model = served[0]
+        print(f"replay: trace models{' not in --model-map' if mapping else ''} -> {served[0]!r} "
+              f"(the target's first served model; change with --model-map TRACE=SERVED)", file=sys.stderr)
+    ids_ok = caps.get("token_id_prompts", True)
+    c.prompt_mode = args.prompt_mode or ("ids" if c.api == "completions" and ids_ok else "text")
+    force_ok = caps.get("min_tokens_ignore_eos", True)
+    c.force_output_len = force_ok if args.force_output_len is None else args.force_output_len
+    if caps:
+        print(f"replay: prompt mode {c.prompt_mode}, force output length "
+              f"{'on' if c.force_output_len else 'off'} (from `replay check` of the target)", file=sys.stderr)
+    if (c.prompt_mode == "text" or c.api == "chat") and not c.tokenizer:
+        from .prompts import calibrate
+        c.calibration = {}
+        for api in {c.api if c.prompt_mode == "text" else "chat", "chat" if c.api == "chat" else c.api}:
+            c.calibration[api] = calibrate(lambda p, b: http_json(c.target, p, b, key), api,
+                                           c.default_model, c.seed)
+    return c, notes
+
+
+def run(args) -> int:
+    config, notes = build_config(args)
+    run_dir = prepare_run_dir(config, notes)
+    code = _run_child(run_dir)
+    _print_summary(run_dir)
+    return code
+
+
+def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
+    """Create the run directory and its run.json (config without secrets, trace hash, host...)."""
+    run_dir = Path(config.run_dir)
+    if (run_dir / "records.parquet").exists() or (run_dir / "records.arrows").exists():
+        raise RunError(f"{run_dir} already holds a run; choose another -o")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from .output import update_run_json
+    update_run_json(run_dir, config=config.to_json(), target=config.target,
+                    trace={"path": str(Path(config.trace).resolve()), "sha256": plan.sha256_file(config.trace),
+                           "rows": config.rows},
+                    tool={"name": "llm-replay", "version": __version__, "python": platform.python_version()},
+                    host=platform.node(), workers=config.workers + config.remote_workers,
+                    started_wall=time.time(), status="running", **notes)
+    return run_dir
+
+
+def _run_child(run_dir: Path) -> int:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    child = subprocess.Popen([sys.executable, "-m", "replay.runner", str(run_dir)], env=env,
+                             start_new_session=True)  # Ctrl-C reaches us; we forward it once
+    forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if rc not in (0, 130):  # the runner died: keep what it flushed
+        from .output import update_run_json
+        from .recorder import RECORDS_FILE, RECORDS_STREAM, finalize
+        if (run_dir / RECORDS_STREAM).exists():
+            finalize(run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE)
+        update_run_json(run_dir, status="failed", runner_exit=rc, ended_wall=time.time())
+        print(f"replay: the runner exited with {rc}; records flushed before that were kept", file=sys.stderr)
+        return 1
+    return rc
+
+
+def _print_summary(run_dir: Path) -> None:
+    info = json.loads((run_dir / "run.json").read_text())
+    counts = info.get("status_counts") or {}
+    print(f"run directory: {run_dir}")
+    print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in counts.items()))

@@ -1,0 +1,200 @@
+"""The runner process: Locust's Environment used as a library.
+
+`python -m replay.runner RUN_DIR` (started by `replay run`) reads RUN_DIR/run.json, then
+- one process (`--workers 1`): `create_local_runner`, the Dispatcher user runs a Job that
+  reads the trace window itself and writes records straight into RUN_DIR;
+- `--workers N`: `create_master_runner` + N local `replay.worker` processes (and any
+  `--remote-workers` joining with `replay worker --master HOST:PORT`); a `Master` shards the
+  trace, ships rows, T0 and records by custom messages and writes one records file.
+
+T0 is a wall-clock epoch chosen here (now + lead) and mapped once to each process's
+perf_counter. `gc.collect(); gc.freeze()` before T0. SIGINT/SIGTERM stop dispatching.
+"""
+from __future__ import annotations
+
+from gevent import monkey  # first: locust would do it anyway; do it before anything imports ssl
+
+monkey.patch_all()
+
+import gc  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gevent  # noqa: E402
+import gevent.event  # noqa: E402
+import gevent.pool  # noqa: E402
+from locust.env import Environment  # noqa: E402
+
+from . import plan  # noqa: E402
+from .dispatcher import Dispatcher, Job  # noqa: E402
+from .master import Master  # noqa: E402
+from .output import Output, update_run_json  # noqa: E402
+
+
+class ProcessContext:
+    """`environment.replay`: lets the (single) Dispatcher user of a process run its Job."""
+
+    def __init__(self) -> None:
+        self.claimed = False
+        self.job: Job | None = None
+        self.ready = gevent.event.Event()
+        self.on_done = lambda: None
+
+    def claim(self) -> bool:
+        if self.claimed:
+            return False
+        self.claimed = True
+        return True
+
+    def run_job(self) -> None:
+        self.ready.wait()
+        try:
+            self.job.run()
+        finally:
+            self.on_done()
+
+
+def perf_at(wall: float) -> float:
+    """This process's perf_counter at wall-clock time `wall`."""
+    return time.perf_counter() + (wall - time.time())
+
+
+def freeze_gc() -> None:
+    gc.collect()
+    gc.freeze()  # keep the long-lived heap out of later collections (30-60 ms pauses)
+
+
+def warmup(job: Job, n: int) -> None:
+    """`n` short requests before T0 (not recorded): connections and server warm."""
+    from .client import stream_post
+    if n <= 0:
+        return
+    body = json.dumps({"model": job.c.default_model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2,
+                       "stream": True}).encode()
+    group = gevent.pool.Group()
+    for _ in range(n):
+        group.spawn(stream_post, job.pool, "/v1/completions", body, timeout=min(30.0, job.c.timeout_s))
+    group.join(timeout=60)
+
+
+def install_stop(stop) -> None:
+    """SIGINT/SIGTERM: first one stops dispatching gracefully, a second one skips the grace."""
+    hits = []
+
+    def handler():
+        hits.append(1)
+        stop(len(hits) > 1)
+        if len(hits) > 2:  # a third one: give up on a clean finish
+            os._exit(130)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        gevent.signal_handler(sig, handler)
+
+
+def start_local(env, config: plan.RunConfig, out: Output) -> Job:
+    """Prepare this process's Job (T0 = now + lead); Locust's runner then spawns the user."""
+    ctx = env.replay = ProcessContext()
+    job = ctx.job = Job(config, 0, 0.0, plan.TraceWindow(config).rows(), out.recorder, env.events)
+    warmup(job, config.warmup)
+    out.progress.live = lambda: (job.sent, job.in_flight)
+    freeze_gc()
+    t0_wall = time.time() + config.lead_s
+    job.t0 = perf_at(t0_wall)
+    out.start(t0_wall, job.t0)
+    ctx.ready.set()
+    return job
+
+
+def stop_job(job: Job, now: bool) -> None:
+    if now:
+        job.c.grace_s = 0.0
+    job.stop()
+
+
+def run_local(config: plan.RunConfig, out: Output) -> str:
+    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+    runner = env.create_local_runner()
+    job = start_local(env, config, out)
+    install_stop(lambda now: stop_job(job, now))
+    runner.start(1, spawn_rate=1)
+    job.finished.wait()
+    runner.quit()
+    job.close()
+    return "interrupted" if job.stopping else "completed"
+
+
+def start_master(env, config: plan.RunConfig, out: Output) -> Master:
+    """Ship setup, T0 and the first rows to every connected worker."""
+    master = Master(config, env.runner, out)
+    freeze_gc()
+    t0_wall = time.time() + max(config.lead_s, 2.0)
+    out.start(t0_wall, perf_at(t0_wall))
+    master.start(t0_wall)
+    return master
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_distributed(config: plan.RunConfig, out: Output) -> str:
+    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+    port = config.master_port or _free_port()
+    bind = config.master_host if config.remote_workers else "127.0.0.1"
+    runner = env.create_master_runner(master_bind_host=bind, master_bind_port=port)
+    procs = [subprocess.Popen([sys.executable, "-m", "replay.worker", "--master", f"127.0.0.1:{port}",
+                               "--die-with-parent"]) for _ in range(config.workers)]
+    want = config.workers + config.remote_workers
+    if config.remote_workers:
+        print(f"replay: waiting for {config.remote_workers} remote worker(s): "
+              f"replay worker --master {socket.gethostname()}:{port}", file=sys.stderr)
+    deadline = time.monotonic() + 60 + (600 if config.remote_workers else 0)
+    while len(runner.clients.ready) < want:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            runner.quit()
+            _reap(procs)
+            raise RuntimeError(f"only {len(runner.clients.ready)} of {want} workers connected")
+        gevent.sleep(0.05)
+    master = start_master(env, config, out)
+    install_stop(master.stop)
+    runner.start(want, spawn_rate=want)
+    master.finished.wait()
+    runner.quit()
+    _reap(procs)
+    return "interrupted" if master.stopping else "completed"
+
+
+def _reap(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .worker import die_with_parent
+    die_with_parent()  # a SIGKILLed `replay run` takes its runner along (records stay flushed)
+    run_dir = Path((argv or sys.argv[1:])[0])
+    info = json.loads((run_dir / "run.json").read_text())
+    config = plan.RunConfig.from_json(info["config"])
+    out = Output(config)
+    status = "failed"
+    try:
+        status = (run_distributed if config.workers > 1 or config.remote_workers else run_local)(config, out)
+    finally:
+        counts = out.close()
+        update_run_json(run_dir, status=status, status_counts=counts, ended_wall=time.time())
+    return 130 if status == "interrupted" else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""A distributed worker: `replay worker --master HOST:PORT` (or `python -m replay.worker`).
+
+It joins a master started by `replay run --workers N` / `--remote-workers M` (or by
+`locust --master -f replay/locustfile.py`), receives its configuration, T0 and rows by
+custom messages, runs one Job and streams its records back in batches.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import deque
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("worker", help="join a distributed replay as a worker",
+                       description="Join `replay run --remote-workers N` (or a locust --master "
+                                   "running replay's locustfile) from this host.")
+    p.add_argument("--master", required=True, metavar="HOST:PORT", help="the master's address")
+    p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(func=main_args)
+
+
+class MessageFeed:
+    """The worker's rows: chunks from the master, asked for before the buffer runs dry."""
+
+    LOW = 1024
+
+    def __init__(self, ask) -> None:
+        from gevent.event import Event
+        self.ask, self.chunks, self.n, self.end, self.asked, self.ev = ask, deque(), 0, False, False, Event()
+
+    def put(self, rows: list, end: bool) -> None:
+        if rows:
+            self.chunks.append([tuple(r) for r in rows])
+            self.n += len(rows)
+        self.end = self.end or end
+        self.asked = False
+        self.ev.set()
+
+    def __iter__(self):
+        while True:
+            if self.chunks:
+                chunk = self.chunks.popleft()
+                self.n -= len(chunk)
+                if self.n < self.LOW and not self.end and not self.asked:
+                    self.asked = True
+                    self.ask()
+                yield chunk
+            elif self.end:
+                return
+            else:
+                if not self.asked:
+                    self.asked = True
+                    self.ask()
+                self.ev.clear()
+                self.ev.wait()
+
+
+class WorkerSide:
+    """Message handlers of a worker process (used by `replay worker` and the locustfile)."""
+
+    def __init__(self, env) -> None:
+        from .runner import ProcessContext
+        self.env, self.runner = env, env.runner
+        self.ctx = env.replay = ProcessContext()
+        self.job = self.feed = None
+        self.runner.register_message("replay_setup", self._setup)
+        self.runner.register_message("replay_rows", self._rows)
+        self.runner.register_message("replay_stop", self._stop)
+
+    def _setup(self, environment, msg, **kw) -> None:
+        import gevent
+
+        from . import plan
+        from .dispatcher import Job
+        from .recorder import Recorder
+        from .runner import freeze_gc, perf_at
+        config = plan.RunConfig.from_json(msg.data["config"])
+        self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
+        self.recorder = Recorder(self._ship)
+        self.job = Job(config, msg.data["worker"], perf_at(msg.data["t0_wall"]), self.feed, self.recorder,
+                       self.env.events)
+        self.ctx.job, self.ctx.on_done = self.job, self._done
+        gevent.spawn(self._flusher)
+        freeze_gc()
+        self.ctx.ready.set()
+
+    def _rows(self, environment, msg, **kw) -> None:
+        if self.feed is not None:
+            self.feed.put(msg.data["rows"], msg.data["end"])
+
+    def _stop(self, environment, msg, **kw) -> None:
+        if self.job is not None:
+            if msg.data.get("now"):
+                self.job.c.grace_s = 0.0
+            self.job.stop()
+
+    def _flusher(self) -> None:
+        import gevent
+        while not self.job.finished.is_set():
+            gevent.sleep(0.5)
+            self.recorder.flush()
+
+    def _stats(self) -> list[int]:
+        return [self.job.sent, self.job.in_flight]
+
+    def _ship(self, batch) -> None:
+        import pyarrow as pa
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as w:
+            w.write_batch(batch)
+        self.runner.send_message("replay_records", {"ipc": sink.getvalue().to_pybytes(), "stats": self._stats()})
+
+    def _done(self) -> None:
+        self.recorder.flush()
+        self.job.close()
+        self.runner.send_message("replay_done", {"stats": self._stats()})
+
+
+def die_with_parent() -> None:
+    """A local worker must not outlive the runner that started it (Linux prctl)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_worker(master: str, tie_to_parent: bool = False) -> int:
+    from gevent import monkey
+    monkey.patch_all()
+    if tie_to_parent:
+        die_with_parent()
+    from locust.env import Environment
+
+    from .dispatcher import Dispatcher
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"error: --master must be HOST:PORT, got {master!r}", file=sys.stderr)
+        return 2
+    env = Environment(user_classes=[Dispatcher])
+    env.create_worker_runner(host, int(port))
+    WorkerSide(env)
+    env.runner.greenlet.join()
+    time.sleep(0.2)
+    return 0
+
+
+def main_args(args) -> int:
+    return run_worker(args.master, args.die_with_parent)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="replay worker")
+    ap.add_argument("--master", required=True)
+    ap.add_argument("--die-with-parent", action="store_true")
+    a = ap.parse_args()
+    raise SystemExit(run_worker(a.master, a.die_with_parent))

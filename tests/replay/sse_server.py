@@ -1,0 +1,253 @@
+"""Small fast OpenAI-compatible SSE server for tests and benchmarks, with injectable faults.
+
+    python3 -m tests.replay.sse_server --port 0 [--tokens 16] [--interval 0.005] [--fault MODE]
+    -> prints `sse-server ready: http://127.0.0.1:PORT`
+
+Streams `max_tokens` (or --tokens) content events on /v1/completions and /v1/chat/completions,
+plus a usage chunk when `stream_options.include_usage` is set (or --usage). Raw asyncio
+protocol with `call_later` per step (no task per request) so one process serves thousands of
+events per second. A fault is chosen per request by the `X-Fault` header or a model named
+`fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
+override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
+content event: `perf_counter_ns` just before and just after its write (request id: `X-Request-Id`
+header or the body's `user`).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import ssl
+import time
+
+FAULTS = ("http500", "http429", "stall", "drop", "malformed", "error_in_stream", "done_early",
+          "trailers", "split", "coalesce", "crlf", "comments", "close_idle", "identity", "no_done")
+CLOSE, STALL = object(), object()
+
+
+def chunk(b: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(b), b)
+
+
+class Stream(asyncio.Protocol):
+    def __init__(self, server: "Server") -> None:
+        self.srv, self.buf, self.busy, self.tr = server, b"", False, None
+
+    def connection_made(self, tr) -> None:
+        self.tr = tr
+        sock = tr.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc) -> None:
+        self.tr = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self.next_request()
+
+    def next_request(self) -> None:
+        i = self.buf.find(b"\r\n\r\n")
+        if i < 0:
+            return
+        lines = self.buf[:i].decode("latin-1").split("\r\n")
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+        n = int(hdrs.get("content-length", 0))
+        if len(self.buf) < i + 4 + n:
+            return
+        body, self.buf = self.buf[i + 4:i + 4 + n], self.buf[i + 4 + n:]
+        self.busy = True
+        method, path = lines[0].split(" ")[:2]
+        self.srv.handle(self, method, path, hdrs, body)
+
+    def run(self, steps, stamps=None) -> None:
+        """Write (delay, data) steps; data may be CLOSE or STALL; stamps logs content writes."""
+        for delay, data, idx in steps:
+            if self.tr is None or self.tr.is_closing():
+                return
+            if delay > 0:
+                asyncio.get_running_loop().call_later(delay, self._resume, delay, data, idx, steps, stamps)
+                return
+            if not self._write(data, idx, stamps):
+                return
+        self.busy = False
+        if self.buf:
+            self.next_request()
+
+    def _resume(self, delay, data, idx, steps, stamps) -> None:
+        if self.tr is not None and self._write(data, idx, stamps):
+            self.run(steps, stamps)
+
+    def _write(self, data, idx, stamps) -> bool:
+        if data is CLOSE:
+            self.tr.close()
+            return False
+        if data is STALL:
+            return False
+        if idx is not None and stamps is not None:   # the write happens between the two stamps
+            stamps += (idx, time.perf_counter_ns())
+            self.tr.write(data)
+            stamps.append(time.perf_counter_ns())
+        else:
+            self.tr.write(data)
+        return True
+
+
+class Server:
+    def __init__(self, args) -> None:
+        self.a, self.count = args, 0
+        self.log = open(args.stamp_log, "a") if args.stamp_log else None
+
+    def handle(self, conn: Stream, method: str, path: str, hdrs: dict, body: bytes) -> None:
+        self.count += 1
+        a = self.a
+        if method == "GET":
+            data = json.dumps({"object": "list", "data": [{"id": a.model, "object": "model"}]}).encode()
+            return conn.run(iter([(0, self.head(200, "application/json", len(data)) + data, None)]))
+        try:
+            req = json.loads(body)
+        except ValueError:
+            req = None
+        if path not in ("/v1/completions", "/v1/chat/completions") or not isinstance(req, dict):
+            err = json.dumps({"error": {"message": f"bad request to {path}", "code": 400}}).encode()
+            return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
+        model = str(req.get("model", ""))
+        fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
+                 or (a.fault if a.fault and self.count % a.fault_every == 0 else ""))
+        n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
+        interval = float(hdrs.get("x-interval", a.interval))
+        rid = hdrs.get("x-request-id") or str(req.get("user", self.count))
+        stamps = [] if self.log else None
+        conn.run(self.steps(req, path, fault, n, interval, stamps, rid), stamps)
+
+    def head(self, status: int, ctype: str, length: int | None, extra: str = "") -> bytes:
+        reason = {200: "OK", 400: "Bad Request", 429: "Too Many Requests", 500: "Internal Server Error"}[status]
+        framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+        return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n{framing}\r\n{extra}\r\n").encode()
+
+    def steps(self, req: dict, path: str, fault: str, n: int, interval: float, stamps, rid: str):
+        if fault in ("http500", "http429"):
+            code = int(fault[4:])
+            err = json.dumps({"error": {"message": f"injected {code}", "type": "server_error", "code": code}}).encode()
+            yield 0, self.head(code, "application/json", len(err), "Retry-After: 1\r\n" if code == 429 else "") + err, None
+            return
+        chat = path.endswith("chat/completions")
+        model = json.dumps(str(req.get("model", self.a.model)))
+        prompt = req.get("prompt") if not chat else " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
+        if not req.get("stream"):
+            yield from self.whole(chat, model, n, n_prompt)
+            return
+        nl, sep = (b"\r\n", b"\r\n\r\n") if fault == "crlf" else (b"\n", b"\n\n")
+        close = b"Connection: close\r\n" if fault == "identity" else b""
+        head = self.head(200, "text/event-stream", None).replace(b"Transfer-Encoding: chunked\r\n", b"") \
+            if fault == "identity" else self.head(200, "text/event-stream", None)
+        yield 0, head[:-2] + close + b"\r\n", None
+        frame = (lambda b: b) if fault == "identity" else chunk
+        pre = b'{"id":"cmpl-%s","object":"%s","created":0,"model":%s,"choices":[{"index":0,' % (
+            rid.encode(), b"chat.completion.chunk" if chat else b"text_completion", model.encode())
+        if chat:
+            yield 0, frame(b"data: " + pre + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}' + sep), None
+        events = []
+        for i in range(n):
+            piece = json.dumps(f" t{i}")[1:-1].encode()
+            body = (b'"delta":{"content":"%s"}' if chat else b'"text":"%s","logprobs":null') % piece
+            events.append(b"data: " + pre + body + b',"finish_reason":null}]}' + sep)
+        if fault == "comments":
+            events = [b": ping" + sep + b"event: completion" + nl + b"id: %d" % i + nl + e for i, e in enumerate(events)]
+        for i, ev in enumerate(events):
+            if fault == "malformed" and i == min(2, n - 1):
+                yield interval, frame(b'data: {"choices": [{"text": "broken' + sep), None
+                return
+            if fault == "error_in_stream" and i == min(2, n - 1):
+                yield interval, frame(b'data: {"error": {"message": "injected engine failure", "code": 500}}' + sep), None
+                break
+            if fault in ("drop", "stall") and i == n // 2:
+                yield interval, (CLOSE if fault == "drop" else STALL), None
+                return
+            if fault == "split":   # the event, and its chunk framing, in three writes and two chunks
+                c = chunk(ev[:7]) + chunk(ev[7:])
+                yield interval, c[:3], None
+                yield 0.001, c[3:len(c) // 2], None
+                yield 0.001, c[len(c) // 2:], i
+            elif fault == "coalesce":   # three events per chunk, two chunks per write
+                if i % 6 == 0:
+                    group = events[i:i + 6]
+                    yield interval, b"".join(chunk(b"".join(group[k:k + 3])) for k in (0, 3) if group[k:k + 3]), i
+            else:
+                yield interval, frame(ev), i
+        last = pre + (b'"delta":{},"finish_reason":"length"}]}' if chat else b'"text":"","logprobs":null,"finish_reason":"length"}]}')
+        tail = frame(b"data: " + last + sep)
+        so = req.get("stream_options") or {}
+        if so.get("include_usage") or self.a.usage:
+            tail += frame(b"data: " + pre[:pre.index(b'"choices"')] + b'"choices":[],"usage":{"prompt_tokens":%d,'
+                          b'"completion_tokens":%d,"total_tokens":%d}}' % (n_prompt, n, n_prompt + n) + sep)
+        if fault != "no_done":
+            tail += frame(b"data: [DONE]" + sep)
+        if fault == "identity":
+            yield 0, tail, None
+            yield 0, CLOSE, None
+            return
+        if fault == "done_early":   # [DONE] arrives well before the chunked terminator
+            yield 0, tail, None
+            yield 0.05, b"0\r\n\r\n", None
+        else:
+            yield 0, tail + (b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n" if fault == "trailers" else b"0\r\n\r\n"), None
+        if stamps is not None and stamps:
+            self.log.write("".join(f"{rid} {stamps[k]} {stamps[k + 1]} {stamps[k + 2]}\n"
+                                   for k in range(0, len(stamps), 3)))
+            self.log.flush()
+        if fault == "close_idle":   # keep-alive promised, then closed while idle (a stale connection)
+            yield 0.02, CLOSE, None
+
+    def whole(self, chat: bool, model: str, n: int, n_prompt: int):
+        text = "".join(f" t{i}" for i in range(n))
+        choice = {"index": 0, "finish_reason": "length",
+                  **({"message": {"role": "assistant", "content": text}} if chat else {"text": text})}
+        data = json.dumps({"id": "cmpl-0", "object": "chat.completion" if chat else "text_completion",
+                           "created": 0, "model": json.loads(model), "choices": [choice],
+                           "usage": {"prompt_tokens": n_prompt, "completion_tokens": n,
+                                     "total_tokens": n_prompt + n}}).encode()
+        yield 0, self.head(200, "application/json", len(data)) + data, None
+
+
+async def serve(args) -> None:
+    ctx = None
+    if args.tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*args.tls)
+    srv = Server(args)
+    server = await asyncio.get_running_loop().create_server(lambda: Stream(srv), args.host, args.port,
+                                                            ssl=ctx, backlog=4096)
+    port = server.sockets[0].getsockname()[1]
+    print(f"sse-server ready: {'https' if ctx else 'http'}://{args.host}:{port}", flush=True)
+    await server.serve_forever()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="sse_server", description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--model", default="sse-test")
+    ap.add_argument("--tokens", type=int, default=16, help="content events when the request has no max_tokens")
+    ap.add_argument("--interval", type=float, default=0.0, help="seconds between content events")
+    ap.add_argument("--fault", choices=FAULTS, help="fault for every --fault-every'th request")
+    ap.add_argument("--fault-every", type=int, default=1)
+    ap.add_argument("--usage", action="store_true", help="always send a usage chunk")
+    ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
+    args = ap.parse_args(argv)
+    if args.cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {args.cpu})
+    try:
+        asyncio.run(serve(args))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

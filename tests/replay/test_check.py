@@ -1,0 +1,64 @@
+"""`replay check` (official openai SDK) and `--scrape` of Prometheus metrics during a run."""
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+
+import pyarrow.parquet as pq
+
+from tests.conftest import free_port, run_cli
+from tests.replay.runkit import records, replay_run, sse_server, write_trace
+
+METRICS = """# HELP vllm:num_requests_running Running requests.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{model_name="m"} 1234.0
+"""
+
+
+def test_check_reports_capabilities(tmp_path):
+    with sse_server() as url:
+        p = run_cli("replay", "check", "--target", url, "--json", check=True)
+        caps = json.loads(p.stdout)
+        assert caps["models"] == ["sse-test"] and caps["list_models"]
+        for k in ("chat", "chat_stream", "usage_in_stream", "completions", "completions_stream",
+                  "token_id_prompts", "min_tokens_ignore_eos"):
+            assert caps[k] is True, (k, caps["errors"])
+    dead = run_cli("replay", "check", "--target", f"http://127.0.0.1:{free_port()}")
+    assert dead.returncode == 1 and "token_id_prompts" in dead.stdout and "--prompt-mode text" in dead.stdout
+
+
+def test_run_uses_check_and_scrapes_metrics(tmp_path):
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = METRICS.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    trace = write_trace(tmp_path / "t.parquet", 100, gap_s=0.01)
+    try:
+        with sse_server("--interval", "0.001") as url:
+            p = run_cli("replay", "run", "--trace", trace, "--target", url, "-o", tmp_path / "run", "--no-progress",
+                        "--scrape", f"http://127.0.0.1:{srv.server_address[1]}/metrics", "--scrape-interval", "100ms",
+                        check=True)
+    finally:
+        srv.shutdown()
+    assert "prompt mode ids" in p.stderr and "'sse-test'" in p.stderr
+    assert len(records(tmp_path / "run")) == 100
+    m = pq.read_table(tmp_path / "run" / "server_metrics.parquet").to_pandas()
+    running = m[m.name == "vllm:num_requests_running"]
+    assert len(running) >= 5 and (running.value == 3.0).all()
+    assert json.loads(running.labels.iloc[0]) == {"model_name": "m"}
+    assert running.time_s.is_monotonic_increasing
+    assert set(m.name) >= {"vllm:num_requests_running", "vllm:prompt_tokens_total"}
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["capabilities"]["token_id_prompts"] is True

@@ -1,0 +1,54 @@
+"""`--workers 2`: a Locust master and two local workers give the same record set as one process;
+a worker that dies mid-run is reported and its rows are still recorded."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from tests.replay.runkit import (assert_well_formed, popen_run, records, replay_run, sse_server,
+                                 wait_t0, write_trace)
+
+
+def test_two_workers_same_record_set_as_local(tmp_path):
+    n = 300
+    sessions = [f"s{i % 7}" if i % 3 == 0 else None for i in range(n)]
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.004, output_tokens=5, session_id=sessions)
+    with sse_server("--interval", "0.001") as url:
+        replay_run(trace, url, tmp_path / "local", "--model-map", "*=m")
+        replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "2")
+    local, dist = records(tmp_path / "local"), records(tmp_path / "dist")
+    assert len(dist) == n and set(dist.request_id) == set(local.request_id)
+    assert (dist.status == "ok").all() and (local.status == "ok").all()
+    assert_well_formed(dist)
+    cols = ["request_id", "scheduled_s", "input_tokens", "output_tokens", "completion_tokens", "prompt_tokens"]
+    a = local[cols].sort_values("request_id").reset_index(drop=True)
+    b = dist[cols].sort_values("request_id").reset_index(drop=True)
+    assert a.equals(b)
+    assert set(dist.worker) == {0, 1}
+    plain = dist[dist.session_id.isna()].sort_values("scheduled_s")
+    assert (plain.worker.diff().dropna() != 0).all(), "plain rows alternate round-robin"
+    assert (dist[dist.session_id.notna()].groupby("session_id").worker.nunique() == 1).all()
+
+
+def test_lost_worker_rows_are_recorded(tmp_path):
+    n = 400  # 8 s of trace; one worker is killed 1 s in (Locust marks it missing after ~3 s)
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.02, output_tokens=4)
+    with sse_server("--interval", "0.002") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--workers", "2")
+        t0 = wait_t0(tmp_path / "run")
+        runner = psutil.Process(run.pid).children()[0]
+        time.sleep(max(0.0, t0 + 1.0 - time.time()))
+        workers = runner.children()
+        assert len(workers) == 2
+        os.kill(workers[1].pid, signal.SIGKILL)
+        out, err = run.communicate(timeout=90)
+    assert run.returncode == 0, err
+    assert "went missing" in err
+    df = records(tmp_path / "run")
+    assert len(df) == n and df.request_id.is_unique
+    lost = df[df.error.fillna("").str.contains("lost")]
+    assert len(lost) > 50 and lost.status.isin(["cancelled", "not_sent"]).all()
+    assert (df[df.worker == 0].status == "ok").all()

@@ -1,0 +1,79 @@
+"""Ctrl-C finalises a run (in flight -> cancelled, unsent -> not_sent); a killed runner keeps
+every record that finished more than a second before the kill."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pyarrow as pa
+
+from replay.recorder import read_stream
+from tests.replay.runkit import (assert_well_formed, popen_run, records, run_info, sse_server,
+                                 wait_t0, write_trace)
+
+
+def test_sigint_cancels_in_flight_and_records_unsent(tmp_path):
+    n = 100  # 10 s of trace; every request streams for ~2 s, so some are in flight at the signal
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.1, output_tokens=20)
+    with sse_server("--interval", "0.1") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3")
+        t0 = wait_t0(tmp_path / "run")
+        time.sleep(max(0.0, t0 + 3.0 - time.time()))
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    df = records(tmp_path / "run")
+    assert len(df) == n and df.request_id.is_unique
+    assert_well_formed(df)
+    counts = df.status.value_counts().to_dict()
+    assert counts.get("ok", 0) >= 5 and counts.get("cancelled", 0) >= 5 and counts.get("not_sent", 0) >= 50, counts
+    cancelled = df[df.status == "cancelled"]
+    assert cancelled.sent_s.notna().all()
+    assert df[df.status == "not_sent"].scheduled_s.min() > df[df.status == "ok"].scheduled_s.max()
+    info = run_info(tmp_path / "run")
+    assert info["status"] == "interrupted" and sum(info["status_counts"].values()) == n
+    assert not (tmp_path / "run" / "records.arrows").exists()
+    assert "interrupted" in out
+
+
+def _finished_before(kill_wall: float, t0: float, n: int, gap: float) -> set[str]:
+    """Rows whose ~10 ms request surely ended more than 1 s before the kill."""
+    cutoff = kill_wall - t0 - 1.0 - 0.2
+    return {str(i) for i in range(n) if i * gap < cutoff}
+
+
+def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
+    n, gap = 400, 0.01  # 4 s of trace; the runner child is killed at 2.5 s
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
+    with sse_server("--interval", "0.001") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
+        t0 = wait_t0(tmp_path / "run")
+        child = psutil.Process(run.pid).children()[0]
+        time.sleep(max(0.0, t0 + 2.5 - time.time()))
+        kill_wall = time.time()
+        os.kill(child.pid, signal.SIGKILL)
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 1 and "records flushed before that were kept" in err
+    df = records(tmp_path / "run")  # finalised by `replay run` after its runner died
+    expected = _finished_before(kill_wall, t0, n, gap)
+    assert len(expected) > 50 and expected <= set(df.request_id)
+    assert (df.status == "ok").all() and len(df) < n
+    assert run_info(tmp_path / "run")["status"] == "failed"
+
+
+def test_sigkill_of_replay_run_takes_the_runner_along_and_keeps_the_stream(tmp_path):
+    n, gap = 400, 0.01
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
+    with sse_server("--interval", "0.001") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
+        t0 = wait_t0(tmp_path / "run")
+        child = psutil.Process(run.pid).children()[0]
+        time.sleep(max(0.0, t0 + 2.5 - time.time()))
+        kill_wall = time.time()
+        run.kill()
+        run.wait(10)
+        child.wait(10)  # PR_SET_PDEATHSIG: the runner does not outlive `replay run`
+    table = pa.Table.from_batches(list(read_stream(tmp_path / "run" / "records.arrows")))
+    assert _finished_before(kill_wall, t0, n, gap) <= set(table.column("request_id").to_pylist())
