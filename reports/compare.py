@@ -26,6 +26,7 @@ LOWER_IS_BETTER = {"error_rate": True, "attainment": False, "requests_per_s": Fa
                    "output_tokens_per_s": False}
 N_BOOT = 10_000
 RANK_MAX = 200_000          # rank test on at most this many samples per run (random subset)
+RANK_MIN_SHIFT = 3.0        # P(cand > base) must differ from 0.5 by this many points to count
 COLUMNS = ["metric", "base", "cand", "delta", "delta %", "CI of delta %", "p", "verdict"]
 
 
@@ -62,7 +63,8 @@ class CompareResult:
             return 2
         if self.fail_on_regression_pct is None:
             return 0
-        over = [r for r in self.regressions if r.delta_pct is None or abs(r.delta_pct) > self.fail_on_regression_pct]
+        over = [r for r in self.regressions    # rank-test rows carry no magnitude
+                if r.delta_pct is not None and abs(r.delta_pct) > self.fail_on_regression_pct]
         return 1 if over else 0
 
     def _rows(self) -> list[list[object]]:
@@ -74,7 +76,7 @@ class CompareResult:
                 if self.fail_on_regression_pct is not None else "")
         return render_table(f"compare: {self.verdict.upper()}{gate}", COLUMNS, self._rows(),
                             caption=f"base n={self.base_n}, cand n={self.cand_n} successful requests; "
-                                    f"CIs are simultaneous (Bonferroni) 95%")
+                                    f"CIs are simultaneous (Bonferroni) 99%")
 
     def markdown(self) -> str:
         return markdown_table(COLUMNS, self._rows())
@@ -119,7 +121,7 @@ def _holm(ps: list[float]) -> list[float]:
 
 
 def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: float | None = None,
-                     min_effect_pct: float = 1.0, conf: float = 0.95) -> CompareResult:
+                     min_effect_pct: float = 1.0, conf: float = 0.99) -> CompareResult:
     from scipy.stats import norm
     samples = {m: (base.values(m), cand.values(m)) for m in DISTS}
     samples = {m: v for m, v in samples.items() if len(v[0]) >= 2 and len(v[1]) >= 2}
@@ -144,9 +146,9 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
     adj = _holm([p for p, _ in ranks.values()]) if ranks else []
     for (metric, (p, auc)), pa in zip(ranks.items(), adj):
         shift = (auc - 0.5) * 100     # percentage points of P(cand > base) above a coin flip
-        verdict = ("no significant change" if pa >= 1 - conf or abs(shift) < 2 else
+        verdict = ("no significant change" if pa >= 1 - conf or abs(shift) < RANK_MIN_SHIFT else
                    "regressed" if shift > 0 else "improved")
-        rows.append(CompareRow(f"{metric} (rank test, P(cand>base))", 0.5, auc, None, None, pa, verdict))
+        rows.append(CompareRow(f"{metric} rank test P(cand>base)", 0.5, auc, None, None, pa, verdict))
     for key in props:
         b, c, nb, nc = sb[key], sc[key], sb["issued"], sc["issued"]
         se = math.sqrt(b * (1 - b) / nb + c * (1 - c) / nc)
