@@ -69,7 +69,7 @@ class Analysis:
         if rows is None and "measured" in self._pooled:
             return self._pooled["measured"]
         sel = self.measured_ok if rows is None else rows & self.rm.ok
-        out = pooled_gaps(self.table if sel.all() else self.table.filter(pa.array(sel)))
+        out = pooled_gaps(self.table, sel)
         if rows is None:
             self._pooled["measured"] = out
         return out

@@ -28,10 +28,14 @@ def _f64(table: pa.Table, name: str) -> np.ndarray:
 
 
 def encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    """Integer codes and labels of a string column; null becomes the label '(none)'."""
-    enc = col.dictionary_encode().combine_chunks()
-    labels = [str(x) for x in enc.dictionary.to_pylist()]
-    codes = enc.indices
+    """Integer codes and labels of a (possibly dictionary-encoded) string column; null becomes
+    the label '(none)'."""
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    col = col.unify_dictionaries()
+    labels = [str(x) for x in col.chunk(0).dictionary.to_pylist()] if col.num_chunks else []
+    parts = [c.indices for c in col.chunks]
+    codes = pa.chunked_array(parts, col.type.index_type) if parts else pa.chunked_array([], pa.int32())
     if codes.null_count:
         codes = pc.fill_null(codes, len(labels))
         labels.append("(none)")
@@ -94,40 +98,45 @@ def request_metrics(table: pa.Table) -> RequestMetrics:
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Flat values and 0-based offsets of a list column (null lists are empty)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy().astype(np.int64)
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    return arr.flatten().to_numpy(), offsets
+    """Flat values and per-row lengths of a list column (null lists are empty), chunk by chunk
+    so the list column is never copied whole."""
+    if col.num_chunks == 0:
+        return np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+    lens = np.concatenate([pc.fill_null(pc.list_value_length(c), 0).to_numpy() for c in col.chunks])
+    values = np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in col.chunks])
+    return values, lens.astype(np.int64)
 
 
-def _gap_mask(offsets: np.ndarray) -> np.ndarray:
-    """Over np.diff(values): True where both chunks belong to the same request."""
+def _gaps(values: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.diff(values) and a mask of the gaps whose two chunks belong to the same request."""
+    offsets = np.concatenate([[0], np.cumsum(lens)])
     total = int(offsets[-1])
     mask = np.ones(max(total - 1, 0), dtype=bool)
     starts = offsets[1:-1]
     starts = starts[(starts > 0) & (starts < total)]
     mask[starts - 1] = False
-    return mask
+    return np.diff(values), mask
 
 
-def pooled_gaps(table: pa.Table) -> dict[str, np.ndarray]:
+def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """ICL (every gap between consecutive content chunks, pooled over requests, ms) and ITL per
     token (a gap divided by the tokens of the chunk that ends it, once per token) where the
-    records carry chunk_tokens of the same length as token_times. `table` holds the rows to pool."""
-    values, offsets = _flat(table.column("token_times"))
-    icl = np.diff(values)[_gap_mask(offsets)] * np.float32(1e3)
+    records carry chunk_tokens of the same length as token_times. `rows` selects the requests."""
+    tv, tl = _flat(table.column("token_times"))
+    gaps, keep = _gaps(tv, tl)
+    if rows is not None and (~rows & (tl > 1)).any():   # failed requests usually have no chunks
+        keep &= np.repeat(rows, tl)[1:]      # gap i ends at chunk i+1, owned by that request
+    icl = gaps[keep]
+    icl *= np.float32(1e3)
     itl = np.empty(0, dtype=np.float32)
     ct = table.column("chunk_tokens")
     if ct.null_count < len(ct):
-        same = pc.equal(pc.list_value_length(ct), pc.list_value_length(table.column("token_times")))
-        sub = table.filter(pc.fill_null(same, False))
-        if sub.num_rows:
-            tv, toff = _flat(sub.column("token_times"))
-            kv, _ = _flat(sub.column("chunk_tokens"))
-            m = _gap_mask(toff)
-            gaps, k = np.diff(tv)[m], kv[1:][m].astype(np.int64)
+        kv, kl = _flat(ct)
+        have = (kl == tl) & (kl > 0) & (True if rows is None else rows)
+        if have.any():
+            tv_h, kv_h = tv[np.repeat(have, tl)], kv[np.repeat(have, kl)].astype(np.int64)
+            g, m = _gaps(tv_h, tl[have])
+            g, k = g[m], kv_h[1:][m]
             pos = k > 0
-            itl = np.repeat(gaps[pos] * np.float32(1e3) / k[pos], k[pos])
+            itl = np.repeat(g[pos] * np.float32(1e3) / k[pos], k[pos])
     return {"icl_ms": icl, "itl_ms": itl}

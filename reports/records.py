@@ -18,6 +18,7 @@ from .schema import RECORD_SCHEMA, SERVER_METRICS_SCHEMA, STATUSES
 
 RECORD_FILES = ("records.parquet", "records.arrow", "records.arrows")
 REQUIRED = ("request_id", "status")
+DICTIONARY_COLUMNS = ("model", "target_model", "slo_class", "status")
 
 
 @dataclass
@@ -42,7 +43,9 @@ def _records_path(path: Path) -> Path:
     return path
 
 
-def _read_table(path: Path) -> pa.Table:
+def _read_table(path: Path, dictionary: bool = False) -> pa.Table:
+    """Read a records file; with `dictionary`, low-cardinality string columns come back
+    dictionary-encoded (several times faster to decode, and already integer codes)."""
     try:
         if path.suffix in (".arrow", ".arrows", ".ipc"):
             with pa.memory_map(str(path)) as src:
@@ -52,7 +55,7 @@ def _read_table(path: Path) -> pa.Table:
                     src.seek(0)
                     return _read_stream_prefix(src)
         import pyarrow.parquet as pq
-        return pq.read_table(path)
+        return pq.read_table(path, read_dictionary=list(DICTIONARY_COLUMNS) if dictionary else None)
     except (pa.ArrowException, OSError) as e:
         raise ReportError(f"cannot read records: {e}", file=path) from None
 
@@ -69,33 +72,51 @@ def _read_stream_prefix(src) -> pa.Table:
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
-def conform_records(table: pa.Table, *, file: object = None) -> pa.Table:
+def _is_string_dictionary(t: pa.DataType, want: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) and want == pa.string() and t.value_type in (pa.string(), pa.large_string())
+
+
+def conform_records(table: pa.Table, *, file: object = None, keep_dictionary: bool = False) -> pa.Table:
     """Cast `table` to RECORD_SCHEMA: missing optional columns become null, extra ones are
-    dropped, wrong types and unknown statuses are errors naming the column and rows."""
+    dropped, wrong types and unknown statuses are errors naming the column and rows. With
+    `keep_dictionary`, dictionary-encoded string columns stay encoded (same values)."""
     missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise ReportError(f"missing required column(s) {', '.join(missing)}; records need "
                           f"{', '.join(REQUIRED)} (see RECORD_SCHEMA)", file=file)
     n = table.num_rows
-    cols = []
+    cols, fields = [], []
     for field in RECORD_SCHEMA:
         if field.name not in table.column_names:
             cols.append(pa.nulls(n, field.type))
+            fields.append(field)
             continue
         col = table.column(field.name)
-        if col.type != field.type:
+        if keep_dictionary and _is_string_dictionary(col.type, field.type):
+            fields.append(pa.field(field.name, col.type, field.nullable))
+        elif col.type != field.type:
             try:
                 col = col.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise ReportError(f"has type {col.type}, expected {field.type} ({e})",
                                   file=file, field=field.name) from None
+            fields.append(field)
+        else:
+            fields.append(field)
         cols.append(col)
-    out = pa.Table.from_arrays(cols, schema=RECORD_SCHEMA.remove_metadata())
+    out = pa.Table.from_arrays(cols, schema=pa.schema(fields))
     for name in REQUIRED:
         if out.column(name).null_count:
             bad = np.flatnonzero(pc.is_null(out.column(name)).to_numpy(zero_copy_only=False))
             raise ReportError("must not be null", file=file, field=name, rows=bad, total_rows=n)
-    ok_status = pc.is_in(out.column("status"), value_set=pa.array(STATUSES))
+    status = out.column("status")
+    if pa.types.is_dictionary(status.type):   # check the few distinct values, not every row
+        values = set(pc.unique(pa.chunked_array([c.dictionary for c in status.chunks],
+                                                status.type.value_type)).to_pylist()) if status.num_chunks else set()
+        if values <= set(STATUSES):
+            return out
+        status = status.cast(status.type.value_type)
+    ok_status = pc.is_in(status, value_set=pa.array(STATUSES))
     if not pc.all(ok_status).as_py():
         bad = np.flatnonzero(~ok_status.to_numpy(zero_copy_only=False))
         raise ReportError(f"unknown status (allowed: {', '.join(STATUSES)})", file=file,
@@ -110,10 +131,11 @@ def load_records(path_or_run_dir: str | Path) -> pa.Table:
 
 
 def load_run(path_or_run_dir: str | Path) -> Run:
-    """Records plus the optional run.json and server_metrics.parquet next to them."""
+    """Records plus the optional run.json and server_metrics.parquet next to them. Low-cardinality
+    string columns (model, target_model, slo_class, status) stay dictionary-encoded."""
     path = Path(path_or_run_dir)
     rec_path = _records_path(path)
-    records = conform_records(_read_table(rec_path), file=rec_path)
+    records = conform_records(_read_table(rec_path, dictionary=True), file=rec_path, keep_dictionary=True)
     run_dir = path if path.is_dir() else None
     config = metrics = None
     if run_dir is not None and (run_dir / "run.json").exists():

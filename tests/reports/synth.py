@@ -17,9 +17,10 @@ from reports.schema import RECORD_SCHEMA
 def synth_records(n: int, *, seed: int = 0, rate: float = 50.0, models=("llama-8b", "qwen-32b"),
                   classes=("interactive", "batch"), ttft_ms: float = 80.0, tpot_ms: float = 20.0,
                   ttft_factor: float = 1.0, fail_share: float = 0.01, lag_ms: float = 0.3,
-                  out_mean: float = 16.0, chunk_tokens: bool = False, usage: bool = True) -> pa.Table:
+                  out_mean: float = 16.0, chunk_tokens: bool = False, usage: bool = True,
+                  t0: float = 0.0, first_id: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
-    sched = np.cumsum(rng.exponential(1.0 / rate, n))
+    sched = t0 + np.cumsum(rng.exponential(1.0 / rate, n))
     sent = sched + rng.exponential(lag_ms / 1e3, n)
     inp = np.clip(rng.lognormal(6.5, 1.0, n), 8, 32000).astype(np.int32)
     out = np.minimum(rng.geometric(1.0 / out_mean, n), 2000).astype(np.int32)
@@ -40,7 +41,7 @@ def synth_records(n: int, *, seed: int = 0, rate: float = 50.0, models=("llama-8
     tt = pa.ListArray.from_arrays(pa.array(starts.astype(np.int32)), pa.array(times.astype(np.float32)),
                                   mask=pa.array(failed))
     cols = {
-        "request_id": pa.array(np.char.add("r", np.arange(n).astype(str))),
+        "request_id": pa.array(np.char.add("r", np.arange(first_id, first_id + n).astype(str))),
         "model": pa.array(np.asarray(models)[rng.integers(0, len(models), n)]),
         "slo_class": pa.array(np.asarray(classes)[rng.integers(0, len(classes), n)]),
         "worker": pa.array(np.zeros(n, dtype=np.int32)),

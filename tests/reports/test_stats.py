@@ -44,9 +44,10 @@ def test_grouped_percentiles_match_per_group_numpy():
     v = rng.normal(100, 10, 5000)
     v[::7] = np.nan
     codes = rng.integers(0, 4, 5000)
-    counts, pct = grouped_percentiles(v, codes, 5, [50, 99])
-    for g in range(4):
-        sel = v[(codes == g) & ~np.isnan(v)]
-        assert counts[g] == len(sel)
-        assert pct[g] == pytest.approx(np.percentile(sel, [50, 99]))
-    assert counts[4] == 0 and np.isnan(pct[4]).all()
+    for key_sort_min in (0, 10**9):      # composite-key sort and per-group sorts
+        counts, pct = grouped_percentiles(v, codes, 5, [50, 99], key_sort_min=key_sort_min)
+        for g in range(4):
+            sel = v[(codes == g) & ~np.isnan(v)]
+            assert counts[g] == len(sel)
+            assert pct[g] == pytest.approx(np.percentile(sel, [50, 99]), rel=1e-12)
+        assert counts[4] == 0 and np.isnan(pct[4]).all()
