@@ -43,7 +43,8 @@ def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
     lat = {}
     for name in GROUP_LATENCIES:
         vals = rm.columns[name]
-        lat[name] = grouped_percentiles(vals[m], codes[m], g, [50, 90, 99])
+        lat[name] = grouped_percentiles(vals, codes, g, [50, 90, 99]) if m.all() else \
+            grouped_percentiles(vals[m], codes[m], g, [50, 90, 99])
     rows = []
     for i, label in enumerate(labels):
         if issued[i] == 0:
@@ -67,7 +68,7 @@ def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarra
     codes = np.searchsorted(e, np.nan_to_num(input_len, nan=-1), side="right") - 1
     labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(e[:-1], e[1:])] + [f">={int(e[-1])}"]
     codes = np.where(np.isnan(input_len) | (codes < 0), len(labels), codes)
-    return codes.astype(np.int32), labels + ["(unknown)"]
+    return codes.astype(np.int64), labels + ["(unknown)"]
 
 
 def nice_window(span: float, target: int = 100) -> float:
@@ -90,7 +91,7 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
     edges = t0 + w * np.arange(nwin + 1)
 
     def idx(t: np.ndarray) -> np.ndarray:
-        return np.clip(np.floor((np.nan_to_num(t, nan=t0) - t0) / w), 0, nwin - 1).astype(np.int32)
+        return np.clip(np.floor((np.nan_to_num(t, nan=t0) - t0) / w), 0, nwin - 1).astype(np.int64)
 
     widths = np.diff(edges)
     widths[-1] = max(t1 - edges[-2], w / 100)     # the last window is partial

@@ -39,7 +39,7 @@ def encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     if codes.null_count:
         codes = pc.fill_null(codes, len(labels))
         labels.append("(none)")
-    return codes.to_numpy().astype(np.int32, copy=False), labels
+    return codes.to_numpy().astype(np.int64, copy=False), labels
 
 
 @dataclass

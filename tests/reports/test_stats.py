@@ -41,13 +41,18 @@ def test_ci_covers_the_true_quantile_most_of_the_time():
 
 def test_grouped_percentiles_match_per_group_numpy():
     rng = np.random.default_rng(5)
-    v = rng.normal(100, 10, 5000)
+    v = rng.lognormal(3, 1.5, 5000)
     v[::7] = np.nan
     codes = rng.integers(0, 4, 5000)
-    for key_sort_min in (0, 10**9):      # composite-key sort and per-group sorts
-        counts, pct = grouped_percentiles(v, codes, 5, [50, 99], key_sort_min=key_sort_min)
+    v[::11] = np.round(v[::11])           # ties
+    v[3] = 0.0
+    qs = [0, 0.1, 50, 90, 95, 99, 99.9, 100]
+    for select_min in (0, 10**9):        # bit-histogram selection and per-group sorts
+        counts, pct = grouped_percentiles(v, codes, 5, qs, select_min=select_min)
         for g in range(4):
             sel = v[(codes == g) & ~np.isnan(v)]
             assert counts[g] == len(sel)
-            assert pct[g] == pytest.approx(np.percentile(sel, [50, 99]), rel=1e-12)
+            assert pct[g] == pytest.approx(np.percentile(sel, qs), rel=0, abs=0)
         assert counts[4] == 0 and np.isnan(pct[4]).all()
+    one = grouped_percentiles(np.array([5.0, 7.0, np.nan]), np.array([1, 1, 0]), 2, [50], select_min=0)
+    assert one[0].tolist() == [0, 2] and np.isnan(one[1][0, 0]) and one[1][1, 0] == 6.0
