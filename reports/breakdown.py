@@ -39,7 +39,8 @@ def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
     ok = np.bincount(codes[m & rm.ok], minlength=g)
     good = np.bincount(codes[m & an.good], minlength=g)
     okm = m & rm.ok
-    out_tok = np.bincount(codes[okm], weights=np.nan_to_num(rm.n_out[okm]), minlength=g)
+    n_out = rm.n_out[okm]
+    out_tok = np.bincount(codes[okm], weights=np.where(np.isnan(n_out), 0.0, n_out), minlength=g)
     lat = {}
     for name in GROUP_LATENCIES:
         vals = rm.columns[name]
@@ -65,9 +66,9 @@ def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
 def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarray, list[str]]:
     """Codes of input-length buckets [edges[i], edges[i+1]); unknown lengths get their own."""
     e = np.asarray(edges, dtype=np.float64)
-    codes = np.searchsorted(e, np.nan_to_num(input_len, nan=-1), side="right") - 1
+    codes = np.searchsorted(e, input_len, side="right") - 1     # NaN sorts last: fixed below
     labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(e[:-1], e[1:])] + [f">={int(e[-1])}"]
-    codes = np.where(np.isnan(input_len) | (codes < 0), len(labels), codes)
+    codes[np.isnan(input_len) | (codes < 0)] = len(labels)
     return codes.astype(np.int64), labels + ["(unknown)"]
 
 
@@ -91,7 +92,9 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
     edges = t0 + w * np.arange(nwin + 1)
 
     def idx(t: np.ndarray) -> np.ndarray:
-        return np.clip(np.floor((np.nan_to_num(t, nan=t0) - t0) / w), 0, nwin - 1).astype(np.int64)
+        k = np.floor((t - t0) / w)
+        k[np.isnan(k)] = 0
+        return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)
 
     widths = np.diff(edges)
     widths[-1] = max(t1 - edges[-2], w / 100)     # the last window is partial
