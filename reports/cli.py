@@ -10,6 +10,8 @@ WINDOW_HELP = "'30s' (seconds) or '200' (requests)"
 
 
 def _window_args(p: argparse.ArgumentParser) -> None:
+    """Options every analysing command shares: the measured window and --json."""
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.add_argument("--warmup", metavar="SPEC", help=f"exclude the start of the run: {WINDOW_HELP}")
     p.add_argument("--cooldown", metavar="SPEC", help=f"exclude the end of the run: {WINDOW_HELP}")
     p.add_argument("--steady-state", type=float, metavar="FRAC",
@@ -18,6 +20,12 @@ def _window_args(p: argparse.ArgumentParser) -> None:
 
 def _window(args) -> dict:
     return {"warmup": args.warmup, "cooldown": args.cooldown, "steady_state": args.steady_state}
+
+
+def _show(result, as_json: bool) -> int:
+    """Print a GateResult / CompareResult as its table or as JSON; return its exit code."""
+    print(json.dumps(result.to_dict(), indent=1) if as_json else result.table().rstrip("\n"))
+    return result.exit_code
 
 
 def cmd_report(args) -> int:
@@ -36,19 +44,16 @@ def cmd_report(args) -> int:
 
 def cmd_gate(args) -> int:
     from . import evaluate_slo
-    result = evaluate_slo(args.run, args.slo, **_window(args))
-    print(json.dumps(result.to_dict(), indent=1) if args.json else result.table(), end="" if not args.json else "\n")
-    return result.exit_code
+    return _show(evaluate_slo(args.run, args.slo, **_window(args)), args.json)
 
 
 def cmd_compare(args) -> int:
     from . import compare_runs
     result = compare_runs(args.base, args.cand, fail_on_regression_pct=args.fail_on_regression,
                           min_effect_pct=args.min_effect, slo=args.slo, html=args.html, **_window(args))
-    print(json.dumps(result.to_dict(), indent=1) if args.json else result.table(), end="" if not args.json else "\n")
     if args.html:
-        print(f"wrote {args.html}")
-    return result.exit_code
+        print(f"wrote {args.html}", file=sys.stderr)
+    return _show(result, args.json)
 
 
 def cmd_import(args) -> int:
@@ -71,7 +76,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                  "objectives are gated in the report too")
     p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
-    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     _window_args(p)
     p.set_defaults(func=cmd_report)
 
@@ -80,7 +84,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "1: an objective failed; 2: could not evaluate (too few samples, bad input).")
     p.add_argument("run", help="run directory or records file")
     p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     _window_args(p)
     p.set_defaults(func=cmd_gate)
 
@@ -96,7 +99,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="smallest relative change reported as a change (default 1%%)")
     p.add_argument("--slo", help="SLO spec whose per-request thresholds define attainment")
     p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     _window_args(p)
     p.set_defaults(func=cmd_compare)
 

@@ -24,7 +24,7 @@ def test_injected_ttft_regression_is_detected(runs, tmp_path):
     r = run_cli("replay", "compare", runs["base"], runs["slow"], "--fail-on-regression", "10",
                 "--json", "--html", html)
     assert r.returncode == 1, r.stdout + r.stderr
-    out = json.loads(r.stdout[:r.stdout.rindex("}") + 1])
+    out = json.loads(r.stdout)
     rows = {row["metric"]: row for row in out["rows"]}
     assert out["verdict"] == "regressed"
     for key in ("ttft_ms.p50", "ttft_ms.mean", "ttft_ms rank test P(cand>base)"):
