@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .analysis import Analysis, analyze, stat_value
-from .records import load_records
+from .records import load_run
 from .slo import load_slo
 from .stats import PERCENTILES, bootstrap_quantiles
 from .text import markdown_table, render_table
@@ -171,7 +171,7 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
 
 
 def _load(run, **kw) -> Analysis:
-    return run if isinstance(run, Analysis) else analyze(load_records(run), **kw)
+    return run if isinstance(run, Analysis) else analyze(load_run(run).records, **kw)
 
 
 def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min_effect_pct: float = 1.0,

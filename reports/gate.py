@@ -149,6 +149,6 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         from .records import conform_records
         table = conform_records(run_dir_or_records)
     else:
-        from .records import load_records
-        table = load_records(run_dir_or_records)
+        from .records import load_run
+        table = load_run(run_dir_or_records).records
     return gate(analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec), spec)

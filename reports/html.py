@@ -61,7 +61,8 @@ def _charts(s: dict, plots: dict) -> list[str]:
     if sc.get("input_len"):
         out.append(chart([{"label": "TTFT", "x": sc["input_len"], "y": sc["ttft_ms"]},
                           {"label": "E2E", "x": sc["input_len"], "y": sc["e2e_ms"]}], kind="scatter",
-                         title="Latency vs input length (sample)", xlabel="input tokens", ylabel="ms"))
+                         title="Latency vs input length (sample)", xlabel="input tokens (log scale)",
+                         ylabel="ms", logx=True))
     return out
 
 

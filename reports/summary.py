@@ -72,7 +72,7 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
                           f"{LATE_MS:g} ms after their schedule (p99 lag {out['p99']:.1f} ms, max "
                           f"{out['max']:.1f} ms); the offered load was lower than the trace's. "
                           f"Add workers or lower the rate.")
-    if config:
+    if isinstance(config, dict):
         out["client"] = config.get("client")
     return out
 

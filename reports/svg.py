@@ -48,8 +48,12 @@ def _range(series: list[dict], key: str, zero: bool) -> tuple[float, float]:
 
 
 def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: str | None = None,
-          kind: str = "line", band: tuple[float, float] | None = None) -> str:
-    """series: dicts with label, x, y, optional axis (1 or 2) and dash. Returns an <svg> string."""
+          kind: str = "line", band: tuple[float, float] | None = None, logx: bool = False) -> str:
+    """series: dicts with label, x, y, optional axis (1 or 2) and dash. Returns an <svg> string.
+    With logx, x is drawn on a log10 scale (non-positive x are left out)."""
+    if logx:
+        series = [dict(s, x=[math.log10(x) if x is not None and x > 0 else None for x in s["x"]])
+                  for s in series]
     s1 = [s for s in series if s.get("axis", 1) == 1]
     s2 = [s for s in series if s.get("axis", 1) == 2]
     x0, x1 = _range(series, "x", zero=False)
@@ -78,10 +82,12 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     if s2:
         for t in _ticks(*ranges[2]):
             out.append(f'<text x="{L + pw + 5}" y="{sy(t, 2) + 4:.1f}" font-size="10">{_label(t)}</text>')
-    for t in _ticks(x0, x1, 6):
+    xticks = [float(t) for t in range(math.ceil(x0), math.floor(x1) + 1)] if logx else _ticks(x0, x1, 6)
+    for t in xticks:
         x = sx(t)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{T + ph}" y2="{T + ph + 4}" stroke="#555"/>'
-                   f'<text x="{x:.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">{_label(t)}</text>')
+                   f'<text x="{x:.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">'
+                   f'{_label(10 ** t if logx else t)}</text>')
     out.append(f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#555"/>')
     out.append(f'<text x="{L + pw / 2}" y="{H - 6}" font-size="11" text-anchor="middle">{html.escape(xlabel)}</text>')
     out.append(f'<text x="14" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
