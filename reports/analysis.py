@@ -55,7 +55,7 @@ class Analysis:
     rm: RequestMetrics
     mask: np.ndarray                 # measured rows (bool over all rows)
     window: dict
-    duration_s: float | None         # D = max(last token) - min(sent) over measured requests
+    duration_s: float | None         # D = max(end) - min(sent) over measured requests (metrics.py: end)
     good: np.ndarray                 # bool over all rows
     slo: SloSpec | None
     _pooled: dict = field(default_factory=dict)

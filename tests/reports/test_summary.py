@@ -50,6 +50,9 @@ def test_report_cli_writes_all_outputs(make_run):
     assert s["counts"]["measured"] == int((sched >= sched.min() + 5).sum())
     ts = s["timeseries"]
     assert ts["window_s"] == 5 and ts["server"]["kv_cache_usage"][0] == pytest.approx(0.5)
+    full = len(ts["t_s"]) - 1                 # the last window is partial
+    assert round(sum(ts["offered_rps"][:full]) * 5) == int((sched < ts["t0_s"] + 5 * full).sum())
+    assert min(ts["inflight"][1:-1]) > 0
     assert ts["server"]["running"][1] == 4 and ts["server"]["preemptions"][2] == pytest.approx(5.0)
     assert len(s["latency"]["itl_ms"]) and s["latency"]["itl_ms"]["n"] > s["latency"]["icl_ms"]["n"]
     assert s["gate"]["exit_code"] == 0 and s["goodput"]["per_request_slo"] is True
