@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .analysis import Analysis, analyze
+from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
 from .metrics import POOLED
 from .records import Run, load_run
@@ -189,14 +189,16 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
                   write: bool = True) -> dict:
     """Compute the summary of a run; with write=True also write summary.json, summary.md and
     report.html into the run directory (next to the records file when given a file)."""
-    run = load_run(run_dir)
     spec = load_slo(slo) if slo is not None else None
-    an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
-                 bin_s=bin_s)
-    summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
-    if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
-        from .gate import gate
-        summary["gate"] = gate(an, spec).to_dict()
+    with plain_pages():
+        run = load_run(run_dir)
+        an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
+                     bin_s=bin_s)
+        summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
+        if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
+            from .gate import gate
+            summary["gate"] = gate(an, spec).to_dict()
+        plots = _plots(an) if write else None
     summary = jsonable(summary)
     if write:
         out = run.dir or run.records_path.parent
@@ -204,6 +206,6 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         from .text import summary_markdown
         (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
         (out / "summary.md").write_text(summary_markdown(summary))
-        (out / "report.html").write_text(render_report(summary, jsonable(_plots(an))))
+        (out / "report.html").write_text(render_report(summary, jsonable(plots)))
         summary["files"] = {k: str(out / k) for k in ("summary.json", "summary.md", "report.html")}
     return summary
