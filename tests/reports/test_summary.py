@@ -34,7 +34,8 @@ def _server_metrics(t_end: float) -> pa.Table:
 
 def test_report_cli_writes_all_outputs(make_run):
     table = synth_records(2000, seed=4, chunk_tokens=True)
-    run = make_run("run", table, config={"target": "http://127.0.0.1:1", "workers": 2},
+    run = make_run("run", table, config={"target": "http://127.0.0.1:1", "workers": 2,
+                                         "client": {"cpu_percent": 41.5}},
                    server=_server_metrics(45.0))
     slo = run / "slo.yaml"
     slo.write_text("per_request: {ttft_ms: 300}\nobjectives: ['ttft_ms.p99 <= 2000']\n")
@@ -58,7 +59,9 @@ def test_report_cli_writes_all_outputs(make_run):
     assert s["gate"]["exit_code"] == 0 and s["goodput"]["per_request_slo"] is True
     md = (run / "summary.md").read_text()
     assert "| ttft_ms |" in md and "SLO gate" in md
-    assert (run / "report.html").stat().st_size > 10_000
+    html = (run / "report.html").read_text()
+    assert len(html) > 10_000 and "client cpu_percent" in html and "41.5" in html
+    assert s["dispatch_lag"]["client"] == {"cpu_percent": 41.5}
 
 
 def test_breakdowns_match_subsets(make_run):
