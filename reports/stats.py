@@ -32,22 +32,44 @@ def _draw_order_stats(n: int, q: float, n_boot: int, rng: np.random.Generator):
     return j1, j2, frac
 
 
+BITS = {np.dtype(np.float64): (np.int64, 44), np.dtype(np.float32): (np.int32, 15)}  # 256 bins/octave
+
+
+def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = 200_000) -> np.ndarray:
+    """sorted(x)[ranks], exactly, without sorting x. For x >= 0 the IEEE-754 bit pattern orders
+    like the value, so its top bits make an order-preserving histogram: it says which bins hold
+    the wanted ranks, and only those bins are sorted. Small or negative inputs are sorted."""
+    ranks = np.asarray(ranks, dtype=np.int64)
+    spec = BITS.get(x.dtype)
+    if len(x) < select_min or spec is None or x.min() < 0:
+        return np.sort(x)[ranks]
+    bins = x.view(spec[0]) >> spec[1]
+    bins -= bins.min()
+    nb = int(bins.max()) + 1
+    if nb > 50_000_000:
+        return np.sort(x)[ranks]
+    hist = np.bincount(bins, minlength=nb)
+    cum = np.cumsum(hist)
+    rank_bin = np.searchsorted(cum, ranks, side="right")
+    wanted = np.unique(rank_bin)
+    lut = np.zeros(nb, dtype=bool)
+    lut[wanted] = True
+    sel = np.sort(x[lut[bins]])            # the wanted bins, in value order
+    starts = np.cumsum(hist[wanted]) - hist[wanted]
+    return sel[starts[np.searchsorted(wanted, rank_bin)] + ranks - (cum[rank_bin] - hist[rank_bin])]
+
+
 def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT, seed: int = 0,
                         is_sorted: bool = False) -> np.ndarray:
     """Bootstrap replicates (shape [len(qs), n_boot]) of the type-7 quantiles of x (no NaN)."""
     n = len(x)
     rng = np.random.default_rng(seed)
     draws = [_draw_order_stats(n, q, n_boot, rng) for q in qs]
-    if is_sorted:
-        slab, kmin = x, 0
-    else:   # only the order statistics the draws can reach need sorting
-        kmin = int(min(d[0].min() for d in draws))
-        kmax = int(max(d[1].max() for d in draws))
-        part = np.partition(x, [kmin, kmax]) if n > 1 else np.asarray(x)
-        slab = np.sort(part[kmin:kmax + 1])
+    ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]]))
+    values = x[ranks] if is_sorted else order_statistics(x, ranks)
     out = np.empty((len(qs), n_boot))
     for i, (j1, j2, frac) in enumerate(draws):
-        v1, v2 = slab[j1 - kmin], slab[j2 - kmin]
+        v1, v2 = values[np.searchsorted(ranks, j1)], values[np.searchsorted(ranks, j2)]
         out[i] = v1 + frac * (v2 - v1)
     return out
 
@@ -95,19 +117,27 @@ def _lerp(a, b, t):
 
 
 def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int = 0) -> dict:
-    """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings."""
-    xs = np.sort(clean(values))
-    n = int(len(xs))
+    """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings.
+    Only the order statistics these need are selected (order_statistics); nothing is sorted
+    whole."""
+    x = clean(values)
+    n = int(len(x))
     out: dict = {"n": n}
     if n == 0:
         out.update({k: None for k in STATS})
         out["ci"], out["warnings"], out["thin"] = {}, [], []
         return out
-    pv = sorted_quantiles(xs, list(PERCENTILES.values()))
-    out["mean"] = float(np.mean(xs, dtype=np.float64))
+    h = _virtual_index(n, list(PERCENTILES.values()))
+    lo = np.floor(h).astype(np.int64)
+    hi = np.minimum(lo + 1, n - 1)
+    ranks = np.unique(np.concatenate([lo, hi, [n - 1]]))
+    vals = order_statistics(x, ranks).astype(np.float64)
+    at = lambda r: vals[np.searchsorted(ranks, r)]  # noqa: E731
+    pv = _lerp(at(lo), at(hi), h - lo)
+    out["mean"] = float(np.mean(x, dtype=np.float64))
     out.update({k: float(v) for k, v in zip(PERCENTILES, pv)})
-    out["max"] = float(xs[-1])
-    cis = quantile_cis(xs, [PERCENTILES[k] for k in ci], seed=seed, is_sorted=True)
+    out["max"] = float(at(n - 1))
+    cis = quantile_cis(x, [PERCENTILES[k] for k in ci], seed=seed)
     out["ci"] = {k: (list(c) if c else None) for k, c in zip(ci, cis)}
     thin = [k for k, p in PERCENTILES.items() if n * (1 - p / 100) < MIN_TAIL]
     out["warnings"] = [f"n={n}: fewer than {MIN_TAIL} samples beyond {', '.join(thin)}; "

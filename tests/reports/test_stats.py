@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports.stats import bootstrap_quantiles, describe, grouped_percentiles, quantile_cis
+from reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
+                           quantile_cis)
 
 
 def test_describe_matches_numpy_linear_and_warns_on_thin_tails():
@@ -18,6 +19,23 @@ def test_describe_matches_numpy_linear_and_warns_on_thin_tails():
     assert d["thin"] == ["p99.9"]                         # 1234 * 0.001 < 10
     assert describe(x[:500])["thin"] == ["p99", "p99.9"]  # 500 * 0.01 = 5 < 10
     assert describe(np.array([]))["n"] == 0 and describe(np.array([]))["p99"] is None
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_order_statistics_by_bit_histogram_equal_sorting(dtype):
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.lognormal(2, 2, 50_000), np.zeros(7), np.round(rng.lognormal(2, 1, 5000))]).astype(dtype)
+    ranks = np.unique(np.concatenate([rng.integers(0, len(x), 300), [0, 1, len(x) - 1]]))
+    assert np.array_equal(order_statistics(x, ranks, select_min=0), np.sort(x)[ranks])
+    neg = x - 1
+    assert np.array_equal(order_statistics(neg, ranks, select_min=0), np.sort(neg)[ranks])
+
+
+def test_describe_selection_equals_numpy_on_large_samples():
+    x = np.random.default_rng(9).gamma(1.5, 40.0, 300_000)     # above the selection threshold
+    d = describe(x)
+    assert [d[k] for k in ("p50", "p90", "p95", "p99", "p99.9", "max")] == \
+        np.percentile(x, [50, 90, 95, 99, 99.9, 100]).tolist()
 
 
 def test_exact_bootstrap_matches_brute_force_resampling():
