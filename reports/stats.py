@@ -1,6 +1,10 @@
 """Exact percentiles (NumPy linear, type 7) with n, and bootstrap confidence intervals.
 
-The bootstrap is exact and O(B) after one partial partition, whatever n: the type-7 quantile of
+Order statistics are selected, not sorted: for values >= 0 the IEEE-754 bit pattern orders like
+the value, so a histogram of its top bits (256 bins per octave) finds the bins that hold the
+wanted ranks and only those are sorted: a few linear passes, exact, bit-identical to NumPy.
+
+The bootstrap is exact and costs O(B) once those order statistics are known: the type-7 quantile of
 a resample depends only on two of its order statistics, and the k-th order statistic of a
 resample drawn with replacement from sorted x is x[floor(n * U_(k))] where U_(k) ~ Beta(k, n-k+1)
 is the k-th order statistic of n uniforms (the next one is U_(k) + (1-U_(k)) * Beta(1, n-k)).
