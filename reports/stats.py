@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from .select import BitHistogram
+
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 STATS = ("mean", *PERCENTILES, "max")
 CI_DEFAULT = ("p95", "p99")
@@ -36,41 +38,22 @@ def _draw_order_stats(n: int, q: float, n_boot: int, rng: np.random.Generator):
     return j1, j2, frac
 
 
-BITS = {np.dtype(np.float64): (np.int64, 44), np.dtype(np.float32): (np.int32, 15)}  # 256 bins/octave
+SELECT_MIN = 200_000   # from this many samples on, order statistics are selected (select.py)
 
 
-def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = 200_000) -> np.ndarray:
-    """sorted(x)[ranks], exactly, without sorting x. For x >= 0 the IEEE-754 bit pattern orders
-    like the value, so its top bits make an order-preserving histogram: it says which bins hold
-    the wanted ranks, and only those bins are sorted. Small or negative inputs are sorted."""
+def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = SELECT_MIN) -> np.ndarray:
+    """sorted(x)[ranks] of a NaN-free sample, exactly; selected without a full sort when large."""
     ranks = np.asarray(ranks, dtype=np.int64)
-    spec = BITS.get(x.dtype)
-    if len(x) < select_min or spec is None or x.min() < 0:
-        return np.sort(x)[ranks]
-    bins = x.view(spec[0]) >> spec[1]
-    bins -= bins.min()
-    nb = int(bins.max()) + 1
-    if nb > 50_000_000:
-        return np.sort(x)[ranks]
-    hist = np.bincount(bins, minlength=nb)
-    cum = np.cumsum(hist)
-    rank_bin = np.searchsorted(cum, ranks, side="right")
-    wanted = np.unique(rank_bin)
-    lut = np.zeros(nb, dtype=bool)
-    lut[wanted] = True
-    sel = np.sort(x[lut[bins]])            # the wanted bins, in value order
-    starts = np.cumsum(hist[wanted]) - hist[wanted]
-    return sel[starts[np.searchsorted(wanted, rank_bin)] + ranks - (cum[rank_bin] - hist[rank_bin])]
+    if len(x) >= select_min and BitHistogram.applies(x):
+        return BitHistogram(x).values_at(ranks[None, :])[0]
+    return np.sort(x)[ranks]
 
 
-def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT, seed: int = 0,
-                        is_sorted: bool = False) -> np.ndarray:
-    """Bootstrap replicates (shape [len(qs), n_boot]) of the type-7 quantiles of x (no NaN)."""
-    n = len(x)
+def _bootstrap(n: int, lookup, qs: list[float], n_boot: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     draws = [_draw_order_stats(n, q, n_boot, rng) for q in qs]
     ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]]))
-    values = x[ranks] if is_sorted else order_statistics(x, ranks)
+    values = lookup(ranks)
     out = np.empty((len(qs), n_boot))
     for i, (j1, j2, frac) in enumerate(draws):
         v1, v2 = values[np.searchsorted(ranks, j1)], values[np.searchsorted(ranks, j2)]
@@ -78,14 +61,22 @@ def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT,
     return out
 
 
-def quantile_cis(x: np.ndarray, qs: list[float], *, conf: float = 0.95, n_boot: int = N_BOOT,
-                 seed: int = 0, is_sorted: bool = False) -> list[tuple[float, float] | None]:
-    """Percentile-bootstrap intervals for the quantiles qs (None where n < 2)."""
-    if len(x) < 2 or not qs:
-        return [None] * len(qs)
-    reps = bootstrap_quantiles(x, qs, n_boot=n_boot, seed=seed, is_sorted=is_sorted)
+def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
+    """Bootstrap replicates (shape [len(qs), n_boot]) of the type-7 quantiles of x (no NaN)."""
+    return _bootstrap(len(x), lambda r: order_statistics(x, r), qs, n_boot, seed)
+
+
+def _intervals(reps: np.ndarray, conf: float) -> list[tuple[float, float]]:
     lo, hi = np.quantile(reps, [(1 - conf) / 2, (1 + conf) / 2], axis=1)
     return [(float(a), float(b)) for a, b in zip(lo, hi)]
+
+
+def quantile_cis(x: np.ndarray, qs: list[float], *, conf: float = 0.95, n_boot: int = N_BOOT,
+                 seed: int = 0) -> list[tuple[float, float] | None]:
+    """Percentile-bootstrap intervals for the quantiles qs of a NaN-free x (None where n < 2)."""
+    if len(x) < 2 or not qs:
+        return [None] * len(qs)
+    return _intervals(bootstrap_quantiles(x, qs, n_boot=n_boot, seed=seed), conf)
 
 
 def sorted_quantiles(xs: np.ndarray, qs) -> np.ndarray:
@@ -122,10 +113,16 @@ def _lerp(a, b, t):
 
 def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int = 0) -> dict:
     """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings.
-    Only the order statistics these need are selected (order_statistics); nothing is sorted
-    whole."""
-    x = clean(values)
-    n = int(len(x))
+    NaN values are ignored. Large samples are never sorted whole (select.py)."""
+    x = np.asarray(values)
+    if len(x) >= SELECT_MIN and BitHistogram.applies(x):
+        bh = BitHistogram(x)
+        n, total = int(bh.counts[0]), bh.nansum()
+        lookup = lambda r: bh.values_at(np.asarray(r)[None, :])[0]  # noqa: E731
+    else:
+        xs = np.sort(clean(x))
+        n, total = len(xs), float(np.sum(xs, dtype=np.float64))
+        lookup = lambda r: xs[r].astype(np.float64)  # noqa: E731
     out: dict = {"n": n}
     if n == 0:
         out.update({k: None for k in STATS})
@@ -135,13 +132,13 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     lo = np.floor(h).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
     ranks = np.unique(np.concatenate([lo, hi, [n - 1]]))
-    vals = order_statistics(x, ranks).astype(np.float64)
+    vals = lookup(ranks)
     at = lambda r: vals[np.searchsorted(ranks, r)]  # noqa: E731
-    pv = _lerp(at(lo), at(hi), h - lo)
-    out["mean"] = float(np.mean(x, dtype=np.float64))
-    out.update({k: float(v) for k, v in zip(PERCENTILES, pv)})
+    out["mean"] = total / n
+    out.update({k: float(v) for k, v in zip(PERCENTILES, _lerp(at(lo), at(hi), h - lo))})
     out["max"] = float(at(n - 1))
-    cis = quantile_cis(x, [PERCENTILES[k] for k in ci], seed=seed)
+    qs = [PERCENTILES[k] for k in ci]
+    cis = _intervals(_bootstrap(n, lookup, qs, N_BOOT, seed), 0.95) if n >= 2 and qs else [None] * len(qs)
     out["ci"] = {k: (list(c) if c else None) for k, c in zip(ci, cis)}
     thin = [k for k, p in PERCENTILES.items() if n * (1 - p / 100) < MIN_TAIL]
     out["warnings"] = [f"n={n}: fewer than {MIN_TAIL} samples beyond {', '.join(thin)}; "
@@ -150,57 +147,23 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     return out
 
 
-def _select_by_bits(v: np.ndarray, c: np.ndarray, counts: np.ndarray, qs: list[float],
-                    max_bins: int = 20_000_000) -> np.ndarray | None:
-    """Exact type-7 percentiles per group in a few linear passes, no full sort. For values >= 0
-    the IEEE-754 bit pattern orders like the value, so its top bits (256 bins per octave) make
-    an order-preserving histogram per group: it locates the bin of every order statistic
-    needed, and only the values in those bins are sorted. None when it does not apply."""
-    if v.dtype != np.float64 or v.min() < 0:
-        return None
-    g_n = len(counts)
-    bits = v.view(np.int64) >> 44
-    bits -= bits.min()
-    nb = int(bits.max()) + 1
-    if g_n * nb > max_bins:
-        return None
-    idx = c.astype(np.int64, copy=False) * nb + bits
-    hist = np.bincount(idx, minlength=g_n * nb).reshape(g_n, nb)
-    cum = np.cumsum(hist, axis=1)                                   # inclusive counts per bin
-    h = np.maximum(_virtual_index(counts[:, None], np.asarray(qs)[None, :]), 0)
-    r_lo = np.floor(h).astype(np.int64)
-    r_hi = np.minimum(r_lo + 1, np.maximum(counts[:, None] - 1, 0))
-    ranks = np.concatenate([r_lo, r_hi], axis=1)                    # G x 2Q order statistics
-    live = counts > 0
-    bins = np.zeros_like(ranks)
-    for g in np.flatnonzero(live):                                  # loops over groups only
-        bins[g] = np.searchsorted(cum[g], ranks[g], side="right")
-    flat = np.arange(g_n)[:, None] * nb + bins
-    lut = np.zeros(g_n * nb, dtype=bool)
-    lut[flat[live].ravel()] = True
-    sel = lut[idx]
-    sv, sidx = v[sel], idx[sel]
-    order = np.lexsort((sv, sidx))
-    sv, sidx = sv[order], sidx[order]
-    before = np.take_along_axis(cum, bins, 1) - np.take_along_axis(hist, bins, 1)
-    pos = np.searchsorted(sidx, flat, side="left") + (ranks - before)
-    vals = np.where(live[:, None], sv[np.clip(pos, 0, max(len(sv) - 1, 0))] if len(sv) else 0.0, np.nan)
-    return _lerp(vals[:, :len(qs)], vals[:, len(qs):], h - r_lo)
-
-
 def grouped_percentiles(values: np.ndarray, codes: np.ndarray, ngroups: int, qs: list[float], *,
                         select_min: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
     """Per-group sample counts and type-7 percentiles (NaN values ignored; empty group = NaN).
-    From `select_min` samples on, the bit-histogram selection replaces sorting."""
+    From `select_min` samples on, order statistics are selected per group (select.py)."""
+    if len(values) >= select_min and BitHistogram.applies(values, ngroups):
+        bh = BitHistogram(values, codes.astype(np.int64, copy=False), ngroups)
+        h = np.maximum(_virtual_index(bh.counts[:, None], np.asarray(qs)[None, :]), 0)
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, np.maximum(bh.counts[:, None] - 1, 0))
+        vals = bh.values_at(np.concatenate([lo, hi], axis=1))
+        return bh.counts, _lerp(vals[:, :len(qs)], vals[:, len(qs):], h - lo)
     keep = ~np.isnan(values)
-    v, c = (values, codes) if keep.all() else (values[keep], codes[keep])
+    v, c = values[keep], codes[keep]
     counts = np.bincount(c, minlength=ngroups)[:ngroups]
-    res = _select_by_bits(v, c, counts, qs) if len(v) >= select_min else None
-    if res is not None:
-        return counts, np.where(counts[:, None] > 0, res, np.nan)
     res = np.full((ngroups, len(qs)), np.nan)
     bounds = np.concatenate([[0], np.cumsum(counts)])
     v = v[np.argsort(c, kind="stable")]
-    for g in np.flatnonzero(counts):
+    for g in np.flatnonzero(counts):   # loops over groups, never over requests
         res[g] = sorted_quantiles(np.sort(v[bounds[g]:bounds[g + 1]]), qs)
     return counts, res

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from reports.select import BitHistogram
 from reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
                            quantile_cis)
 
@@ -33,9 +34,28 @@ def test_order_statistics_by_bit_histogram_equal_sorting(dtype):
 
 def test_describe_selection_equals_numpy_on_large_samples():
     x = np.random.default_rng(9).gamma(1.5, 40.0, 300_000)     # above the selection threshold
+    x[::13] = np.nan                                           # failed requests
+    x[5] = -0.0
     d = describe(x)
+    clean = x[~np.isnan(x)]
+    assert d["n"] == len(clean) and d["mean"] == pytest.approx(clean.mean(), rel=1e-12)
     assert [d[k] for k in ("p50", "p90", "p95", "p99", "p99.9", "max")] == \
-        np.percentile(x, [50, 90, 95, 99, 99.9, 100]).tolist()
+        np.percentile(clean, [50, 90, 95, 99, 99.9, 100]).tolist()
+
+
+def test_bit_histogram_in_small_chunks_with_groups_and_nan():
+    rng = np.random.default_rng(2)
+    x = rng.lognormal(1, 2, 20_000).astype(np.float32)
+    x[::5] = np.nan
+    codes = rng.integers(0, 3, 20_000)
+    bh = BitHistogram(x, codes, 4, chunk=777)
+    groups = [np.sort(x[(codes == g) & ~np.isnan(x)]) for g in range(3)]
+    assert bh.counts.tolist() == [len(g) for g in groups] + [0]
+    ranks = np.array([[0, 5, len(g) // 2, len(g) - 1] for g in groups] + [[0, 0, 0, 0]])
+    got = bh.values_at(ranks)
+    for g in range(3):
+        assert got[g].tolist() == groups[g][ranks[g]].astype(np.float64).tolist()
+    assert np.isnan(got[3]).all()
 
 
 def test_exact_bootstrap_matches_brute_force_resampling():
