@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .analysis import Analysis, analyze, stat_value
+from .analysis import Analysis, analyze, plain_pages, stat_value
 from .records import load_run
 from .slo import load_slo
 from .stats import PERCENTILES, bootstrap_quantiles
@@ -181,9 +181,10 @@ def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min
     side-by-side HTML page to `html`."""
     spec = load_slo(slo) if slo is not None else None
     kw = dict(warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
-    a, b = _load(base, **kw), _load(cand, **kw)
-    result = compare_analyses(a, b, fail_on_regression_pct=fail_on_regression_pct,
-                              min_effect_pct=min_effect_pct)
+    with plain_pages():
+        a, b = _load(base, **kw), _load(cand, **kw)
+        result = compare_analyses(a, b, fail_on_regression_pct=fail_on_regression_pct,
+                                  min_effect_pct=min_effect_pct)
     if html:
         from .html import render_compare
         Path(html).write_text(render_compare(result, a, b, str(base), str(cand)))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .analysis import Analysis, analyze, good_requests, stat_value
+from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .slo import Objective, SloSpec, load_slo
 from .stats import MIN_TAIL, PERCENTILES, quantile_cis
 from .text import markdown_table, render_table
@@ -145,10 +145,12 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
     spec = load_slo(slo)
     if isinstance(run_dir_or_records, Analysis):
         return gate(run_dir_or_records, spec)
-    if isinstance(run_dir_or_records, pa.Table):
-        from .records import conform_records
-        table = conform_records(run_dir_or_records)
-    else:
-        from .records import load_run
-        table = load_run(run_dir_or_records).records
-    return gate(analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec), spec)
+    with plain_pages():
+        if isinstance(run_dir_or_records, pa.Table):
+            from .records import conform_records
+            table = conform_records(run_dir_or_records)
+        else:
+            from .records import load_run
+            table = load_run(run_dir_or_records).records
+        an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
+        return gate(an, spec)

@@ -124,13 +124,13 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     # Independent sorts and group-bys run on a few threads: NumPy releases the GIL in them.
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as ex:
         pooled = ex.submit(an.pooled)
-        latency = {k: ex.submit(lambda k=k: describe(an.values(k))) for k in REPORTED if k not in POOLED}
+        latency = {k: ex.submit(lambda k=k: describe(an.column(k))) for k in REPORTED if k not in POOLED}
         breakdowns = {"model": ex.submit(groups, an, *rm.model),
                       "slo_class": ex.submit(groups, an, *rm.slo_class),
                       "input_length": ex.submit(groups, an, *length_buckets(rm.input_len, length_edges))}
         series = ex.submit(timeseries, an, run.server_metrics, window_s)
         pooled.result()
-        latency.update({k: ex.submit(lambda k=k: describe(an.values(k))) for k in POOLED})
+        latency.update({k: ex.submit(lambda k=k: describe(an.column(k))) for k in POOLED})
         latency = {k: latency[k].result() for k in REPORTED}
         breakdowns = {k: f.result() for k, f in breakdowns.items()}
         series = series.result()
