@@ -1,0 +1,144 @@
+"""Breakdowns of a measured run: per model, per slo_class, per input-length bucket, and time
+series in windows joined with the server's scraped metrics (KV usage, queue, preemptions).
+
+Everything is grouped with integer codes and bincount / one stable sort: the Python loops
+run over groups and windows, never over requests.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from .analysis import Analysis
+from .stats import grouped_percentiles
+from .window import inflight
+
+LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+GROUP_LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
+# vLLM's metric names (older and newer); engine_stub exposes the same ones.
+SERVER_SERIES = {
+    "kv_cache_usage": (("kv_cache_usage_perc", "gpu_cache_usage_perc"), "mean"),
+    "running": (("num_requests_running",), "sum"),
+    "waiting": (("num_requests_waiting",), "sum"),
+    "preemptions": (("num_preemptions_total", "num_preemptions"), "counter"),
+}
+
+
+def _clean(x) -> list:
+    return [None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in
+            (x.tolist() if hasattr(x, "tolist") else x)]
+
+
+def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
+    """One row per non-empty group of the measured requests: counts, rates, latency percentiles."""
+    g, rm, m = len(labels), an.rm, an.mask
+    d = an.duration_s
+    issued = np.bincount(codes[m], minlength=g)
+    ok = np.bincount(codes[m & rm.ok], minlength=g)
+    good = np.bincount(codes[m & an.good], minlength=g)
+    okm = m & rm.ok
+    n_out = rm.n_out[okm]
+    out_tok = np.bincount(codes[okm], weights=np.where(np.isnan(n_out), 0.0, n_out), minlength=g)
+    lat = {}
+    for name in GROUP_LATENCIES:
+        vals = rm.columns[name]
+        lat[name] = grouped_percentiles(vals, codes, g, [50, 90, 99]) if m.all() else \
+            grouped_percentiles(vals[m], codes[m], g, [50, 90, 99])
+    rows = []
+    for i, label in enumerate(labels):
+        if issued[i] == 0:
+            continue
+        row = {"key": label, "issued": int(issued[i]), "ok": int(ok[i]),
+               "error_rate": float(1 - ok[i] / issued[i]), "attainment": float(good[i] / issued[i]),
+               "requests_per_s": float(ok[i] / d) if d else None,
+               "goodput_rps": float(good[i] / d) if d else None,
+               "output_tokens_per_s": float(out_tok[i] / d) if d else None}
+        for name, (counts, pct) in lat.items():
+            row[name] = {"n": int(counts[i]), "p50": pct[i, 0], "p90": pct[i, 1], "p99": pct[i, 2]}
+            row[name] = {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                         for k, v in row[name].items()}
+        rows.append(row)
+    return rows
+
+
+def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarray, list[str]]:
+    """Codes of input-length buckets [edges[i], edges[i+1]); unknown lengths get their own."""
+    e = np.asarray(edges, dtype=np.float64)
+    codes = np.searchsorted(e, input_len, side="right") - 1     # NaN sorts last: fixed below
+    labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(e[:-1], e[1:])] + [f">={int(e[-1])}"]
+    codes[np.isnan(input_len) | (codes < 0)] = len(labels)
+    return codes.astype(np.int64), labels + ["(unknown)"]
+
+
+def nice_window(span: float, target: int = 100) -> float:
+    """A round window length (1, 2 or 5 x 10^k s) that gives about `target` windows."""
+    raw = max(span / target, 1e-3)
+    k = 10 ** math.floor(math.log10(raw))
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= raw)
+
+
+def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | None = None) -> dict:
+    """Per-window series over the whole run (warm-up included, so it can be seen)."""
+    rm = an.rm
+    basis = np.where(np.isnan(rm.scheduled), rm.sent, rm.scheduled)
+    if rm.n == 0 or np.isnan(basis).all():
+        return {}
+    t0 = float(np.nanmin(np.concatenate([basis, rm.sent[~np.isnan(rm.sent)]])))
+    t1 = float(np.nanmax(rm.end)) if not np.isnan(rm.end).all() else float(np.nanmax(basis))
+    w = window_s or nice_window(t1 - t0)
+    nwin = max(int(math.ceil((t1 - t0) / w)), 1)
+    edges = t0 + w * np.arange(nwin + 1)
+
+    def idx(t: np.ndarray) -> np.ndarray:
+        k = np.floor((t - t0) / w)
+        k[np.isnan(k)] = 0
+        return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)
+
+    widths = np.diff(edges)
+    widths[-1] = max(t1 - edges[-2], w / 100)     # the last window is partial
+
+    def per_window(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return np.bincount(idx(t[rows]), minlength=nwin)[:nwin] / widths
+
+    sent_w = idx(rm.sent)
+    out: dict = {"window_s": w, "t_s": _clean(edges[:-1] - t0 + 0.0), "t0_s": t0,
+                 "offered_rps": _clean(per_window(basis, ~np.isnan(basis))),
+                 "achieved_rps": _clean(per_window(rm.end, rm.ok)),
+                 "goodput_rps": _clean(per_window(rm.end, an.good)),
+                 "errors_per_s": _clean(per_window(rm.end, ~rm.ok & ~np.isnan(rm.sent))),
+                 "inflight": _clean(inflight(rm.sent, rm.end, np.append(edges[:-1], edges[-2] + widths[-1])))}
+    for name in ("ttft_ms", "tpot_ms", "lag_ms"):
+        vals = rm.columns[name]
+        _, pct = grouped_percentiles(vals, sent_w, nwin, [50, 99])
+        out[f"{name}_p50"], out[f"{name}_p99"] = _clean(pct[:, 0]), _clean(pct[:, 1])
+    out["server"] = server_series(server, edges) if server is not None and server.num_rows else {}
+    return out
+
+
+def server_series(server: pa.Table, edges: np.ndarray) -> dict:
+    """Scraped samples folded into the same windows: gauges averaged (summed across label sets
+    at each scrape, KV usage averaged), counters turned into increases per window."""
+    df = server.to_pandas()
+    nwin, w, t0 = len(edges) - 1, edges[1] - edges[0], edges[0]
+    out = {}
+    for key, (suffixes, how) in SERVER_SERIES.items():
+        sel = df[df["name"].map(lambda n: any(str(n).endswith(s) for s in suffixes))]
+        sel = sel[(sel["time_s"] >= t0) & (sel["time_s"] < edges[-1])].dropna(subset=["value"])
+        if sel.empty:
+            continue
+        if how == "counter":
+            sel = sel.sort_values("time_s")
+            inc = sel.groupby(sel["labels"].fillna(""), sort=False)["value"].diff().clip(lower=0).fillna(0)
+            t, v = sel["time_s"].to_numpy(), inc.to_numpy()
+            series = np.bincount(((t - t0) // w).astype(int), weights=v, minlength=nwin)[:nwin]
+        else:
+            per_scrape = sel.groupby("time_s")["value"].agg("mean" if how == "mean" else "sum")
+            t, v = per_scrape.index.to_numpy(), per_scrape.to_numpy()
+            wi = ((t - t0) // w).astype(int)
+            cnt = np.bincount(wi, minlength=nwin)[:nwin]
+            with np.errstate(invalid="ignore"):
+                series = np.bincount(wi, weights=v, minlength=nwin)[:nwin] / cnt
+        out[key] = _clean(series)
+    return out

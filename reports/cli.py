@@ -1,0 +1,116 @@
+"""`replay report | gate | compare | import-results`: argument parsing only at import time; the
+analysis modules (pyarrow, numpy, scipy, rich, jinja2) load when a command runs."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+WINDOW_HELP = "'30s' (seconds) or '200' (requests)"
+
+
+def _window_args(p: argparse.ArgumentParser) -> None:
+    """Options every analysing command shares: the measured window and --json."""
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    p.add_argument("--warmup", metavar="SPEC", help=f"exclude the start of the run: {WINDOW_HELP}")
+    p.add_argument("--cooldown", metavar="SPEC", help=f"exclude the end of the run: {WINDOW_HELP}")
+    p.add_argument("--steady-state", type=float, metavar="FRAC",
+                   help="measure only the longest span with in-flight concurrency >= FRAC x peak")
+
+
+def _window(args) -> dict:
+    return {"warmup": args.warmup, "cooldown": args.cooldown, "steady_state": args.steady_state}
+
+
+def _show(result, as_json: bool) -> int:
+    """Print a GateResult / CompareResult as its table or as JSON; return its exit code."""
+    print(json.dumps(result.to_dict(), indent=1) if as_json else result.table().rstrip("\n"))
+    return result.exit_code
+
+
+def cmd_report(args) -> int:
+    from . import summarize_run
+    from .text import format_summary
+    summary = summarize_run(args.run, slo=args.slo, window_s=args.window_s, write=not args.no_write,
+                            **_window(args))
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(format_summary(summary), end="")
+        for name, path in summary.get("files", {}).items():
+            print(f"wrote {path}")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from . import evaluate_slo
+    return _show(evaluate_slo(args.run, args.slo, **_window(args)), args.json)
+
+
+def cmd_compare(args) -> int:
+    from . import compare_runs
+    result = compare_runs(args.base, args.cand, fail_on_regression_pct=args.fail_on_regression,
+                          min_effect_pct=args.min_effect, slo=args.slo, html=args.html, **_window(args))
+    if args.html:
+        print(f"wrote {args.html}", file=sys.stderr)
+    return _show(result, args.json)
+
+
+def cmd_import(args) -> int:
+    from .importers import import_results
+    info = import_results(args.format, args.src, args.output, model=args.model)
+    print(f"imported {info['rows']:,} requests from {args.src} ({args.format}) into {args.output}")
+    if info["missing"]:
+        print(f"missing in the source (left null): {', '.join(info['missing'])}")
+    for note in info["notes"]:
+        print(f"note: {note}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="summarise a run: terminal table, summary.json, summary.md, report.html",
+                       description="Compute tail latency, throughput, goodput and breakdowns of a run and "
+                                   "write summary.json, summary.md and report.html into the run directory.")
+    p.add_argument("run", help="run directory (with records.parquet) or a records file")
+    p.add_argument("--slo", help="SLO spec (YAML/TOML/pyproject.toml): per-request thresholds for goodput; "
+                                 "objectives are gated in the report too")
+    p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no files")
+    _window_args(p)
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 cannot evaluate)",
+                       description="Evaluate every objective of an SLO spec on a run. Exit 0: all hold; "
+                                   "1: an objective failed; 2: could not evaluate (too few samples, bad input).")
+    p.add_argument("run", help="run directory or records file")
+    p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
+    _window_args(p)
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("compare", help="compare two runs: per-metric deltas with CIs, rank tests, a verdict",
+                       description="Compare a candidate run with a base run. Exit 0, or 1 with "
+                                   "--fail-on-regression PCT when a metric regressed significantly by more "
+                                   "than PCT percent; 2 when a run has no successful requests.")
+    p.add_argument("base", help="base run directory or records file")
+    p.add_argument("cand", help="candidate run directory or records file")
+    p.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                   help="exit 1 if a metric regressed significantly by more than PCT percent")
+    p.add_argument("--min-effect", type=float, default=1.0, metavar="PCT",
+                   help="smallest relative change reported as a change (default 1%%)")
+    p.add_argument("--slo", help="SLO spec whose per-request thresholds define attainment")
+    p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
+    _window_args(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("import-results", help="convert another tool's per-request results into a run directory",
+                       description="Convert vLLM `bench serve --save-detailed` JSON or AIPerf "
+                                   "profile_export.jsonl into records.parquet (fields the source lacks stay null).")
+    p.add_argument("format", choices=("vllm", "aiperf"))
+    p.add_argument("src", help="the tool's result file")
+    p.add_argument("-o", "--output", required=True, help="run directory to create")
+    p.add_argument("--model", help="model label for every request (when the source does not say)")
+    p.set_defaults(func=cmd_import)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m reports.cli` for debugging
+    sys.exit("use `replay report|gate|compare|import-results`")

@@ -1,0 +1,191 @@
+"""`compare_runs`: is the candidate run better, worse or the same as the base run?
+
+Per metric: the relative delta of each statistic with a bootstrap CI (percentiles: the exact
+order-statistic bootstrap of stats.py; means: normal approximation), Bonferroni-adjusted over
+all tested rows so that two runs from one distribution rarely show a false change; per
+distribution a Mann-Whitney rank test (Holm-adjusted). A row changes only when its interval
+excludes zero *and* the effect is at least `min_effect_pct`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .analysis import Analysis, analyze, plain_pages, stat_value
+from .records import load_run
+from .slo import load_slo
+from .stats import PERCENTILES, bootstrap_quantiles
+from .text import markdown_table, render_table
+
+DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "icl_ms", "e2e_ms")
+STATS = ("p50", "p90", "p99", "mean")
+LOWER_IS_BETTER = {"error_rate": True, "attainment": False, "requests_per_s": False,
+                   "output_tokens_per_s": False}
+N_BOOT = 10_000
+RANK_MAX = 200_000          # rank test on at most this many samples per run (random subset)
+RANK_MIN_SHIFT = 3.0        # P(cand > base) must differ from 0.5 by this many points to count
+COLUMNS = ["metric", "base", "cand", "delta", "delta %", "CI of delta %", "p", "verdict"]
+
+
+@dataclass
+class CompareRow:
+    metric: str
+    base: float | None
+    cand: float | None
+    delta_pct: float | None
+    ci_pct: tuple[float, float] | None
+    p_value: float | None
+    verdict: str            # improved, regressed, no significant change, not tested, cannot evaluate
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.base is None or self.cand is None else self.cand - self.base
+
+
+@dataclass
+class CompareResult:
+    rows: list[CompareRow]
+    verdict: str
+    fail_on_regression_pct: float | None
+    base_n: int
+    cand_n: int
+
+    @property
+    def regressions(self) -> list[CompareRow]:
+        return [r for r in self.rows if r.verdict == "regressed"]
+
+    @property
+    def exit_code(self) -> int:
+        if self.base_n == 0 or self.cand_n == 0:
+            return 2
+        if self.fail_on_regression_pct is None:
+            return 0
+        over = [r for r in self.regressions    # rank-test rows carry no magnitude
+                if r.delta_pct is not None and abs(r.delta_pct) > self.fail_on_regression_pct]
+        return 1 if over else 0
+
+    def _rows(self) -> list[list[object]]:
+        return [[r.metric, r.base, r.cand, r.delta, r.delta_pct, r.ci_pct, r.p_value, r.verdict]
+                for r in self.rows]
+
+    def table(self) -> str:
+        gate = (f"; fail on regression > {self.fail_on_regression_pct:g}%: exit {self.exit_code}"
+                if self.fail_on_regression_pct is not None else "")
+        return render_table(f"compare: {self.verdict.upper()}{gate}", COLUMNS, self._rows(),
+                            caption=f"base n={self.base_n}, cand n={self.cand_n} successful requests; "
+                                    f"CIs are simultaneous (Bonferroni) 99%")
+
+    def markdown(self) -> str:
+        return markdown_table(COLUMNS, self._rows())
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, "exit_code": self.exit_code,
+                "fail_on_regression_pct": self.fail_on_regression_pct,
+                "rows": [asdict(r) | {"delta": r.delta} for r in self.rows]}
+
+
+def _replicates(x: np.ndarray, stat: str, seed: int) -> np.ndarray:
+    if stat == "mean":
+        se = np.std(x) / math.sqrt(len(x)) if len(x) > 1 else 0.0
+        return np.random.default_rng(seed).normal(np.mean(x), se, N_BOOT)
+    return bootstrap_quantiles(x, [PERCENTILES[stat]], n_boot=N_BOOT, seed=seed)[0]
+
+
+def _verdict(lo: float, hi: float, est: float, min_effect: float, lower_better: bool) -> str:
+    if lo <= 0 <= hi or abs(est) < min_effect:
+        return "no significant change"
+    worse = est > 0 if lower_better else est < 0
+    return "regressed" if worse else "improved"
+
+
+def _rank_p(xb: np.ndarray, xc: np.ndarray, seed: int) -> tuple[float, float]:
+    """Mann-Whitney U two-sided p-value and P(cand > base) (the common-language effect size)."""
+    from scipy.stats import mannwhitneyu
+    rng = np.random.default_rng(seed)
+    xb = xb if len(xb) <= RANK_MAX else rng.choice(xb, RANK_MAX, replace=False)
+    xc = xc if len(xc) <= RANK_MAX else rng.choice(xc, RANK_MAX, replace=False)
+    res = mannwhitneyu(xc, xb, alternative="two-sided")
+    return float(res.pvalue), float(res.statistic) / (len(xb) * len(xc))
+
+
+def _holm(ps: list[float]) -> list[float]:
+    order = np.argsort(ps)
+    adj, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = running
+    return adj
+
+
+def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: float | None = None,
+                     min_effect_pct: float = 1.0, conf: float = 0.99) -> CompareResult:
+    from scipy.stats import norm
+    samples = {m: (base.values(m), cand.values(m)) for m in DISTS}
+    samples = {m: v for m, v in samples.items() if len(v[0]) >= 2 and len(v[1]) >= 2}
+    sb, sc = base.scalars(), cand.scalars()
+    props = [k for k in ("error_rate", "attainment") if sb[k] is not None and sc[k] is not None]
+    n_tests = len(samples) * len(STATS) + len(props)
+    alpha = (1 - conf) / max(n_tests, 1)
+    rows: list[CompareRow] = []
+    seed = 0
+    for metric, (xb, xc) in samples.items():
+        for stat in STATS:
+            seed += 2
+            b, c = stat_value(xb, stat), stat_value(xc, stat)
+            rb, rc = _replicates(xb, stat, seed), _replicates(xc, stat, seed + 1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = (rc - rb) / rb * 100
+            lo, hi = np.nanquantile(rel, [alpha / 2, 1 - alpha / 2])
+            est = (c - b) / b * 100 if b else math.nan
+            rows.append(CompareRow(f"{metric}.{stat}", b, c, est, (float(lo), float(hi)), None,
+                                   _verdict(lo, hi, est, min_effect_pct, True)))
+    ranks = {m: _rank_p(xb, xc, 7) for m, (xb, xc) in samples.items()}
+    adj = _holm([p for p, _ in ranks.values()]) if ranks else []
+    for (metric, (p, auc)), pa in zip(ranks.items(), adj):
+        shift = (auc - 0.5) * 100     # percentage points of P(cand > base) above a coin flip
+        verdict = ("no significant change" if pa >= 1 - conf or abs(shift) < RANK_MIN_SHIFT else
+                   "regressed" if shift > 0 else "improved")
+        rows.append(CompareRow(f"{metric} rank test P(cand>base)", 0.5, auc, None, None, pa, verdict))
+    for key in props:
+        b, c, nb, nc = sb[key], sc[key], sb["issued"], sc["issued"]
+        se = math.sqrt(b * (1 - b) / nb + c * (1 - c) / nc)
+        z = float(norm.ppf(1 - alpha / 2))
+        lo, hi = (c - b) - z * se, (c - b) + z * se
+        pct = (c - b) / b * 100 if b else (0.0 if c == b else math.inf)
+        scale = 100 / b if b else 0.0
+        small = abs(c - b) / max(b, 0.01) * 100 < min_effect_pct   # relative, floored at 1%
+        verdict = ("no significant change" if (lo <= 0 <= hi) or small
+                   else ("regressed" if (c > b) == LOWER_IS_BETTER[key] else "improved"))
+        rows.append(CompareRow(key, b, c, pct, (lo * scale, hi * scale) if b else None, None, verdict))
+    for key in ("requests_per_s", "output_tokens_per_s"):
+        b, c = sb[key], sc[key]
+        pct = (c - b) / b * 100 if b and c is not None else None
+        rows.append(CompareRow(key, b, c, pct, None, None, "not tested"))
+    changed = {r.verdict for r in rows}
+    verdict = ("regressed" if "regressed" in changed else
+               "improved" if "improved" in changed else "no significant change")
+    return CompareResult(rows, verdict, fail_on_regression_pct, sb["ok"], sc["ok"])
+
+
+def _load(run, **kw) -> Analysis:
+    return run if isinstance(run, Analysis) else analyze(load_run(run).records, **kw)
+
+
+def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min_effect_pct: float = 1.0,
+                 slo=None, warmup=None, cooldown=None, steady_state: float | None = None,
+                 html: str | Path | None = None) -> CompareResult:
+    """Compare two runs (directories, records files or Analyses); optionally write a
+    side-by-side HTML page to `html`."""
+    spec = load_slo(slo) if slo is not None else None
+    kw = dict(warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
+    with plain_pages():
+        a, b = _load(base, **kw), _load(cand, **kw)
+        result = compare_analyses(a, b, fail_on_regression_pct=fail_on_regression_pct,
+                                  min_effect_pct=min_effect_pct)
+    if html:
+        from .html import render_compare
+        Path(html).write_text(render_compare(result, a, b, str(base), str(cand)))
+    return result

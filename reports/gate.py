@@ -1,0 +1,156 @@
+"""SLO gate (DESIGN section 5): evaluate every objective of a spec on a run.
+
+Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something
+could not be evaluated (no samples, too few samples for the percentile asked, no objectives).
+A failure outranks a cannot-evaluate: one definite violation is the more useful signal.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
+from .slo import Objective, SloSpec, load_slo
+from .stats import MIN_TAIL, PERCENTILES, quantile_cis
+from .text import markdown_table, render_table
+
+COLUMNS = ["objective", "scope", "measured", "limit", "n", "95% CI", "verdict"]
+
+
+@dataclass
+class GateRow:
+    objective: str
+    scope: str                      # "all" or the slo_class / model the objective applies to
+    measured: float | None
+    limit: float
+    n: int
+    ci: tuple[float, float] | None
+    verdict: str                    # pass, fail, cannot evaluate
+    note: str = ""
+
+
+@dataclass
+class GateResult:
+    rows: list[GateRow]
+    attainment: float | None
+    goodput_rps: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        verdicts = {r.verdict for r in self.rows}
+        if "fail" in verdicts:
+            return 1
+        return 2 if ("cannot evaluate" in verdicts or not self.rows) else 0
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def _rows(self) -> list[list[object]]:
+        return [[r.objective, r.scope, r.measured, r.limit, r.n, r.ci,
+                 r.verdict + (f" ({r.note})" if r.note else "")] for r in self.rows]
+
+    def table(self) -> str:
+        verdict = {0: "PASS", 1: "FAIL", 2: "CANNOT EVALUATE"}[self.exit_code]
+        caption = "; ".join([f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
+                             *self.notes]).strip("; ") or None
+        return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", COLUMNS, self._rows(),
+                            caption=caption)
+
+    def markdown(self) -> str:
+        return markdown_table(COLUMNS, self._rows())
+
+    def to_dict(self) -> dict:
+        return {"exit_code": self.exit_code, "attainment": self.attainment,
+                "goodput_rps": self.goodput_rps, "notes": self.notes,
+                "rows": [asdict(r) for r in self.rows]}
+
+
+def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    if n == 0:
+        return None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec) -> GateRow:
+    if obj.stat is None:
+        sc = an.scalars(rows)
+        value, n = sc.get(obj.metric), sc["issued"]
+        ci = None
+        if obj.metric in ("attainment", "error_rate") and n:
+            k = sc["good"] if obj.metric == "attainment" else sc["failed"]
+            ci = _wilson(k, n)
+        if value is None:
+            why = "no requests in the window" if not n else "run duration unknown"
+            return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
+        return _row(obj, scope, value, n, ci)
+    x = an.values(obj.metric, rows)
+    n = len(x)
+    if n == 0:
+        return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate", "no samples")
+    ci, note = None, ""
+    if obj.stat in PERCENTILES:
+        p = PERCENTILES[obj.stat] / 100
+        if n * (1 - p) < spec.min_tail_samples:
+            need = math.ceil(spec.min_tail_samples / (1 - p) - 1e-9)
+            return GateRow(obj.text, scope, stat_value(x, obj.stat), obj.limit, n, None,
+                           "cannot evaluate", f"{obj.stat} needs n >= {need}")
+        ci = quantile_cis(x, [PERCENTILES[obj.stat]])[0]
+        if n * (1 - p) < MIN_TAIL:
+            note = f"only {n * (1 - p):.1f} samples beyond {obj.stat}"
+    return _row(obj, scope, stat_value(x, obj.stat), n, ci, note)
+
+
+def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "") -> GateRow:
+    ok = obj.holds(value)
+    if ci is not None and ci[0] <= obj.limit <= ci[1]:
+        note = "; ".join(filter(None, [note, "limit inside the CI"]))
+    return GateRow(obj.text, scope, float(value), obj.limit, int(n), ci, "pass" if ok else "fail", note)
+
+
+def gate(an: Analysis, spec: SloSpec) -> GateResult:
+    """Evaluate every objective (run-wide, then per class) on an analysed run."""
+    if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
+        an = replace(an, good=good_requests(an.rm, spec), slo=spec)
+    rows = [_evaluate(an, o, an.mask, "all", spec) for o in spec.objectives]
+    notes = []
+    for name, cls in spec.classes.items():
+        if not cls.objectives:
+            continue
+        sel = np.zeros(an.rm.n, dtype=bool)
+        for codes, labels in (an.rm.model, an.rm.slo_class):
+            if name in labels:
+                sel |= codes == labels.index(name)
+        if not sel.any():
+            notes.append(f"class {name!r} matches no model or slo_class in this run")
+        rows += [_evaluate(an, o, an.mask & sel, name, spec) for o in cls.objectives]
+    if not rows:
+        notes.append("the SLO spec has no objectives to gate on")
+    sc = an.scalars()
+    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes)
+
+
+def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
+                 cooldown=None, steady_state: float | None = None) -> GateResult:
+    """Gate a run (directory, records file, records table or Analysis) on an SLO spec."""
+    spec = load_slo(slo)
+    if isinstance(run_dir_or_records, Analysis):
+        return gate(run_dir_or_records, spec)
+    with plain_pages():
+        if isinstance(run_dir_or_records, pa.Table):
+            from .records import conform_records
+            table = conform_records(run_dir_or_records)
+        else:
+            from .records import load_run
+            table = load_run(run_dir_or_records).records
+        an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
+        return gate(an, spec)

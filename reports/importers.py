@@ -1,0 +1,197 @@
+"""Other tools' per-request results -> our records schema, so runs compare on one scale.
+
+- vLLM `vllm bench serve --save-result --save-detailed`: one JSON object whose per-request lists
+  are `input_lens`, `output_lens`, `ttfts` (s), `itls` (list of s per request), `errors`
+  ("" = success), `generated_texts`, and in newer versions `start_times` (s, perf_counter).
+- AIPerf `profile_export.jsonl`: one JSON object per request with `metadata`
+  (`x_request_id`, `x_correlation_id`, `request_start_ns`, `request_end_ns`, `was_cancelled`),
+  `metrics` ({name: {value, unit}}: `time_to_first_token`, `request_latency`,
+  `inter_chunk_latency`, `input_sequence_length`, `output_sequence_length`, ...) and `error`
+  ({code, type, message} or null).
+
+Fields the source does not have stay null and are listed in run.json under `missing`.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import ReportError
+from .schema import RECORD_SCHEMA
+
+UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
+VLLM_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "errors", "generated_texts", "start_times")
+
+
+def _status_from_text(text: str, code: int | None = None) -> str:
+    low = text.lower()
+    if "timeout" in low or "timed out" in low:
+        return "timeout"
+    if "cancel" in low:
+        return "cancelled"
+    if "connect" in low or "reset" in low:
+        return "connection_error"
+    if code is not None and 400 <= code < 600:
+        return "http_error"
+    return "http_error" if code is None else "protocol_error"
+
+
+def _table(cols: dict[str, list]) -> tuple[pa.Table, list[str]]:
+    n = len(cols["request_id"])
+    arrays, missing = [], []
+    for f in RECORD_SCHEMA:
+        vals = cols.get(f.name)
+        if vals is None or all(v is None for v in vals):
+            if f.name not in ("worker", "target_model", "session_id", "http_status", "error"):
+                missing.append(f.name)
+            arrays.append(pa.nulls(n, f.type))
+        else:
+            arrays.append(pa.array(vals, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA), missing
+
+
+def _chunk_fields(ok: bool, sent: float, ttft_s: float | None, gaps_s: list[float] | None):
+    """first/last token times and token_times (relative to sent) from TTFT + chunk gaps."""
+    if not ok or ttft_s is None:
+        return None, None, None
+    rel = np.cumsum([ttft_s, *(gaps_s or [])]).tolist()
+    return sent + rel[0], sent + rel[-1], rel
+
+
+def read_vllm(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
+    try:
+        data = json.loads(src.read_text())
+    except (OSError, ValueError) as e:
+        raise ReportError(f"cannot read vLLM result JSON: {e}", file=src) from None
+    if not isinstance(data, dict) or "ttfts" not in data:
+        raise ReportError("not a vLLM `bench serve --save-detailed` result: no per-request 'ttfts' "
+                          "(was --save-detailed given?)", file=src, field="ttfts")
+    n = len(data["ttfts"])
+    for key in VLLM_LISTS:
+        if key in data and len(data[key]) != n:
+            raise ReportError(f"has {len(data[key])} entries, 'ttfts' has {n}", file=src, field=key)
+    notes = []
+    starts = data.get("start_times")
+    if starts is None:
+        starts = [0.0] * n
+        notes.append("no start_times in this vLLM result (older vLLM): every request is placed at t=0, "
+                     f"so latencies are right but throughput and time series are not (vLLM's duration "
+                     f"was {data.get('duration')} s)")
+    t0 = min(starts) if n else 0.0
+    errors = data.get("errors") or [""] * n
+    cols: dict[str, list] = {k: [] for k in ("request_id", "sent_s", "first_token_s", "last_token_s",
+                                             "token_times", "status", "error")}
+    for i in range(n):   # parsing JSON lists is per request by nature
+        ok = not errors[i]
+        sent = float(starts[i]) - t0
+        first, last, rel = _chunk_fields(ok, sent, data["ttfts"][i], data.get("itls", [[]] * n)[i])
+        for k, v in (("request_id", str(i)), ("sent_s", sent), ("first_token_s", first),
+                     ("last_token_s", last), ("token_times", rel),
+                     ("status", "ok" if ok else _status_from_text(errors[i])),
+                     ("error", None if ok else str(errors[i])[:500])):
+            cols[k].append(v)
+    cols["input_tokens"] = data.get("input_lens")
+    cols["completion_tokens"] = [v if cols["status"][i] == "ok" else None
+                                 for i, v in enumerate(data.get("output_lens") or [None] * n)]
+    label = model or data.get("model_id")
+    cols["model"] = [label] * n if label else None
+    table, missing = _table(cols)
+    config = {k: v for k, v in data.items() if k not in VLLM_LISTS and not isinstance(v, (list, dict))}
+    return table, {"config": config, "missing": missing, "notes": notes}
+
+
+def _metric_s(metrics: dict, name: str):
+    m = metrics.get(name)
+    if not isinstance(m, dict) or m.get("value") is None:
+        return None
+    scale = UNIT_S.get(str(m.get("unit", "ms")).lower(), 1e-3)
+    v = m["value"]
+    return [x * scale for x in v] if isinstance(v, list) else v * scale
+
+
+def _metric(metrics: dict, *names: str):
+    for name in names:
+        m = metrics.get(name)
+        if isinstance(m, dict) and m.get("value") is not None:
+            return m["value"]
+    return None
+
+
+def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
+    try:
+        lines = [ln for ln in src.read_text().splitlines() if ln.strip()]
+    except OSError as e:
+        raise ReportError(f"cannot read AIPerf export: {e}", file=src) from None
+    recs = []
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError as e:
+            raise ReportError(f"line {i + 1} is not JSON: {e}", file=src) from None
+        if not isinstance(rec, dict) or "metadata" not in rec:
+            raise ReportError(f"line {i + 1} has no 'metadata' object (is this profile_export.jsonl?)",
+                              file=src, field="metadata")
+        if rec["metadata"].get("request_start_ns") is None:
+            raise ReportError(f"line {i + 1} has no request_start_ns", file=src, field="metadata.request_start_ns")
+        recs.append(rec)
+    config, notes = None, []
+    sibling = src.with_name("profile_export_aiperf.json")
+    if sibling.exists():
+        try:
+            config = json.loads(sibling.read_text()).get("input_config")
+            model = model or ((config or {}).get("endpoint") or {}).get("model_names", [None])[0]
+        except (OSError, ValueError, AttributeError, IndexError):
+            notes.append(f"could not read {sibling.name}; no run config imported")
+    t0 = min(r["metadata"]["request_start_ns"] for r in recs) if recs else 0
+    cols: dict[str, list] = {k: [] for k in ("request_id", "session_id", "sent_s", "first_token_s",
+                                             "last_token_s", "token_times", "input_tokens",
+                                             "completion_tokens", "status", "http_status", "error")}
+    for i, r in enumerate(recs):
+        md, mt, err = r["metadata"], r.get("metrics") or {}, r.get("error")
+        sent = (md["request_start_ns"] - t0) * 1e-9
+        if md.get("was_cancelled"):
+            status = "cancelled"
+        elif err:
+            code = err.get("code")
+            status = _status_from_text(f"{err.get('type', '')} {err.get('message', '')}", code)
+        else:
+            status = "ok"
+        ok = status == "ok"
+        first, last, rel = _chunk_fields(ok, sent, _metric_s(mt, "time_to_first_token"),
+                                         _metric_s(mt, "inter_chunk_latency"))
+        lat = _metric_s(mt, "request_latency")
+        if ok and lat is not None:
+            last = sent + lat
+        elif ok and md.get("request_end_ns") and rel is None:
+            last = (md["request_end_ns"] - t0) * 1e-9
+        for k, v in (("request_id", md.get("x_request_id") or str(i)), ("session_id", md.get("x_correlation_id")),
+                     ("sent_s", sent), ("first_token_s", first), ("last_token_s", last), ("token_times", rel),
+                     ("input_tokens", _metric(mt, "input_sequence_length", "error_isl")),
+                     ("completion_tokens", _metric(mt, "output_sequence_length", "output_token_count") if ok else None),
+                     ("status", status), ("http_status", (err or {}).get("code") if status == "http_error" else None),
+                     ("error", None if ok else f"{(err or {}).get('type', 'cancelled')}: {(err or {}).get('message', '')}"[:500])):
+            cols[k].append(v)
+    cols["model"] = [model] * len(recs) if model else None
+    table, missing = _table(cols)
+    return table, {"config": config, "missing": missing, "notes": notes}
+
+
+READERS = {"vllm": read_vllm, "aiperf": read_aiperf}
+
+
+def import_results(fmt: str, src: str | Path, out_dir: str | Path, *, model: str | None = None) -> dict:
+    """Convert `src` (format 'vllm' or 'aiperf') into a run directory; returns rows/missing/notes."""
+    import pyarrow.parquet as pq
+    if fmt not in READERS:
+        raise ReportError(f"unknown result format {fmt!r} (known: {', '.join(READERS)})")
+    src, out = Path(src), Path(out_dir)
+    table, info = READERS[fmt](src, model)
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, out / "records.parquet")
+    run = {"imported_from": {"tool": fmt, "file": str(src)}, "missing": info["missing"],
+           "notes": info["notes"], "source_config": info["config"]}
+    (out / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
+    return {"rows": table.num_rows, "missing": info["missing"], "notes": info["notes"], "dir": str(out)}

@@ -1,0 +1,169 @@
+"""Reading a run: records (validated against RECORD_SCHEMA), run.json, server metrics.
+
+A run is a directory (`records.parquet`, optional `run.json`, `server_metrics.parquet`) or
+just a records file (Parquet, or the Arrow IPC stream a killed run leaves behind).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ReportError
+from .schema import RECORD_SCHEMA, SERVER_METRICS_SCHEMA, STATUSES
+
+RECORD_FILES = ("records.parquet", "records.arrow", "records.arrows")
+REQUIRED = ("request_id", "status")
+DICTIONARY_COLUMNS = ("model", "target_model", "slo_class", "status")
+
+
+@dataclass
+class Run:
+    """One run as read from disk; `dir` is None when only a records file was given."""
+    dir: Path | None
+    records_path: Path
+    records: pa.Table
+    config: dict | None
+    server_metrics: pa.Table | None
+
+
+def _records_path(path: Path) -> Path:
+    if path.is_dir():
+        for name in RECORD_FILES:
+            if (path / name).exists():
+                return path / name
+        raise ReportError(f"no records file in this run directory (expected one of {', '.join(RECORD_FILES)})",
+                          file=path)
+    if not path.exists():
+        raise ReportError("no such file or run directory", file=path)
+    return path
+
+
+def _read_table(path: Path, dictionary: bool = False) -> pa.Table:
+    """Read a records file; with `dictionary`, low-cardinality string columns come back
+    dictionary-encoded (several times faster to decode, and already integer codes)."""
+    try:
+        if path.suffix in (".arrow", ".arrows", ".ipc"):
+            with pa.memory_map(str(path)) as src:
+                try:
+                    return pa.ipc.open_file(src).read_all()
+                except pa.ArrowInvalid:
+                    src.seek(0)
+                    return _read_stream_prefix(src)
+        import pyarrow.parquet as pq
+        return pq.read_table(path, read_dictionary=list(DICTIONARY_COLUMNS) if dictionary else None)
+    except (pa.ArrowException, OSError) as e:
+        raise ReportError(f"cannot read records: {e}", file=path) from None
+
+
+def _read_stream_prefix(src) -> pa.Table:
+    """An IPC stream from a killed run may end mid-batch: keep every complete batch."""
+    reader = pa.ipc.open_stream(src)
+    batches = []
+    try:
+        for batch in reader:
+            batches.append(batch)
+    except (pa.ArrowInvalid, OSError):
+        pass
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _is_string_dictionary(t: pa.DataType, want: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) and want == pa.string() and t.value_type in (pa.string(), pa.large_string())
+
+
+def conform_records(table: pa.Table, *, file: object = None, keep_dictionary: bool = False) -> pa.Table:
+    """Cast `table` to RECORD_SCHEMA: missing optional columns become null, extra ones are
+    dropped, wrong types and unknown statuses are errors naming the column and rows. With
+    `keep_dictionary`, dictionary-encoded string columns stay encoded (same values)."""
+    missing = [c for c in REQUIRED if c not in table.column_names]
+    if missing:
+        raise ReportError(f"missing required column(s) {', '.join(missing)}; records need "
+                          f"{', '.join(REQUIRED)} (see RECORD_SCHEMA)", file=file)
+    n = table.num_rows
+    cols, fields = [], []
+    for field in RECORD_SCHEMA:
+        if field.name not in table.column_names:
+            cols.append(pa.nulls(n, field.type))
+            fields.append(field)
+            continue
+        col = table.column(field.name)
+        if keep_dictionary and _is_string_dictionary(col.type, field.type):
+            fields.append(pa.field(field.name, col.type, field.nullable))
+        elif col.type != field.type:
+            try:
+                col = col.cast(field.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ReportError(f"has type {col.type}, expected {field.type} ({e})",
+                                  file=file, field=field.name) from None
+            fields.append(field)
+        else:
+            fields.append(field)
+        cols.append(col)
+    out = pa.Table.from_arrays(cols, schema=pa.schema(fields))
+    for name in REQUIRED:
+        if out.column(name).null_count:
+            bad = np.flatnonzero(pc.is_null(out.column(name)).to_numpy(zero_copy_only=False))
+            raise ReportError("must not be null", file=file, field=name, rows=bad, total_rows=n)
+    status = out.column("status")
+    if pa.types.is_dictionary(status.type):   # check the few distinct values, not every row
+        values = set(pc.unique(pa.chunked_array([c.dictionary for c in status.chunks],
+                                                status.type.value_type)).to_pylist()) if status.num_chunks else set()
+        if values <= set(STATUSES):
+            return out
+        status = status.cast(status.type.value_type)
+    ok_status = pc.is_in(status, value_set=pa.array(STATUSES))
+    if not pc.all(ok_status).as_py():
+        bad = np.flatnonzero(~ok_status.to_numpy(zero_copy_only=False))
+        raise ReportError(f"unknown status (allowed: {', '.join(STATUSES)})", file=file,
+                          field="status", rows=bad, total_rows=n)
+    return out
+
+
+def load_records(path_or_run_dir: str | Path) -> pa.Table:
+    """The records of a run directory or records file, validated against RECORD_SCHEMA."""
+    path = _records_path(Path(path_or_run_dir))
+    return conform_records(_read_table(path), file=path)
+
+
+def load_run(path_or_run_dir: str | Path) -> Run:
+    """Records plus the optional run.json and server_metrics.parquet next to them. Low-cardinality
+    string columns (model, target_model, slo_class, status) stay dictionary-encoded."""
+    path = Path(path_or_run_dir)
+    rec_path = _records_path(path)
+    records = conform_records(_read_table(rec_path, dictionary=True), file=rec_path, keep_dictionary=True)
+    run_dir = path if path.is_dir() else None
+    config = metrics = None
+    if run_dir is not None and (run_dir / "run.json").exists():
+        try:
+            config = json.loads((run_dir / "run.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ReportError(f"cannot read run config: {e}", file=run_dir / "run.json") from None
+    if run_dir is not None and (run_dir / "server_metrics.parquet").exists():
+        metrics = _load_server_metrics(run_dir / "server_metrics.parquet")
+    return Run(run_dir, rec_path, records, config, metrics)
+
+
+def _load_server_metrics(path: Path) -> pa.Table:
+    import pyarrow.parquet as pq
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ReportError(f"cannot read server metrics: {e}", file=path) from None
+    cols = []
+    for field in SERVER_METRICS_SCHEMA:
+        if field.name not in table.column_names:
+            if not field.nullable:
+                raise ReportError("missing required column", file=path, field=field.name)
+            cols.append(pa.nulls(table.num_rows, field.type))
+            continue
+        try:
+            cols.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise ReportError(f"has type {table.column(field.name).type}, expected {field.type}",
+                              file=path, field=field.name) from None
+    return pa.Table.from_arrays(cols, schema=SERVER_METRICS_SCHEMA)

@@ -1,0 +1,82 @@
+"""Exact order statistics by selection instead of sorting, per group, in bounded memory.
+
+For values >= 0 the IEEE-754 bit pattern orders like the value, so its top bits (256 bins per
+octave) make an order-preserving histogram. One pass counts values per (group, bin); the
+cumulative counts say which bins hold the wanted ranks; a second pass collects only those
+bins, which are then sorted. NaN gets its own bin past every number, so NaN never needs to be
+filtered out first. Both passes walk the data in 1M-element chunks: their temporaries are
+reused heap memory, never fresh multi-megabyte pages (which this kind of VM faults in slowly).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BITS = {np.dtype(np.float64): (np.int64, 44), np.dtype(np.float32): (np.int32, 15)}
+CHUNK = 1 << 20
+MAX_BINS = 20_000_000
+
+
+class BitHistogram:
+    """Per-group histogram of `values` (float32/float64, NaN allowed) over integer `codes`."""
+
+    def __init__(self, values: np.ndarray, codes: np.ndarray | None = None, ngroups: int = 1, *,
+                 chunk: int = CHUNK) -> None:
+        self.x, self.codes, self.ngroups, self.chunk = values, codes, ngroups, chunk
+        ibits, shift = BITS[values.dtype]
+        lo, hi = np.nanmin(values) + 0.0, np.nanmax(values) + 0.0   # + 0.0 turns -0.0 into 0.0
+        self._ibits, self._shift = ibits, shift
+        self._lo = int(np.array([lo], values.dtype).view(ibits)[0] >> shift)
+        self.nb = int(np.array([hi], values.dtype).view(ibits)[0] >> shift) - self._lo + 2  # + NaN bin
+        hist = np.zeros(ngroups * self.nb, dtype=np.int64)
+        for idx, _ in self._chunks():
+            hist += np.bincount(idx, minlength=len(hist))
+        self.hist = hist.reshape(ngroups, self.nb)
+        self.counts = self.hist[:, :-1].sum(axis=1)      # non-NaN values per group
+
+    @staticmethod
+    def applies(values: np.ndarray, ngroups: int = 1) -> bool:
+        """Float values, none negative, not all NaN, and a histogram of a sane size."""
+        if values.dtype not in BITS or len(values) == 0:
+            return False
+        lo, hi = np.nanmin(values), np.nanmax(values)
+        if not (lo >= 0 and np.isfinite(hi)):
+            return False
+        ibits, shift = BITS[values.dtype]
+        b = np.array([lo + 0.0, hi], values.dtype).view(ibits) >> shift
+        return ngroups * (int(b[1] - b[0]) + 2) <= MAX_BINS
+
+    def _chunks(self):
+        for s in range(0, len(self.x), self.chunk):
+            xc = self.x[s:s + self.chunk] + 0.0
+            b = (xc.view(self._ibits) >> self._shift).astype(np.int64) - self._lo
+            b[np.isnan(xc)] = self.nb - 1
+            if self.codes is not None:
+                b += self.codes[s:s + self.chunk] * self.nb
+            yield b, xc
+
+    def values_at(self, ranks: np.ndarray) -> np.ndarray:
+        """ranks: (ngroups, R) 0-based ranks among each group's non-NaN values; groups without
+        values get NaN. Returns sorted(group values)[ranks] exactly, shape (ngroups, R)."""
+        ranks = np.asarray(ranks, dtype=np.int64)
+        live = self.counts > 0
+        cum = np.cumsum(self.hist, axis=1)
+        bins = np.zeros_like(ranks)
+        for g in np.flatnonzero(live):                    # loops over groups, never values
+            bins[g] = np.searchsorted(cum[g], ranks[g], side="right")
+        flat = np.arange(self.ngroups)[:, None] * self.nb + bins
+        lut = np.zeros(self.ngroups * self.nb, dtype=bool)
+        lut[flat[live].ravel()] = True
+        picked = [(xc[lut[idx]], idx[lut[idx]]) for idx, xc in self._chunks()]
+        sv = np.concatenate([p[0] for p in picked])
+        si = np.concatenate([p[1] for p in picked])
+        order = np.lexsort((sv, si))                      # by (group, bin), then value
+        sv, si = sv[order], si[order]
+        before = np.take_along_axis(cum, bins, 1) - np.take_along_axis(self.hist, bins, 1)
+        pos = np.searchsorted(si, flat, side="left") + (ranks - before)
+        out = sv[np.clip(pos, 0, max(len(sv) - 1, 0))].astype(np.float64) if len(sv) else \
+            np.zeros(ranks.shape)
+        return np.where(live[:, None], out, np.nan)
+
+    def nansum(self) -> float:
+        return float(sum(np.nansum(self.x[s:s + self.chunk], dtype=np.float64)
+                         for s in range(0, len(self.x), self.chunk)))

@@ -1,0 +1,211 @@
+"""`summarize_run`: the full report of a run, as summary.json (versioned schema, see
+docs/readme/reports.md), summary.md and report.html in the run directory."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .analysis import Analysis, analyze, plain_pages
+from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
+from .metrics import POOLED
+from .records import Run, load_run
+from .schema import RECORDS_SCHEMA_VERSION, STATUSES
+from .slo import SloSpec, load_slo
+from .stats import describe
+
+SUMMARY_SCHEMA_VERSION = 1
+REPORTED = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms",
+            "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms")
+LATE_MS = 10.0            # a request sent more than this after its schedule is late
+BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
+PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
+
+
+def jsonable(obj):
+    """NaN/inf -> None, NumPy scalars -> Python, tuples -> lists (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _errors(an: Analysis) -> dict:
+    failed = an.mask & ~an.rm.ok
+    counts = np.bincount(an.rm.status_codes[an.mask], minlength=len(STATUSES))
+    by_status = {s: int(c) for s, c in zip(STATUSES, counts) if c and s != "ok"}
+    out = {"failed": int(failed.sum()), "by_status": by_status, "by_http_status": {}, "top_messages": []}
+    if failed.any():
+        sub = an.table.select(["http_status", "error"]).filter(pa.array(failed))
+        for col, key in (("http_status", "by_http_status"), ("error", "top_messages")):
+            vc = pc.value_counts(sub.column(col).drop_null().combine_chunks()).to_pylist()
+            vc.sort(key=lambda d: -d["counts"])
+            if key == "by_http_status":
+                out[key] = {str(d["values"]): d["counts"] for d in vc}
+            else:
+                out[key] = [{"message": d["values"][:300], "count": d["counts"]} for d in vc[:5]]
+    return out
+
+
+def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
+    lag = an.rm.columns["lag_ms"][an.mask]
+    lag = lag[~np.isnan(lag)]
+    out = describe(lag, ci=())
+    out.pop("ci", None)
+    late = float((lag > LATE_MS).mean()) if len(lag) else None
+    out.update(late_threshold_ms=LATE_MS, late_share=late,
+               client_bottleneck=bool(late is not None and late > BOTTLENECK_SHARE), warning=None)
+    if out["client_bottleneck"]:
+        out["warning"] = (f"the client was the bottleneck: {late:.1%} of requests were sent more than "
+                          f"{LATE_MS:g} ms after their schedule (p99 lag {out['p99']:.1f} ms, max "
+                          f"{out['max']:.1f} ms); the offered load was lower than the trace's. "
+                          f"Add workers or lower the rate.")
+    if isinstance(config, dict):
+        out["client"] = config.get("client")
+    return out
+
+
+def _mismatch(an: Analysis, want: str, got: str) -> dict:
+    rows = an.mask & an.rm.ok
+    a, b = an.rm.lengths[want][rows], an.rm.lengths[got][rows]
+    both = ~(np.isnan(a) | np.isnan(b))
+    diff = (b - a)[both]
+    bad = diff != 0
+    out = {"requested": want, "reported": got, "checked": int(both.sum()), "mismatched": int(bad.sum()),
+           "share": float(bad.mean()) if len(diff) else None,
+           "mean_diff": float(diff[bad].mean()) if bad.any() else None, "examples": []}
+    if bad.any():
+        idx = np.flatnonzero(rows)[np.flatnonzero(both)[np.flatnonzero(bad)[:5]]]
+        out["examples"] = an.table.column("request_id").take(pa.array(idx)).to_pylist()
+    return out
+
+
+def _plots(an: Analysis) -> dict:
+    """Downsampled data for the HTML plots: CDF curves per model and a length/latency sample."""
+    rng = np.random.default_rng(0)
+    rows = np.flatnonzero(an.mask & an.rm.ok)
+    if len(rows) > PLOT_SAMPLES:
+        rows = np.sort(rng.choice(rows, PLOT_SAMPLES, replace=False))
+    codes, labels = an.rm.model
+    q = np.linspace(0, 100, 201)
+    cdf: dict = {}
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        cdf[metric] = {}
+        for i, label in enumerate(labels):
+            x = an.rm.columns[metric][rows[codes[rows] == i]]
+            x = x[~np.isnan(x)]
+            if len(x):
+                cdf[metric][label] = (np.percentile(x, q).tolist(), (q / 100).tolist())
+    pts = rows if len(rows) <= 3000 else rng.choice(rows, 3000, replace=False)
+    return {"cdf": cdf, "scatter": {"input_len": an.rm.input_len[pts].tolist(),
+                                    "ttft_ms": an.rm.columns["ttft_ms"][pts].tolist(),
+                                    "e2e_ms": an.rm.columns["e2e_ms"][pts].tolist()}}
+
+
+def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
+                  length_edges=LENGTH_EDGES) -> dict:
+    rm, m = an.rm, an.mask
+    sc = an.scalars()
+    okm = m & rm.ok
+    n_usage = int(rm.n_out_from_usage[okm].sum())
+    n_chunks = int((okm & ~rm.n_out_from_usage & ~np.isnan(rm.n_out)).sum())
+    # Independent sorts and group-bys run on a few threads: NumPy releases the GIL in them.
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as ex:
+        pooled = ex.submit(an.pooled)
+        latency = {k: ex.submit(lambda k=k: describe(an.column(k))) for k in REPORTED if k not in POOLED}
+        breakdowns = {"model": ex.submit(groups, an, *rm.model),
+                      "slo_class": ex.submit(groups, an, *rm.slo_class),
+                      "input_length": ex.submit(groups, an, *length_buckets(rm.input_len, length_edges))}
+        series = ex.submit(timeseries, an, run.server_metrics, window_s)
+        pooled.result()
+        latency.update({k: ex.submit(lambda k=k: describe(an.column(k))) for k in POOLED})
+        latency = {k: latency[k].result() for k in REPORTED}
+        breakdowns = {k: f.result() for k, f in breakdowns.items()}
+        series = series.result()
+    slo: SloSpec | None = an.slo
+    summary = {
+        "schema_version": SUMMARY_SCHEMA_VERSION,
+        "records_schema_version": RECORDS_SCHEMA_VERSION,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "run": {"dir": str(run.dir) if run.dir else None, "records": str(run.records_path),
+                "config": run.config},
+        "window": an.window,
+        "counts": {"records": rm.n, "measured": sc["issued"], "ok": sc["ok"], "failed": sc["failed"]},
+        "n_out_source": {"completion_tokens": n_usage, "chunks": n_chunks,
+                         "used": "completion_tokens" if not n_chunks else ("chunks" if not n_usage else "mixed")},
+        "throughput": {k: sc[k] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
+                                          "total_tokens_per_s")} | {"duration_s": an.duration_s},
+        "latency": latency,
+        "goodput": {"slo": slo.to_dict() if slo else None,
+                    "per_request_slo": bool(slo and slo.has_per_request),
+                    **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
+        "errors": _errors(an),
+        "dispatch_lag": _dispatch_lag(an, run.config),
+        "length_mismatch": {"output": _mismatch(an, "output_tokens", "completion_tokens"),
+                            "input": _mismatch(an, "input_tokens", "prompt_tokens")},
+        "breakdowns": breakdowns,
+        "timeseries": series,
+    }
+    summary["warnings"] = _warnings(summary)
+    return summary
+
+
+def _warnings(s: dict) -> list[str]:
+    w = []
+    if s["counts"]["measured"] == 0:
+        w.append("no requests in the measured window")
+    elif s["counts"]["ok"] == 0:
+        w.append("every measured request failed: no latency to report")
+    if s["dispatch_lag"]["warning"]:
+        w.append(s["dispatch_lag"]["warning"])
+    if s["n_out_source"]["used"] == "mixed":
+        w.append("output token counts come from server usage for some requests and chunk counts for "
+                 "others; TPOT mixes both")
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        if set(s["latency"][key].get("thin", [])) - {"p99.9"}:
+            w += [f"{key}: {msg}" for msg in s["latency"][key]["warnings"]]
+    for kind, mm in s["length_mismatch"].items():
+        if mm["mismatched"]:
+            w.append(f"{kind} length: {mm['mismatched']} of {mm['checked']} successful requests got a "
+                     f"different {mm['reported']} than the trace's {mm['requested']} "
+                     f"(mean difference {mm['mean_diff']:+.1f}), e.g. {', '.join(map(str, mm['examples'][:3]))}")
+    return w
+
+
+def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_state: float | None = None,
+                  slo=None, window_s: float | None = None, length_buckets=None, bin_s: float = 1.0,
+                  write: bool = True) -> dict:
+    """Compute the summary of a run; with write=True also write summary.json, summary.md and
+    report.html into the run directory (next to the records file when given a file)."""
+    spec = load_slo(slo) if slo is not None else None
+    with plain_pages():
+        run = load_run(run_dir)
+        an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
+                     bin_s=bin_s)
+        summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
+        if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
+            from .gate import gate
+            summary["gate"] = gate(an, spec).to_dict()
+        plots = _plots(an) if write else None
+    summary = jsonable(summary)
+    if write:
+        out = run.dir or run.records_path.parent
+        from .html import render_report
+        from .text import summary_markdown
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        (out / "summary.md").write_text(summary_markdown(summary))
+        (out / "report.html").write_text(render_report(summary, jsonable(plots)))
+        summary["files"] = {k: str(out / k) for k in ("summary.json", "summary.md", "report.html")}
+    return summary

@@ -1,0 +1,113 @@
+"""Text renderings: rich tables rendered to plain text for the terminal, Markdown for CI comments."""
+from __future__ import annotations
+
+import io
+import math
+
+
+def fmt(v: object, digits: int = 4) -> str:
+    """Numbers with `digits` significant figures, thousands kept whole; None/NaN as '-'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        if v != 0 and abs(v) < 10 ** -(digits - 1):
+            return f"{v:.{digits - 1}e}"
+        if abs(v) >= 10 ** digits:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}g}"
+    if isinstance(v, (list, tuple)) and len(v) == 2:
+        return f"[{fmt(v[0], digits)}, {fmt(v[1], digits)}]"
+    return str(v)
+
+
+def render_table(title: str | None, columns: list[str], rows: list[list[object]], *,
+                 width: int = 120, caption: str | None = None) -> str:
+    """A rich table rendered to plain text (no colours, so logs and CI stay readable)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich import box
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*[fmt(v) for v in row])
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None, force_terminal=False).print(table)
+    return buf.getvalue()
+
+
+def markdown_table(columns: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(v).replace("|", "\\|") for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+LAT_COLUMNS = ["metric", "n", "mean", "p50", "p90", "p95", "p99", "p99.9", "max", "p99 95% CI"]
+SHOWN = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms", "ttft_sched_ms", "e2e_sched_ms")
+
+
+def _latency_rows(s: dict) -> list[list[object]]:
+    rows = []
+    for name in SHOWN:
+        d = s["latency"].get(name)
+        if d and d["n"]:
+            rows.append([name, d["n"], *[d[k] for k in ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")],
+                         (d.get("ci") or {}).get("p99")])
+    return rows
+
+
+def _headline(s: dict) -> list[list[object]]:
+    c, t, g, lag = s["counts"], s["throughput"], s["goodput"], s["dispatch_lag"]
+    return [["requests (measured / records)", f"{c['measured']:,} / {c['records']:,}"],
+            ["ok / failed", f"{c['ok']:,} / {c['failed']:,}"],
+            ["duration D (s)", t["duration_s"]],
+            ["requests/s", t["requests_per_s"]], ["output tokens/s", t["output_tokens_per_s"]],
+            ["total tokens/s", t["total_tokens_per_s"]],
+            ["attainment" + ("" if g["per_request_slo"] else " (no per-request SLO: success rate)"),
+             g["attainment"]],
+            ["goodput req/s", g["goodput_rps"]], ["token goodput/s", g["token_goodput_per_s"]],
+            ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
+            ["n_out from", s["n_out_source"]["used"]]]
+
+
+def format_summary(summary: dict) -> str:
+    """The compact terminal summary of a run (rich tables rendered to text)."""
+    s = summary
+    parts = [render_table("Run", ["", "value"], _headline(s), width=100),
+             render_table("Latency (ms, successful requests)", LAT_COLUMNS, _latency_rows(s))]
+    if s["errors"]["failed"]:
+        parts.append(render_table("Errors", ["status", "count"], list(s["errors"]["by_status"].items()),
+                                  width=60))
+    if len(s["breakdowns"]["model"]) > 1:
+        parts.append(render_table("Per model", ["model", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
+                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
+                                    r["attainment"]] for r in s["breakdowns"]["model"]]))
+    if s.get("gate"):
+        parts.append(render_table(f"SLO gate (exit {s['gate']['exit_code']})",
+                                  ["objective", "scope", "measured", "limit", "n", "verdict"],
+                                  [[r["objective"], r["scope"], r["measured"], r["limit"], r["n"], r["verdict"]]
+                                   for r in s["gate"]["rows"]]))
+    parts += [f"warning: {w}\n" for w in s["warnings"]]
+    return "".join(parts)
+
+
+def summary_markdown(summary: dict) -> str:
+    """summary.md: the same numbers as Markdown, for CI comments."""
+    s = summary
+    out = ["# llm-replay run summary", "", markdown_table(["", "value"], _headline(s)), "",
+           "## Latency (ms, successful requests)", "", markdown_table(LAT_COLUMNS, _latency_rows(s)), ""]
+    if s["errors"]["failed"]:
+        out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), ""]
+    if s.get("gate"):
+        out += [f"## SLO gate (exit {s['gate']['exit_code']})", "",
+                markdown_table(["objective", "scope", "measured", "limit", "n", "verdict"],
+                               [[r["objective"], r["scope"], r["measured"], r["limit"], r["n"], r["verdict"]]
+                                for r in s["gate"]["rows"]]), ""]
+    if s["warnings"]:
+        out += ["## Warnings", ""] + [f"- {w}" for w in s["warnings"]] + [""]
+    return "\n".join(out)

@@ -1,0 +1,73 @@
+"""`replay gate`: exit 0 pass, 1 fail, 2 cannot evaluate, through the real CLI and the API."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports import evaluate_slo
+from tests.conftest import run_cli
+from tests.reports.conftest import records
+from tests.reports.test_metrics import HAND
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    from tests.reports.synth import synth_records, write_run
+    return write_run(tmp_path_factory.mktemp("gate") / "run", synth_records(3000, seed=2))
+
+
+def _slo(tmp_path, text: str):
+    p = tmp_path / "slo.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_gate_cli_pass_fail_and_cannot_evaluate(run_dir, tmp_path):
+    ok = _slo(tmp_path, "objectives: ['ttft_ms.p99 <= 5000', 'error_rate <= 0.05', 'attainment >= 0.9']\n")
+    r = run_cli("replay", "gate", run_dir, "--slo", ok)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout and "ttft_ms.p99 <= 5000" in r.stdout
+
+    fail = tmp_path / "fail.yaml"
+    fail.write_text("per_request: {ttft_ms: 100}\nobjectives: ['ttft_ms.p50 <= 5000', 'attainment >= 0.99']\n")
+    r = run_cli("replay", "gate", run_dir, "--slo", fail, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert [row["verdict"] for row in out["rows"]] == ["pass", "fail"]
+    assert out["rows"][1]["measured"] < 0.99 and out["rows"][1]["ci"][0] <= out["rows"][1]["measured"]
+
+    r = run_cli("replay", "gate", run_dir / "nope", "--slo", ok)
+    assert r.returncode == 2 and "no such file or run directory" in r.stderr and "Traceback" not in r.stderr
+    bad = _slo(tmp_path, "objectives: ['ttft_ms.p99 <= fast']\n")
+    r = run_cli("replay", "gate", run_dir, "--slo", bad)
+    assert r.returncode == 2 and "objectives[0]" in r.stderr
+
+
+def test_too_few_samples_for_the_percentile_is_cannot_evaluate(tmp_path):
+    t = records(HAND)   # two successful requests
+    res = evaluate_slo(t, {"objectives": ["ttft_ms.p99 <= 10000"]})
+    assert res.exit_code == 2 and res.rows[0].verdict == "cannot evaluate"
+    assert "needs n >= 100" in res.rows[0].note
+    res = evaluate_slo(t, {"objectives": ["ttft_ms.max <= 10000", "ttft_ms.p50 <= 10000"]})
+    assert res.exit_code == 0
+    # a definite failure outranks a cannot-evaluate
+    res = evaluate_slo(t, {"objectives": ["ttft_ms.p99 <= 10000", "error_rate <= 0.1"]})
+    assert res.exit_code == 1
+    # an empty window cannot be evaluated
+    res = evaluate_slo(t, {"objectives": ["attainment >= 0.5"]}, warmup="100s")
+    assert res.exit_code == 2 and "no requests" in res.rows[0].note
+    # no objectives at all: nothing to gate on
+    assert evaluate_slo(t, {"per_request": {"ttft_ms": 100}}).exit_code == 2
+
+
+def test_class_objectives_gate_their_subset():
+    t = records(HAND)
+    spec = {"objectives": ["ttft_ms.max <= 1000"],
+            "classes": {"m1": {"objectives": ["ttft_ms.max <= 200"]},
+                        "batch": {"objectives": ["ttft_ms.max <= 200"]}}}
+    res = evaluate_slo(t, spec)
+    assert [(r.scope, r.measured, r.verdict) for r in res.rows] == [
+        ("all", pytest.approx(500.0), "pass"), ("m1", pytest.approx(100.0), "pass"),
+        ("batch", pytest.approx(500.0), "fail")]
+    assert res.exit_code == 1 and "FAIL" in res.table()

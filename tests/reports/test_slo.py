@@ -1,0 +1,76 @@
+"""SLO spec parsing: YAML, TOML, pyproject.toml, and errors that name the field."""
+from __future__ import annotations
+
+import pytest
+
+from reports.errors import SloSpecError
+from reports.slo import load_slo
+
+YAML = """
+per_request:
+  ttft_ms: 500
+  tpot_ms: 50
+objectives:
+  - ttft_ms.p99 <= 800
+  - tpot_ms.p90 < 40
+  - attainment >= 0.95
+  - error_rate <= 0.01
+  - e2e_sched_ms.p99.9 <= 1e4
+classes:
+  batch: {per_request: {e2e_s: 60}, objectives: ["e2e_ms.p50 <= 30000"]}
+"""
+
+
+def test_yaml_toml_and_pyproject_give_the_same_spec(tmp_path):
+    y = tmp_path / "slo.yaml"
+    y.write_text(YAML)
+    t = tmp_path / "slo.toml"
+    t.write_text('objectives = ["ttft_ms.p99 <= 800", "attainment >= 0.95"]\n'
+                 '[per_request]\nttft_ms = 500\n[classes.batch.per_request]\ne2e_s = 60\n')
+    pp = tmp_path / "pyproject.toml"
+    pp.write_text('[project]\nname = "x"\n[tool.replay.slo]\nobjectives = ["ttft_ms.p99 <= 800"]\n'
+                  '[tool.replay.slo.per_request]\nttft_ms = 500\n')
+    spec = load_slo(y)
+    assert spec.per_request == {"ttft_ms": 500.0, "tpot_ms": 50.0}
+    assert [(o.metric, o.stat, o.op, o.limit) for o in spec.objectives] == [
+        ("ttft_ms", "p99", "<=", 800.0), ("tpot_ms", "p90", "<", 40.0), ("attainment", None, ">=", 0.95),
+        ("error_rate", None, "<=", 0.01), ("e2e_sched_ms", "p99.9", "<=", 1e4)]
+    assert spec.classes["batch"].per_request == {"e2e_ms": 60000.0}
+    assert load_slo(t).classes["batch"].per_request == {"e2e_ms": 60000.0}
+    assert load_slo(pp).per_request == {"ttft_ms": 500.0}
+    assert load_slo(tmp_path).objectives[0].text == "ttft_ms.p99 <= 800"   # a directory: its pyproject
+
+
+@pytest.mark.parametrize("spec, field, words", [
+    ({"objectives": ["ttft.p99 <= 800"]}, "objectives[0]", "unknown metric 'ttft'"),
+    ({"objectives": ["ttft_ms <= 800"]}, "objectives[0]", "did you mean 'ttft_ms.p99'"),
+    ({"objectives": ["ttft_ms.p98 <= 800"]}, "objectives[0]", "cannot parse"),
+    ({"objectives": ["ttft_ms.p99 == 800"]}, "objectives[0]", "cannot parse"),
+    ({"objectives": [800]}, "objectives[0]", "is a string"),
+    ({"per_request": {"ttft_ms": -1}}, "per_request.ttft_ms", "positive number"),
+    ({"per_request": {"ttft": 5}}, "per_request.ttft", "unknown per-request threshold"),
+    ({"objectives": ["attainment >= 0.9"], "budget": 3}, "budget", "unknown key"),
+    ({"classes": {"batch": {"per_request": {"e2e_s": "a"}}}}, "classes.batch.per_request.e2e_s", "positive"),
+    ({"classes": {"batch": {"objectives": ["nope"]}}}, "classes.batch.objectives[0]", "cannot parse"),
+    ({"classes": {"batch": 3}}, "classes.batch", "mapping"),
+    ({}, None, "neither per_request thresholds nor objectives"),
+])
+def test_invalid_specs_name_the_field(spec, field, words):
+    with pytest.raises(SloSpecError) as e:
+        load_slo(spec)
+    assert e.value.exit_code == 2 and words in str(e.value)
+    if field:
+        assert f"field {field!r}" in str(e.value)
+
+
+def test_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "slo.yaml"
+    bad.write_text("objectives: [unclosed\n")
+    with pytest.raises(SloSpecError, match="slo.yaml: invalid YAML"):
+        load_slo(bad)
+    pp = tmp_path / "pyproject.toml"
+    pp.write_text("[project]\nname='x'\n")
+    with pytest.raises(SloSpecError, match=r"no \[tool.replay.slo\] table"):
+        load_slo(pp)
+    with pytest.raises(SloSpecError, match="cannot read SLO spec"):
+        load_slo(tmp_path / "missing.yaml")
