@@ -149,8 +149,7 @@ class SweepError(RuntimeError):
 
 
 def _p99(summary: dict, metric: str) -> float | None:
-    from reports import summary_stat
-    return summary_stat(summary, metric, "p99")
+    return (summary["latency"].get(metric) or {}).get("p99")
 
 
 def _fmt(v: float | None) -> str:

@@ -15,7 +15,7 @@ _EXPORTS = {
     "load_records": "records", "load_run": "records", "conform_records": "records",
     "analyze": "analysis", "Analysis": "analysis",
     "summarize_run": "summary", "SUMMARY_SCHEMA_VERSION": "summary",
-    "format_summary": "text",
+    "format_summary": "text", "headline": "text",
     "load_slo": "slo", "SloSpec": "slo",
     "evaluate_slo": "gate", "GateResult": "gate",
     "compare_runs": "compare", "CompareResult": "compare",

@@ -111,3 +111,20 @@ def summary_markdown(summary: dict) -> str:
     if s["warnings"]:
         out += ["## Warnings", ""] + [f"- {w}" for w in s["warnings"]] + [""]
     return "\n".join(out)
+
+
+def headline(summary: dict) -> dict[str, float | int | None]:
+    """The key numbers of a run as a flat dict (pytest plugin metrics, JUnit properties)."""
+    s = summary
+    out: dict[str, float | int | None] = {
+        "requests": s["counts"]["measured"], "ok": s["counts"]["ok"], "failed": s["counts"]["failed"],
+        "requests_per_s": s["throughput"]["requests_per_s"],
+        "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
+        "attainment": s["goodput"]["attainment"], "goodput_rps": s["goodput"]["goodput_rps"],
+        "lag_ms_p99": s["dispatch_lag"].get("p99"),
+    }
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        d = s["latency"].get(metric) or {}
+        for stat in ("p50", "p99"):
+            out[f"{metric}_{stat}"] = d.get(stat)
+    return out
