@@ -133,6 +133,7 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
     monkey.patch_all()
     if tie_to_parent:
         die_with_parent()
+    import pandas  # noqa: F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
     from locust.env import Environment
 
     from .dispatcher import Dispatcher
