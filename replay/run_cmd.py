@@ -209,3 +209,21 @@ def _print_summary(run_dir: Path) -> None:
     counts = info.get("status_counts") or {}
     print(f"run directory: {run_dir}")
     print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in counts.items()))
+    print(_length_check(run_dir / "records.parquet"))
+
+
+def _length_check(path: Path) -> str:
+    """Requests whose server-reported lengths differ from the trace's (ok requests with usage)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    if not path.exists():
+        return "lengths: no records"
+    t = pq.read_table(path, columns=["status", "input_tokens", "output_tokens", "prompt_tokens",
+                                     "completion_tokens"])
+    t = t.filter(pc.equal(t["status"], "ok"))
+    out_diff = pc.sum(pc.not_equal(t["output_tokens"], t["completion_tokens"])).as_py() or 0
+    in_err = pc.abs(pc.subtract(t["prompt_tokens"], t["input_tokens"])).drop_null()
+    n_in = len(in_err)
+    mean_in = (pc.mean(in_err).as_py() or 0.0) if n_in else 0.0
+    return (f"lengths: {out_diff} ok requests got a different output length than the trace; "
+            f"input length error mean {mean_in:.1f} tokens over {n_in} requests with usage")
