@@ -38,42 +38,36 @@ def test_sigint_cancels_in_flight_and_records_unsent(tmp_path):
     assert "interrupted" in out
 
 
-def _finished_before(kill_wall: float, t0: float, n: int, gap: float) -> set[str]:
-    """Rows whose ~10 ms request surely ended more than 1 s before the kill."""
-    cutoff = kill_wall - t0 - 1.0 - 0.2
-    return {str(i) for i in range(n) if i * gap < cutoff}
+N, GAP = 400, 0.01  # 4 s of trace of ~10 ms requests; the kill comes 2.5 s after T0
 
 
-def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
-    n, gap = 400, 0.01  # 4 s of trace; the runner child is killed at 2.5 s
-    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
+def _run_and_kill(tmp_path, kill_runner_only: bool) -> tuple[object, set[str]]:
+    """Start a run, SIGKILL the runner (or `replay run` itself) 2.5 s after T0; return the
+    finished `replay run` process and the rows that surely ended more than 1 s before the kill."""
+    trace = write_trace(tmp_path / "t.parquet", N, gap_s=GAP, output_tokens=4)
     with sse_server("--interval", "0.001") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
         t0 = wait_t0(tmp_path / "run")
         child = psutil.Process(run.pid).children()[0]
         time.sleep(max(0.0, t0 + 2.5 - time.time()))
         kill_wall = time.time()
-        os.kill(child.pid, signal.SIGKILL)
-        out, err = run.communicate(timeout=60)
-    assert run.returncode == 1 and "records flushed before that were kept" in err
+        os.kill(child.pid if kill_runner_only else run.pid, signal.SIGKILL)
+        run.out, run.err = run.communicate(timeout=60)
+        child.wait(10)  # PR_SET_PDEATHSIG: the runner never outlives `replay run`
+    cutoff = kill_wall - t0 - 1.0 - 0.2
+    return run, {str(i) for i in range(N) if i * GAP < cutoff}
+
+
+def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
+    run, expected = _run_and_kill(tmp_path, kill_runner_only=True)
+    assert run.returncode == 1 and "records flushed before that were kept" in run.err
     df = records(tmp_path / "run")  # finalised by `replay run` after its runner died
-    expected = _finished_before(kill_wall, t0, n, gap)
     assert len(expected) > 50 and expected <= set(df.request_id)
-    assert (df.status == "ok").all() and len(df) < n
+    assert (df.status == "ok").all() and len(df) < N
     assert run_info(tmp_path / "run")["status"] == "failed"
 
 
 def test_sigkill_of_replay_run_takes_the_runner_along_and_keeps_the_stream(tmp_path):
-    n, gap = 400, 0.01
-    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
-    with sse_server("--interval", "0.001") as url:
-        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
-        t0 = wait_t0(tmp_path / "run")
-        child = psutil.Process(run.pid).children()[0]
-        time.sleep(max(0.0, t0 + 2.5 - time.time()))
-        kill_wall = time.time()
-        run.kill()
-        run.wait(10)
-        child.wait(10)  # PR_SET_PDEATHSIG: the runner does not outlive `replay run`
+    run, expected = _run_and_kill(tmp_path, kill_runner_only=False)
     table = pa.Table.from_batches(list(read_stream(tmp_path / "run" / "records.arrows")))
-    assert _finished_before(kill_wall, t0, n, gap) <= set(table.column("request_id").to_pylist())
+    assert len(expected) > 50 and expected <= set(table.column("request_id").to_pylist())
