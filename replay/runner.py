@@ -175,6 +175,8 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
     master = start_master(env, config, out)
     install_stop(master.stop)
     master.finished.wait()
+    if master.lost:
+        update_run_json(config.run_dir, lost_workers=sorted(master.lost))
     runner.quit()
     _reap(procs)
     return "interrupted" if master.stopping else "completed"

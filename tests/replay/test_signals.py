@@ -7,6 +7,7 @@ import signal
 import time
 
 import psutil
+import pytest
 import pyarrow as pa
 
 from replay.recorder import read_stream
@@ -14,11 +15,12 @@ from tests.replay.runkit import (assert_well_formed, popen_run, records, run_inf
                                  wait_t0, write_trace)
 
 
-def test_sigint_cancels_in_flight_and_records_unsent(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigint_cancels_in_flight_and_records_unsent(tmp_path, workers):
     n = 100  # 10 s of trace; every request streams for ~2 s, so some are in flight at the signal
     trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.1, output_tokens=20)
     with sse_server("--interval", "0.1") as url:
-        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3")
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3", "--workers", workers)
         t0 = wait_t0(tmp_path / "run")
         time.sleep(max(0.0, t0 + 3.0 - time.time()))
         run.send_signal(signal.SIGINT)
