@@ -55,6 +55,10 @@ class ProcessContext:
 
     def run_job(self) -> None:
         self.ready.wait()
+        # its own greenlet: when Locust stops (kills) its users, the job still records every row
+        gevent.spawn(self._run).join()
+
+    def _run(self) -> None:
         try:
             self.job.run()
         finally:
