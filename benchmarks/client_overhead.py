@@ -7,8 +7,11 @@ and, for each rate, replays the same Poisson arrival times open-loop from one cl
 pinned to CPU 0:
   ours     replay.client.stream_post in a gevent-patched process, one greenlet per request
            spawned at its absolute due time (what the Locust dispatcher does);
+  ours-read  the same with kernel_timestamps=False (perf_counter when the bytes are read);
   aiohttp  asyncio + aiohttp.ClientSession, one task per request, lines read with
            `async for line in resp.content` and `json.loads` per event (vLLM's benchmark client).
+  replay x1/x2  the real runner, `replay run --workers N` (Locust; 2 workers only at >= 1000
+           req/s, not pinned), CPU of all its processes minus a 5-row run of the same command.
 It prints client CPU (user+sys of the client process, from getrusage) per streamed token,
 achieved request rate, dispatch lag (sent - scheduled; for aiohttp the moment `post` is
 entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio <= 0.5.
@@ -16,15 +19,18 @@ entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 
 def arrivals(rate: float, duration: float, seed: int) -> list[float]:
@@ -65,14 +71,15 @@ def sys_now() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
-def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None,
+             kernel_timestamps: bool = True) -> dict:
     """Replay `times` open loop; `record`, when given, gets request index -> token times."""
     from gevent import monkey
     monkey.patch_all()
     import gc
     import gevent
     from replay.client import ConnectionPool, stream_post
-    pool = ConnectionPool(url)
+    pool = ConnectionPool(url, kernel_timestamps=kernel_timestamps)
     bodies = [payload(i, tokens) for i in range(len(times))]
     lags, sent, counts = [], [], [0, 0]
 
@@ -97,7 +104,7 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
             gevent.sleep(d)
         gs.append(gevent.spawn(one, i, t0 + a))
     gevent.joinall(gs)
-    out = summarize("ours", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
+    out = summarize("ours" if kernel_timestamps else "ours-read", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
     out["connections"] = pool.opened
     return out
 
@@ -155,6 +162,55 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
     return asyncio.run(main())
 
 
+ROLES = ("aiohttp", "ours", "ours-read")
+
+
+def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int | None, tmp: str) -> dict:
+    """The real runner: `replay run` (Locust) on a trace with these arrival times. Its CPU is
+    that of all its processes (RUSAGE_CHILDREN), minus a 5-row run of the same command (start-up,
+    Locust import, run directory), per token of the difference."""
+    import resource
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from traces.trace import Trace
+
+    def once(rows: int) -> tuple[float, pa.Table]:
+        trace, out = f"{tmp}/trace{rows}.parquet", f"{tmp}/run{rows}-{workers}"
+        n = len(times[:rows])
+        Trace(pa.table({"arrival_ns": (np.array(times[:rows]) * 1e9).astype("int64"),
+                        "input_tokens": np.full(n, 8, "int32"),
+                        "output_tokens": np.full(n, tokens, "int32")})).write(trace)
+        pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
+                        "--workers", str(workers), "--no-check", "--prompt-mode", "ids", "--no-progress"],
+                       check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
+                       preexec_fn=pin, timeout=times[-1] * 10 + 120)
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        return cpu_s, pq.read_table(f"{out}/records.parquet")
+
+    small_cpu, small = once(5)
+    big_cpu, big = once(len(times))
+    recs = big.to_pydict()
+    sent = [x for x in recs["sent_s"] if x is not None]
+    lags = [a - b for a, b in zip(recs["sent_s"], recs["scheduled_s"]) if a is not None]
+    ntok = sum(len(tt or ()) for tt in recs["token_times"])
+    small_tok = sum(len(tt or ()) for tt in small.column("token_times").to_pylist())
+    out = summarize(f"replay x{workers}", big_cpu - small_cpu, 0.0, lags, ntok,
+                    recs["status"].count("ok"), len(times), sent)
+    out["us_per_token"] = (big_cpu - small_cpu) / max(ntok - small_tok, 1) * 1e6
+    return out
+
+
+def run_role(role: str, url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
+    """ours: kernel receive timestamps (the default); ours-read: stamped when read (perf_counter)."""
+    if role == "aiohttp":
+        return run_aiohttp(url, times, tokens, record)
+    return run_ours(url, times, tokens, record, kernel_timestamps=role == "ours")
+
+
 def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [sys.executable, "-m", "tests.replay.sse_server", "--port", "0", "--interval", str(interval), *extra]
@@ -187,8 +243,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=40)
     ap.add_argument("--interval", type=float, default=0.01, help="server seconds between tokens")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runner", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time `replay run` (Locust runner, 1 worker; 2 workers at >= 1000 req/s)")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the clients this many times; medians")
-    ap.add_argument("--role", choices=["ours", "aiohttp"], help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -196,28 +254,36 @@ def main() -> None:
         if a.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {a.cpu})
         times = arrivals(float(a.rates), a.duration, a.seed)
-        fn = run_ours if a.role == "ours" else run_aiohttp
-        print(json.dumps(fn(a.url, times, a.tokens)))
+        print(json.dumps(run_role(a.role, a.url, times, a.tokens)))
         return
     ncpu = os.cpu_count() or 1
     srv_cpu, cli_cpu = (ncpu - 1, 0) if ncpu > 1 else (None, None)
     proc, url = start_server(a.interval, srv_cpu)
     print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request, "
           f"{a.interval * 1e3:g} ms apart, {a.duration:g} s Poisson traces")
-    print(f"{'rate':>6} {'client':>8} {'us/token':>9} {'req/s':>7} {'ok':>7} {'lag p50':>8} {'p99':>7} {'max':>7} ms")
+    print(f"{'rate':>6} {'client':>9} {'us/token':>9} {'req/s':>7} {'ok':>7} {'lag p50':>8} {'p99':>7} {'max':>7} ms")
     try:
         for rate in map(float, a.rates.split(",")):
             res = {}
             for _ in range(a.repeat):
-                for role in ("aiohttp", "ours"):
+                for role in ROLES:
                     r = client(role, url, rate, a.duration, a.tokens, a.seed, cli_cpu)
                     res.setdefault(role, []).append(r)
-                    print(f"{rate:6g} {role:>8} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                    print(f"{rate:6g} {role:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
                           f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
             med = {role: statistics.median(r["us_per_token"] for r in rs) for role, rs in res.items()}
-            print(f"{rate:6g}    ratio ours/aiohttp CPU per token = {med['ours'] / med['aiohttp']:.2f} "
+            print(f"{rate:6g}    ratio ours/aiohttp CPU per token = {med['ours'] / med['aiohttp']:.2f}, "
+                  f"ours-read/aiohttp = {med['ours-read'] / med['aiohttp']:.2f} "
                   f"(median of {a.repeat}; target <= 0.5)", flush=True)
-        print("runner (Locust, 1 and 2 workers): not in this branch; measured at integration")
+            if a.runner and importlib.util.find_spec("replay.runner") is not None:
+                for workers in ((1, 2) if rate >= 1000 else (1,)):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        r = run_replay(url, arrivals(rate, a.duration, a.seed), a.tokens, workers,
+                                       cli_cpu if workers == 1 else None, tmp)
+                    print(f"{rate:6g} {r['role']:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                          f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
+                    print(f"{rate:6g}    ratio replay x{workers}/aiohttp CPU per token = "
+                          f"{r['us_per_token'] / med['aiohttp']:.2f}", flush=True)
     finally:
         proc.terminate()
         proc.wait(10)

@@ -13,7 +13,10 @@ import socket  # noqa: E402
 import ssl  # noqa: E402
 import sys  # noqa: E402
 
+import time  # noqa: E402
+
 import gevent  # noqa: E402
+from gevent.monkey import get_original  # noqa: E402
 
 from replay.client import ConnectionPool, StreamResult, stream_post  # noqa: E402
 
@@ -47,6 +50,21 @@ def post(pool, path="/v1/completions", data=None, timeout=3.0, **kw) -> dict:
     return summary(stream_post(pool, path, data or body(), timeout=timeout, **kw), pool)
 
 
+def busy_client(url: str, kernel_timestamps: bool) -> dict:
+    """Block the whole process for 0.3 s mid-stream (tokens 20 ms apart keep arriving meanwhile);
+    count the token times that fall inside the blocked window."""
+    p = ConnectionPool(url, headers={"X-Interval": "0.02"}, kernel_timestamps=kernel_timestamps)
+    g = gevent.spawn(stream_post, p, "/v1/completions", body(30), timeout=10)
+    gevent.sleep(0.1)
+    b0 = time.perf_counter()
+    get_original("time", "sleep")(0.3)
+    b1 = time.perf_counter()
+    g.join()
+    return {"status": g.value.status, "n": len(g.value.token_times),
+            "inside": sum(b0 < t < b1 for t in g.value.token_times),
+            "after_sent": g.value.token_times[0] > g.value.sent}
+
+
 def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     out = {}
     pool = ConnectionPool(url)
@@ -66,6 +84,8 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     out["close_idle"] = post(p)
     gevent.sleep(0.2)    # the server has now closed the kept-alive connection
     out["stale_next"] = post(p)
+    out["busy_kernel_ts"] = busy_client(url, True)
+    out["busy_read_ts"] = busy_client(url, False)
     big = body(2, prompt="x " * 1_000_000)   # ~2 MB request: send blocks and resumes
     out["big_body"] = post(pool, data=big)
 

@@ -8,8 +8,9 @@ plus a usage chunk when `stream_options.include_usage` is set (or --usage). Raw 
 protocol with `call_later` per step (no task per request) so one process serves thousands of
 events per second. A fault is chosen per request by the `X-Fault` header or a model named
 `fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
-override the flags. With --stamp-log FILE it writes `request_id index perf_counter_ns` for each
-content event just before writing it (request id: `X-Request-Id` header or the body's `user`).
+override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
+content event: `perf_counter_ns` just before and just after its write (request id: `X-Request-Id`
+header or the body's `user`).
 """
 from __future__ import annotations
 
@@ -86,10 +87,12 @@ class Stream(asyncio.Protocol):
             return False
         if data is STALL:
             return False
-        if idx is not None and stamps is not None:
-            stamps.append(idx)
+        if idx is not None and stamps is not None:   # the write happens between the two stamps
+            stamps += (idx, time.perf_counter_ns())
+            self.tr.write(data)
             stamps.append(time.perf_counter_ns())
-        self.tr.write(data)
+        else:
+            self.tr.write(data)
         return True
 
 
@@ -194,7 +197,8 @@ class Server:
         else:
             yield 0, tail + (b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n" if fault == "trailers" else b"0\r\n\r\n"), None
         if stamps is not None and stamps:
-            self.log.write("".join(f"{rid} {stamps[k]} {stamps[k + 1]}\n" for k in range(0, len(stamps), 2)))
+            self.log.write("".join(f"{rid} {stamps[k]} {stamps[k + 1]} {stamps[k + 2]}\n"
+                                   for k in range(0, len(stamps), 3)))
             self.log.flush()
         if fault == "close_idle":   # keep-alive promised, then closed while idle (a stale connection)
             yield 0.02, CLOSE, None
@@ -233,7 +237,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fault", choices=FAULTS, help="fault for every --fault-every'th request")
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--usage", action="store_true", help="always send a usage chunk")
-    ap.add_argument("--stamp-log", help="append 'request_id index perf_counter_ns' per content event")
+    ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
     args = ap.parse_args(argv)

@@ -78,6 +78,13 @@ def test_chat_role_chunk_is_not_a_token_and_connection_is_reused(out):
     assert out["chat"]["prompt_tokens"] == 3 and out["chat_fast"]["prompt_tokens"] is None
 
 
+def test_kernel_timestamps_are_not_delayed_by_a_busy_client(out):
+    k, r = out["busy_kernel_ts"], out["busy_read_ts"]
+    assert k["status"] == r["status"] == "ok" and k["n"] == r["n"] == 30 and k["after_sent"]
+    assert r["inside"] == 0       # read-time stamps cannot fall while the process was blocked
+    assert k["inside"] >= 1       # kernel receive times do: the bytes arrived meanwhile
+
+
 def test_non_sse_200_is_a_protocol_error(out):
     assert out["not_streamed"]["status"] == "protocol_error"
     assert "event-stream" in out["not_streamed"]["error"]

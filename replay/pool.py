@@ -1,0 +1,185 @@
+"""Keep-alive connections for the streaming client: non-blocking sockets, TLS over memory BIOs.
+
+Sockets are plain `_socket.socket`s (never gevent's wrapper, patched or not) so the client's
+I/O watcher can `recv` on them directly from the hub; only connecting, TLS handshakes and
+sends that find the buffer full wait, and they wait in the calling greenlet.
+"""
+from __future__ import annotations
+
+import _socket
+import errno
+import os
+import socket
+import ssl
+import sys
+import time
+from urllib.parse import urlsplit
+
+from gevent.hub import get_hub
+from gevent.lock import Semaphore
+from gevent.socket import wait_read, wait_write
+
+perf_counter = time.perf_counter
+RECV_SIZE = 65536
+# SO_TIMESTAMPNS (Linux: 35; Python does not export it): recvmsg then returns the time the kernel
+# received the bytes, so a client busy with other streams does not delay the stamp.
+SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
+TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class Deadline(Exception):
+    """A time limit passed before the response phase; args: (status, message)."""
+
+
+class Conn:
+    """One TCP (optionally TLS) connection and its reusable read watcher."""
+
+    __slots__ = ("sock", "io", "tls", "tls_in", "tls_out", "reused")
+
+    def __init__(self, sock: _socket.socket, tls=None, tls_in=None, tls_out=None) -> None:
+        self.sock, self.tls, self.tls_in, self.tls_out = sock, tls, tls_in, tls_out
+        self.io = get_hub().loop.io(sock.fileno(), 1)
+        self.reused = False
+
+    def alive(self) -> bool:
+        """An idle keep-alive connection is usable when the peer has neither closed it nor sent
+        anything (a non-blocking peek; EAGAIN means alive)."""
+        try:
+            self.sock.recv(1, socket.MSG_PEEK)   # b"" (closed) or stray bytes: unusable
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.io.stop()
+        self.io.close()
+        self.sock.close()
+
+
+class ConnectionPool:
+    """Keep-alive connections to one origin; `max_connections` bounds those in use at once."""
+
+    def __init__(self, base_url: str, *, max_connections: int = 10000, connect_timeout: float = 10.0,
+                 headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None,
+                 kernel_timestamps: bool = True) -> None:
+        u = urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"base_url must be http://host[:port] or https://...: {base_url!r}")
+        self.host, self.tls = u.hostname, u.scheme == "https"
+        self.port = u.port or (443 if self.tls else 80)
+        self.prefix = u.path.rstrip("/")
+        self.connect_timeout = connect_timeout
+        # stamp bytes with the kernel's receive time where the OS offers it (plain TCP only)
+        self.kernel_timestamps = kernel_timestamps and SO_TIMESTAMPNS is not None and u.scheme == "http"
+        self.ssl_context = (ssl_context or ssl.create_default_context()) if self.tls else None
+        hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
+                "Content-Type": "application/json", **(headers or {})}
+        self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
+        self._idle: list[Conn] = []
+        self._slots = Semaphore(max_connections)
+        self._addrs: list | None = None
+        self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
+
+    def request_bytes(self, path: str, body: bytes) -> bytes:
+        return (b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n"
+                % ((self.prefix + path).encode(), self._head, len(body))) + body
+
+    def acquire(self, deadline: float) -> Conn:
+        if not self._slots.acquire(timeout=max(0.0, deadline - perf_counter())):
+            raise Deadline("timeout", "no free connection slot before the deadline")
+        try:
+            while self._idle:
+                conn = self._idle.pop()
+                if conn.alive():
+                    conn.reused = True
+                    return conn
+                conn.close()
+            return self._connect(min(self.connect_timeout, deadline - perf_counter()))
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def release(self, conn: Conn, reusable: bool) -> None:
+        if reusable:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._slots.release()
+
+    def _connect(self, timeout: float) -> Conn:
+        if self._addrs is None:   # resolved once; e.g. localhost may give ::1 then 127.0.0.1
+            self._addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)]
+        deadline = perf_counter() + timeout
+        for k, (af, addr) in enumerate(self._addrs):
+            try:
+                conn = self._connect_to(af, addr, deadline)
+            except OSError:
+                if k == len(self._addrs) - 1:
+                    raise
+                continue
+            if k:
+                self._addrs.insert(0, self._addrs.pop(k))   # remember the address that worked
+            return conn
+
+    def _connect_to(self, af: int, addr: tuple, deadline: float) -> Conn:
+        sock = _socket.socket(af, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.kernel_timestamps:
+                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            err = sock.connect_ex(addr)
+            if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
+                wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
+                           timeout_exc=Deadline("connection_error", "connect timeout"))
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise OSError(err, os.strerror(err))
+            self.opened += 1
+            return self._handshake(sock, deadline) if self.tls else Conn(sock)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self, sock: _socket.socket, deadline: float) -> Conn:
+        tls_in, tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.ssl_context.wrap_bio(tls_in, tls_out, server_hostname=self.host)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except TLS_WANT:
+                send_all(sock, tls_out.read(), deadline)
+                wait_read(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
+                          timeout_exc=Deadline("connection_error", "TLS handshake timeout"))
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    raise ConnectionResetError(errno.ECONNRESET, "closed during TLS handshake")
+                tls_in.write(data)
+        send_all(sock, tls_out.read(), deadline)
+        return Conn(sock, tls, tls_in, tls_out)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+def send_all(sock: _socket.socket, data: bytes, deadline: float) -> float:
+    """Write all of `data` on a non-blocking socket, waiting (greenlet only) when the buffer is full.
+    Returns perf_counter taken just *before* the send() that wrote the last byte: a stamp taken
+    after it could land after the response's (kernel) arrival time if the process is preempted.
+    Raises OSError with `.sent` = bytes accepted by the kernel before the failure."""
+    view, sent, t = memoryview(data), 0, perf_counter()
+    while sent < len(data):
+        try:
+            t = perf_counter()
+            sent += sock.send(view[sent:])
+        except BlockingIOError:
+            wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
+                       timeout_exc=Deadline("timeout", "send timeout"))
+        except OSError as e:
+            e.sent = sent
+            raise
+    return t
