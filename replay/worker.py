@@ -150,7 +150,14 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
 
 
 def main_args(args) -> int:
-    return run_worker(args.master, args.die_with_parent)
+    """`replay worker`: re-exec as a clean process, so gevent patches before anything imports ssl."""
+    import os
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "replay.worker", "--master", args.master]
+    os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))
+    return 1  # not reached
 
 
 if __name__ == "__main__":
