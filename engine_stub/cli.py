@@ -154,8 +154,9 @@ async def serve(args) -> int:
     state.render_metrics, state.engine = render, engine
     while not server.started and not serving.done():
         await asyncio.sleep(0.01)
-    if serving.done():
-        return 1
+    if serving.done():  # stopped by a signal during startup (0), or could not serve (1)
+        engine.stop()
+        return 0 if server.should_exit else 1
     shown = f"[{host}]" if ":" in host else host
     print(f"engine-stub ready: http://{shown}:{port}", flush=True)
     try:
@@ -183,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # the engine could not start (device, memory, engine process)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
 

@@ -87,6 +87,8 @@ class EngineConfig:
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA device is available (use --device cpu)")
         dtype = self.dtype
         if dtype == "auto":
             dtype = "bfloat16" if _native_bf16(device) else "float32"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import queue
 import signal
 import threading
 from types import SimpleNamespace
@@ -58,8 +59,14 @@ class ProcessBackend:
     def start(self, deliver, loop: asyncio.AbstractEventLoop) -> None:
         """Blocks until the child has built and warmed up its cores (call it in an executor)."""
         self.proc.start()
-        kind, _, _ = self.outbox.get()
-        assert kind == "ready"
+        while True:
+            try:
+                kind, _, _ = self.outbox.get(timeout=1)
+                break
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"the engine process exited with code {self.proc.exitcode}") from None
+        assert kind == "ready", kind
 
         def read():
             while True:

@@ -76,6 +76,10 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
     async def _api_error(_request, e: APIError):
         return error_response(e)
 
+    @app.exception_handler(Exception)
+    async def _internal(_request, e: Exception):
+        return error_response(APIError(500, f"internal error: {type(e).__name__}: {e}"))
+
     @app.exception_handler(404)
     async def _not_found(request: Request, _e):
         return error_response(APIError(404, f"no route {request.method} {request.url.path}"))

@@ -1,1 +1,172 @@
-"""pytest plugin (entry point `pytest11`): SLO-gated replay tests. Never imports locust."""
+"""pytest plugin (entry point `pytest11`): SLO-gated replay tests.
+
+    def test_chat_slo(replay):
+        result = replay("traces/chat.parquet", max_requests=200)
+        result.assert_slo("slo.yaml")
+
+    @pytest.mark.slo("ttft_ms.p99 <= 800", "attainment >= 0.95")
+    def test_gated(replay):
+        replay("chat", duration=30, rate=2)      # a preset name generates the trace
+
+Options: `--replay-target URL` (else a session fixture starts engine-stub on a free port),
+`--replay-runs-dir DIR`, `--replay-engine-arg ARG` (repeatable), `--replay-arg ARG` (passed to
+every `replay run`). Each replay runs in a child process: this plugin never imports locust.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_OBJECTIVE = re.compile(r"(<=|>=|<|>)")
+
+
+@dataclass
+class ReplayResult:
+    """One finished replay: its run directory, summary and gate helpers."""
+
+    run_dir: Path
+    summary: dict
+    returncode: int
+    output: str = ""
+    gates: list = field(default_factory=list)
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        import reports
+        return reports.headline(self.summary)
+
+    def gate(self, slo: Any):
+        import reports
+        result = reports.evaluate_slo(self.run_dir, _load_slo(slo))
+        self.gates.append(result)
+        return result
+
+    def assert_slo(self, slo: Any) -> None:
+        result = self.gate(slo)
+        if result.exit_code != 0:
+            verdict = "failed" if result.exit_code == 1 else "could not be evaluated"
+            raise AssertionError(f"SLO {verdict} for run {self.run_dir}:\n{result.table()}")
+
+
+def _load_slo(slo: Any):
+    """A path, a spec dict, an SloSpec, or a list of objective strings."""
+    import reports
+    if isinstance(slo, (list, tuple)):
+        return reports.load_slo({"objectives": list(slo)})
+    return reports.load_slo(slo)
+
+
+def slo_from_marker(mark: pytest.Mark):
+    """`slo("slo.yaml")`, `slo("ttft_ms.p99 <= 800", ...)`, `slo(per_request=..., objectives=...)`."""
+    objectives = [a for a in mark.args if isinstance(a, str) and _OBJECTIVE.search(a)]
+    files = [a for a in mark.args if not (isinstance(a, str) and _OBJECTIVE.search(a))]
+    if files and (objectives or mark.kwargs):
+        raise pytest.UsageError("@pytest.mark.slo takes a file or objectives/keywords, not both")
+    if files:
+        return _load_slo(files[0])
+    spec = dict(mark.kwargs)
+    if objectives:
+        spec["objectives"] = list(spec.get("objectives", [])) + objectives
+    return _load_slo(spec)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("replay", "llm-replay SLO tests")
+    group.addoption("--replay-target", default=os.environ.get("REPLAY_TARGET"),
+                    help="OpenAI-compatible base URL to test (env REPLAY_TARGET); "
+                         "default: start engine-stub locally for the session")
+    group.addoption("--replay-runs-dir", default=None,
+                    help="directory for run directories (default: pytest's tmp dir)")
+    group.addoption("--replay-engine-arg", action="append", default=[],
+                    help="extra argument for the auto-started engine-stub (repeatable)")
+    group.addoption("--replay-arg", action="append", default=[],
+                    help="extra argument for every `replay run` (repeatable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slo(*file_or_objectives, **spec): gate every replay run of the test on this SLO")
+
+
+@pytest.fixture(scope="session")
+def replay_target(request: pytest.FixtureRequest):
+    """The base URL under test: --replay-target, or a session-wide local engine-stub."""
+    target = request.config.getoption("--replay-target")
+    if target:
+        yield target.rstrip("/")
+        return
+    try:
+        import engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
+    except ImportError as e:
+        pytest.skip(f"no --replay-target and engine-stub is not installed ({e}); "
+                    "pip install 'llm-replay[engine]' or pass --replay-target URL")
+    from replay.local_engine import start_engine
+    engine = start_engine(*request.config.getoption("--replay-engine-arg"))
+    yield engine.url
+    engine.stop()
+
+
+@pytest.fixture
+def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
+    """Call `replay(trace, **run_options)`: replays a trace file or a preset name and returns
+    a ReplayResult. Options become `replay run` flags (`max_requests=50` -> `--max-requests 50`);
+    for a preset, `duration`, `rate` and `seed` shape the generated trace."""
+    runs: list[ReplayResult] = []
+    base = request.config.getoption("--replay-runs-dir")
+    runs_dir = Path(base) / request.node.name if base else tmp_path / "runs"
+
+    def run(trace: str | os.PathLike, **options: Any) -> ReplayResult:
+        import reports
+        from replay.runproc import replay_run, run_args
+        path = Path(trace)
+        if not path.exists():
+            path = _preset_trace(str(trace), options, tmp_path)
+        run_dir = runs_dir / f"run-{len(runs)}"
+        extra = run_args(options) + list(request.config.getoption("--replay-arg"))
+        outcome = replay_run(path, replay_target, run_dir, extra=extra)
+        if not (run_dir / "records.parquet").exists():
+            raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
+                               f"{outcome.output[-3000:]}")
+        result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output)
+        for name, value in reports.headline(result.summary).items():
+            request.node.user_properties.append((f"replay.{len(runs)}.{name}", value))
+        runs.append(result)
+        return result
+
+    run.runs = runs  # the marker's gate reads them after the test body
+    return run
+
+
+def _preset_trace(name: str, options: dict, tmp_path: Path) -> Path:
+    from traces.generate import generate
+    from traces.presets import preset_spec
+    spec = preset_spec(name, duration=options.pop("duration", 30), rate=options.pop("rate", None))
+    path = tmp_path / f"{name}.parquet"
+    generate(spec, seed=options.pop("seed", 0)).write(path)
+    return path
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    result = yield
+    mark = item.get_closest_marker("slo")
+    runner = getattr(item, "funcargs", {}).get("replay")
+    if mark is None or runner is None:
+        return result
+    slo = slo_from_marker(mark)
+    if not runner.runs:
+        raise AssertionError("@pytest.mark.slo: the test made no replay run to gate")
+    failures = []
+    for run in runner.runs:
+        gate = run.gate(slo)
+        item.user_properties.append((f"slo.{run.run_dir.name}", "pass" if gate.exit_code == 0 else "fail"))
+        if gate.exit_code != 0:
+            failures.append(f"{run.run_dir}:\n{gate.table()}")
+    if failures:
+        raise AssertionError("SLO not met:\n" + "\n".join(failures))
+    return result

@@ -43,46 +43,11 @@ def replay_cli():
     return lambda *args, **kw: run_cli("replay", *args, **kw)
 
 
-class Engine:
-    """A running `engine-stub serve` subprocess (started by `start_engine`)."""
 
-    def __init__(self, proc: subprocess.Popen, url: str) -> None:
-        self.proc, self.url = proc, url
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
-def start_engine(*args: str, timeout: float = 90) -> Engine:
-    """Start `python -m engine_stub serve --port 0 ARGS` and wait for its ready line
-    `engine-stub ready: URL` on stdout. The caller stops it (by PID) with `.stop()`."""
-    import select
-    import time
-    proc = subprocess.Popen([sys.executable, "-m", "engine_stub", "serve", "--port", "0", *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=repo_env())
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        r, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if r:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if line.startswith("engine-stub ready: "):
-                eng = Engine(proc, line.split(": ", 1)[1].strip())
-                # keep draining output so the engine never blocks on a full pipe
-                import threading
-                threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-                return eng
-    proc.kill()
-    raise RuntimeError("engine-stub did not become ready:\n" + "".join(seen[-40:]))
+def start_engine(*args: str, timeout: float = 90):
+    """Start engine-stub on a free port (see replay.local_engine); `.url`, `.stop()`."""
+    from replay.local_engine import start_engine as _start
+    return _start(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 TRACE_COMMAND_MODULES = (
-    "traces.cli_io",      # import, validate, convert, describe, transform
+    "traces.cli_io",      # import, validate, export, describe, transform
     "traces.cli_synth",   # generate, fit, compare
 )
 

@@ -73,8 +73,6 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
     if (out_f < 0).any():
         raise TraceError("output_tokens must be >= 0", file=file, column="output_tokens",
                          rows=_bad_rows(out_f < 0), total_rows=n)
-    if "request_id" not in cols and fill_request_id:
-        cols["request_id"] = pa.chunked_array([pa.array(np.arange(n).astype(str))])
     order = None
     if n > 1 and (np.diff(arr) < 0).any():
         if not sort:
@@ -91,6 +89,8 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
             rows = np.flatnonzero(pc.equal(rid, first).to_numpy(zero_copy_only=False))
             raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})",
                              file=file, column="request_id", rows=rows.tolist(), total_rows=n)
+    if "request_id" not in cols and fill_request_id:  # unique by construction: no duplicate check
+        cols["request_id"] = pa.chunked_array([pa.array(np.arange(n)).cast(pa.string())])
     out_table = pa.table(cols, schema=schema_for(list(cols)))
     if order is not None:
         out_table = out_table.take(order)
@@ -111,9 +111,11 @@ def _cast_int(col: pa.ChunkedArray, typ: pa.DataType, name: str, file: str | Non
                              rows=_bad_rows(frac), total_rows=n)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
         lim = _INT32_MAX if typ == pa.int32() else 2**63 - 1
-        v = col.to_numpy(zero_copy_only=False).astype(np.float64)
-        big = np.abs(np.nan_to_num(v)) > lim
-        if big.any():
+        mm = pc.min_max(col)  # cheap range check first; rows only located when it fails
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and (abs(lo) > lim or abs(hi) > lim):
+            v = col.to_numpy(zero_copy_only=False).astype(np.float64)
+            big = np.abs(np.nan_to_num(v)) > lim
             raise TraceError(f"value overflows {typ}", file=file, column=name,
                              rows=_bad_rows(big), total_rows=n)
     try:
@@ -130,6 +132,12 @@ class Trace:
                  file: str | None = None, sort: bool = False, validate: bool = True) -> None:
         self.table = conform(table, file=file, sort=sort) if validate else table
         self.metadata: dict[str, Any] = {"schema_version": SCHEMA_VERSION, **(metadata or {})}
+        bs = self.metadata.get("block_size")
+        if validate and bs and "hash_ids" in self.table.column_names:
+            from .validate import check_blocks
+            if not isinstance(bs, int) or bs < 1:
+                raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
+            check_blocks(self.table.column("hash_ids"), self.table.column("input_tokens"), bs, file=file)
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -173,7 +181,7 @@ class Trace:
     @staticmethod
     def read_metadata(path: str | Path) -> dict[str, Any]:
         try:
-            raw = pq.read_schema(path).metadata or {}
+            raw = pq.read_metadata(path).metadata or {}  # file key-value metadata (also set by streaming writers)
         except (OSError, pa.ArrowInvalid) as e:
             raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
         return _decode_meta(raw)
@@ -215,4 +223,8 @@ def _read_parquet(path: Path) -> tuple[pa.Table, dict[str, Any]]:
     except (OSError, pa.ArrowException) as e:
         raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=str(path)) from None
     meta = _decode_meta(table.schema.metadata or {})
+    try:  # streaming writers (importers) add their metadata to the file footer at close
+        meta.update(_decode_meta(pq.read_metadata(path).metadata or {}))
+    except (OSError, pa.ArrowException):
+        pass
     return table.replace_schema_metadata(None), meta

@@ -3,13 +3,15 @@
 --fault-* flag observable from the client side."""
 import concurrent.futures as cf
 import contextlib
+import subprocess
+import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import run_cli, start_engine
+from tests.conftest import Engine, free_port, repo_env, run_cli, start_engine
 
 pytest.importorskip("torch")
 KEY = "s3cret"
@@ -68,12 +70,13 @@ def test_body_too_large(url):
 
 
 def test_kv_pressure_preempts_and_still_completes(url):
-    # 40 blocks of 16 tokens; two requests growing to 30 + 300 tokens each cannot both fit
+    # 40 blocks of 16 tokens; two requests growing to 30 + 450 tokens (30 blocks) each cannot both
+    # fit: unless the second starts ~280 steps after the first, one of them must be preempted
     before = metric_value(url, "vllm:num_preemptions_total")
-    body = {"prompt": IDS, "max_tokens": 300, "ignore_eos": True}
+    body = {"prompt": IDS, "max_tokens": 450, "ignore_eos": True}
     with cf.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: post(url, body), range(2)))
-    assert [r.json()["usage"]["completion_tokens"] for r in results] == [300, 300]
+    assert [r.json()["usage"]["completion_tokens"] for r in results] == [450, 450]
     assert metric_value(url, "vllm:num_preemptions_total") > before
 
 
@@ -143,9 +146,28 @@ def test_bad_flags_exit_2_with_a_message():
     assert r.returncode == 2 and "unknown preset 'nosuch'" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_engine_process_mode_serves_and_frees_blocks():
-    eng = start_engine("--engine-process", "--model", "m=micro")
+def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
+    # the HTTP socket listens before the engine process is up: 503 + Retry-After until then
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine_stub", "serve", "--port", str(port), "--engine-process",
+                             "--model", "m=micro"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=repo_env())
+    eng = Engine(proc, f"http://127.0.0.1:{port}")
     try:
+        statuses, deadline = [], time.monotonic() + 90
+        while time.monotonic() < deadline and 200 not in statuses:
+            try:
+                r = httpx.get(eng.url + "/v1/models", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.02)
+                continue
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                assert r.headers["Retry-After"] == "1" and r.json()["error"]["code"] == 503
+                time.sleep(0.05)
+        assert 503 in statuses and statuses[-1] == 200, statuses
+        lines = iter(proc.stdout.readline, "")
+        assert f"engine-stub ready: {eng.url}" in (line.strip() for line in lines)
         client = openai.OpenAI(base_url=eng.url + "/v1", api_key="x", max_retries=0)
         chunks = list(client.completions.create(model="m", prompt=IDS, max_tokens=5, stream=True,
                                                 stream_options={"include_usage": True},

@@ -1,7 +1,5 @@
 """Trace type: Parquet round trip keeps values and metadata; validation names file, column, rows, rule."""
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from traces import Trace, TraceError

@@ -1,0 +1,59 @@
+"""Run `replay run` as a child process and collect its run directory.
+
+`demo`, `sweep` and the pytest plugin orchestrate replays from processes that must not
+import locust (it monkey-patches the whole process with gevent), so each replay runs in
+its own `python -m replay run ...` child.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    returncode: int
+    output: str
+
+
+def run_args(options: dict[str, Any]) -> list[str]:
+    """`{"max_requests": 10, "force_output_len": False}` -> `--max-requests 10 --no-force-output-len`."""
+    out: list[str] = []
+    for key, value in options.items():
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                out += [flag, str(v)]
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                out += [flag, f"{k}={v}"]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def replay_run(trace: Path, target: str, run_dir: Path, *, extra: list[str] | None = None,
+               timeout: float | None = None, echo: bool = False) -> RunOutcome:
+    """Replay `trace` against `target` into `run_dir` in a child process."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    cmd = [sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", target,
+           "-o", str(run_dir), *(extra or [])]
+    if echo:  # the child's live progress goes straight to our terminal
+        proc = subprocess.run(cmd, env=env, timeout=timeout, text=True)
+    else:
+        proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
+    return RunOutcome(Path(run_dir), proc.returncode, (proc.stdout or "") + (proc.stderr or ""))

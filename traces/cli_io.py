@@ -1,0 +1,165 @@
+"""`replay trace import | validate | export | describe | transform`.
+
+Only argparse at module level: the parser is built for every `replay` invocation, so the
+pyarrow-heavy modules are imported inside the command functions.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+IMPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "servegen", "vidur", "sharegpt",
+                  "aibrix", "csv", "jsonl")
+EXPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "vidur", "aibrix", "csv", "jsonl")
+
+
+TRANSFORMS = (
+    ("--speed", "X", "replay X times faster (arrival / X)"),
+    ("--rate", "R", "rescale time to a mean rate of R req/s"),
+    ("--slice", "A:B", "keep arrivals in [A, B) seconds; A becomes the new origin"),
+    ("--head", "N", "keep the first N requests"),
+    ("--sample", "P", "keep each request with probability P (seeded by --seed)"),
+    ("--model", "M1,M2", "keep only these models"),
+    ("--client-id", "C1,C2", "keep only these clients"),
+    ("--map-model", "A=B,...", "rename model labels"),
+    ("--merge", "OTHER", "superpose another trace (both from their origins)"),
+    ("--shift", "S", "add S seconds to every arrival"),
+    ("--clip-input", "MIN:MAX", "clamp input_tokens (either side may be empty)"),
+    ("--clip-output", "MIN:MAX", "clamp output_tokens"),
+    ("--dequantize", "MS", "spread requests sharing a timestamp over a bucket of MS ms ('' = detect)"),
+)
+
+
+def _user_errors(func):
+    """File-system failures (permissions, a directory where a file is expected) are the user's
+    to fix: report them like TraceError (exit 2), not as a traceback."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except OSError as e:
+            from .errors import TraceError
+            raise TraceError(f"{e.strerror or e}", file=e.filename) from None
+    run.__name__ = func.__name__
+    return run
+
+
+class _Op(argparse.Action):
+    """Collect transform options in command-line order: they are applied in that order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.ops = [*(namespace.ops or []), (option_string.lstrip("-").replace("-", "_"), values)]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="import a public trace format into a canonical Parquet trace",
+                       description="Import a trace file (streamed, bounded memory) into canonical Parquet. "
+                                   "Formats and their columns: docs/readme/traces.md#trace-formats.")
+    p.add_argument("format", choices=IMPORT_FORMATS, metavar="FORMAT", help=", ".join(IMPORT_FORMATS))
+    p.add_argument("src", help="source file (servegen: a directory)")
+    p.add_argument("-o", "--output", required=True, help="output .parquet (servegen: a spec .yaml)")
+    p.add_argument("--sort", action="store_true", help="sort by arrival time (holds the trace in memory)")
+    p.add_argument("--drop-failed", action="store_true",
+                   help="drop rows the source marks failed (BurstGPT: 0 response tokens); default: keep and flag")
+    p.add_argument("--map", help="csv/jsonl: target=source[:unit],... e.g. arrival=ts:ms,input_tokens=prompt_len")
+    p.add_argument("--dequantize", choices=("none", "uniform"), default="none",
+                   help="mooncake/aibrix: spread requests that share a bucketed timestamp uniformly over the bucket")
+    p.add_argument("--quantum-ms", type=float, help="bucket width for --dequantize (default: detected)")
+    p.add_argument("--tokenizer", help="sharegpt: a tokenizer.json (needs the `tokenizers` package) for exact lengths")
+    p.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate (req/s); the source has no times")
+    p.add_argument("--seed", type=int, default=0, help="sharegpt: seed of the arrival process")
+    p.add_argument("--limit", type=int, help="sharegpt: at most this many conversations")
+    p.set_defaults(func=_user_errors(cmd_import))
+
+    p = sub.add_parser("validate", help="check a trace file against the schema and rules (exit 0 ok, 2 invalid)")
+    p.add_argument("trace", help="trace file (.parquet, canonical .csv or .jsonl)")
+    p.add_argument("--sort", action="store_true", help="accept unsorted arrivals (they are sorted on read)")
+    p.set_defaults(func=_user_errors(cmd_validate))
+
+    p = sub.add_parser("export", help="write a canonical trace in a source format (or canonical csv/jsonl)")
+    p.add_argument("trace")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--format", choices=EXPORT_FORMATS, help="default: the format the trace was imported from")
+    p.set_defaults(func=_user_errors(cmd_export))
+
+    p = sub.add_parser("describe", help="statistics of a trace: rate, burstiness, lengths, model mix, prefix reuse")
+    p.add_argument("trace")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.add_argument("--windows", default="1,10,60", help="index-of-dispersion windows in seconds (default 1,10,60)")
+    p.set_defaults(func=_user_errors(cmd_describe))
+
+    p = sub.add_parser("transform", help="speed up, rescale, slice, sample, filter, remap, merge, clip a trace",
+                       description="Apply transforms in the order given on the command line; "
+                                   "each is recorded in the output's metadata (`transforms`).")
+    p.add_argument("trace")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--sort", action="store_true", help="sort the input by arrival first")
+    p.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    for flag, metavar, text in TRANSFORMS:
+        p.add_argument(flag, metavar=metavar, dest="ops", action=_Op, help=text)
+    p.set_defaults(func=_user_errors(cmd_transform), ops=[])
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .errors import TraceError
+    if args.format == "servegen":
+        try:
+            from .servegen import import_servegen
+        except ModuleNotFoundError as e:
+            if e.name != "traces.servegen":
+                raise
+            raise TraceError("the servegen importer (traces.servegen) is not available in this build") from None
+        import_servegen(Path(args.src), Path(args.output))
+        print(f"wrote {args.output}")
+        return 0
+    from .importers import import_trace
+    meta = import_trace(args.format, args.src, args.output, args)
+    rows = meta["rows"]
+    dropped = f", dropped {rows['dropped_failed']} failed" if rows["dropped_failed"] else ""
+    print(f"wrote {args.output}: {rows['written']} requests from {rows['source']} source rows{dropped}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .trace import Trace
+    t = Trace.read(args.trace, sort=args.sort)
+    print(f"ok: {args.trace}: {t.num_rows} requests over {t.duration_s:.3f} s; "
+          f"columns: {', '.join(t.table.column_names)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from .errors import TraceError
+    from .importers import module
+    from .trace import Trace
+    trace = Trace.read(args.trace)
+    fmt = args.format or trace.metadata.get("source", {}).get("format")
+    if fmt in ("csv", "jsonl"):
+        out = Path(args.output)
+        if out.suffix.lower() not in (".csv", ".jsonl", ".ndjson"):
+            out = out.with_suffix("." + fmt)
+        trace.write(out)
+    elif fmt not in EXPORT_FORMATS:
+        raise TraceError(f"cannot export to {fmt!r}: give --format, one of {', '.join(EXPORT_FORMATS)}")
+    else:
+        out = Path(args.output)
+        module(fmt).export(trace, out)
+    print(f"wrote {out} ({fmt}, {trace.num_rows} requests)")
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from .describe import describe_file
+    try:
+        windows = tuple(float(w) for w in args.windows.split(","))
+    except ValueError:
+        from .errors import TraceError
+        raise TraceError(f"--windows must be comma-separated seconds, got {args.windows!r}") from None
+    sys.stdout.write(describe_file(args.trace, as_json=args.json, windows_s=windows))
+    return 0
+
+
+def cmd_transform(args: argparse.Namespace) -> int:
+    from .transform import run_cli
+    return run_cli(args)

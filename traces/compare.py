@@ -1,0 +1,76 @@
+"""`replay trace compare A B`: realism statistics of two traces side by side, with a verdict
+per metric against a tolerance (relative for rates, dispersion and lengths; absolute for
+correlations, shares and hit ratios). The statistics come from `traces.stats`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from . import stats
+
+# metric family -> (kind, tolerance): "rel" compares |b - a| / |a|, "abs" compares |b - a|
+TOLERANCES = {
+    "mean_rate": ("rel", 0.02),
+    "interarrival_cv": ("rel", 0.10),
+    "idc": ("rel", 0.20),
+    "length": ("rel", 0.10),
+    "spearman": ("abs", 0.10),
+    "model_share": ("abs", 0.02),
+    "prefix_hit": ("abs", 0.05),
+}
+
+
+def _row(metric: str, family: str, a: float | None, b: float | None) -> dict[str, Any]:
+    kind, tol = TOLERANCES[family]
+    if a is None or b is None:
+        return {"metric": metric, "a": a, "b": b, "diff": None, "tolerance": f"{kind} {tol:g}", "verdict": "n/a"}
+    diff = abs(b - a) / abs(a) if kind == "rel" and a != 0 else abs(b - a)
+    return {"metric": metric, "a": a, "b": b, "diff": diff, "tolerance": f"{kind} {tol:g}",
+            "verdict": "pass" if diff <= tol + 1e-12 else "fail"}
+
+
+def _block_size(trace: Any) -> int | None:
+    bs = getattr(trace, "metadata", {}).get("block_size")
+    return int(bs) if isinstance(bs, (int, float)) else None
+
+
+def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
+    """One row per metric: {metric, a, b, diff, tolerance, verdict in pass/fail/n/a}."""
+    rows = [_row("mean_rate", "mean_rate", stats.mean_rate(a), stats.mean_rate(b)),
+            _row("interarrival_cv", "interarrival_cv", stats.interarrival_cv(a), stats.interarrival_cv(b))]
+    ia, ib = stats.index_of_dispersion(a), stats.index_of_dispersion(b)
+    rows += [_row(f"idc_{w}", "idc", ia[w], ib.get(w)) for w in ia]
+    la, lb = stats.length_quantiles(a), stats.length_quantiles(b)
+    groups = [("", la, lb)]
+    per_a, per_b = la.get("per_model", {}), lb.get("per_model", {})
+    if len(per_a) > 1:
+        groups += [(f"{m}.", per_a[m], per_b.get(m, {})) for m in per_a]
+    for prefix, ga, gb in groups:
+        for col in ("input_tokens", "output_tokens"):
+            for q in ("p50", "p90", "p99"):
+                rows.append(_row(f"{prefix}{col}.{q}", "length", ga[col][q], gb.get(col, {}).get(q)))
+    rows.append(_row("spearman_input_output", "spearman", stats.spearman_io(a), stats.spearman_io(b)))
+    ma, mb = stats.model_mix(a), stats.model_mix(b)
+    if len(ma) > 1 or set(ma) != set(mb):
+        rows += [_row(f"model_share.{m}", "model_share", ma.get(m, 0.0), mb.get(m, 0.0)) for m in {**ma, **mb}]
+    pa_, pb_ = stats.prefix_cache_hits(a, _block_size(a)), stats.prefix_cache_hits(b, _block_size(b))
+    if pa_ or pb_:
+        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", (pa_ or {}).get("block_hit_ratio"),
+                         (pb_ or {}).get("block_hit_ratio")))
+    return rows
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def format_table(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> str:
+    head = ("metric", name_a, name_b, "diff", "tolerance", "verdict")
+    body = [(r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"]), r["tolerance"], r["verdict"].upper())
+            for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
+    fails = sum(r["verdict"] == "fail" for r in rows)
+    lines.append(f"{len(rows) - fails} of {len(rows)} metrics within tolerance" +
+                 (f"; {fails} outside" if fails else ""))
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""`replay trace describe`: the statistics of `traces.stats` as a terminal report or JSON."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from . import stats
+from .trace import Trace
+
+
+def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S) -> dict[str, Any]:
+    """The JSON body of `describe --json`: file-level facts plus `stats.summarize`."""
+    meta = trace.metadata
+    out = {"source": meta.get("source"), "columns": trace.table.column_names,
+           "transforms": meta.get("transforms", []), "block_size": meta.get("block_size")}
+    out.update(stats.summarize(trace.table, windows_s, meta.get("block_size")))
+    failed = trace.table.column("failed_in_source") if "failed_in_source" in trace.table.column_names else None
+    out["failed_in_source"] = int(failed.fill_null(False).cast("int64").to_numpy().sum()) if failed is not None else 0
+    out["output_tokens_null"] = trace.table.column("output_tokens").null_count
+    return out
+
+
+def _f(v: Any, nd: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}" if abs(v) < 1e6 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _qline(name: str, q: dict) -> str:
+    return f"  {name:<14}" + "".join(f"{k}={_f(q[k], 0 if k != 'mean' else 1):>9}  " for k in ("p50", "p90", "p99", "max", "mean"))
+
+
+def render(d: dict[str, Any], file: str) -> str:
+    src = d.get("source") or {}
+    lines = [f"{file}: {d['requests']:,} requests over {_f(d['duration_s'])} s"
+             + (f" (imported from {src.get('format')}: {src.get('file')})" if src.get("format") else "")]
+    fit = d["interarrival_fit"]
+    idc = ", ".join(f"{k}={_f(v, 2)}" for k, v in d["index_of_dispersion"].items())
+    lines += [
+        "arrivals",
+        f"  mean rate      {_f(d['mean_rate'])} req/s   peak (60 s window) {_f(d['peak_rate_60s'])} req/s",
+        f"  inter-arrival  CV={_f(d['interarrival_cv'])}  gamma shape={_f(fit['gamma_shape'])}  "
+        f"weibull shape={_f(fit['weibull_shape'])}  zero gaps={_f(fit['zero_gap_share'])}",
+        f"  dispersion     index of dispersion of counts: {idc}",
+        "lengths (tokens)",
+        _qline("input", d["lengths"]["input_tokens"]), _qline("output", d["lengths"]["output_tokens"]),
+        f"  spearman(input, output) = {_f(d['spearman_input_output'])}",
+    ]
+    per = d["lengths"].get("per_model") or {}
+    if d["model_mix"]:
+        lines.append("models (share, input p50/p99, output p50/p99)")
+        for m, share in d["model_mix"].items():
+            pi, po = per[m]["input_tokens"], per[m]["output_tokens"]
+            lines.append(f"  {m:<24} {share:7.2%}  in {_f(pi['p50'], 0)}/{_f(pi['p99'], 0)}"
+                         f"  out {_f(po['p50'], 0)}/{_f(po['p99'], 0)}")
+    s = d["sessions"]
+    if s["sessions"]:
+        r = s["requests_per_session"]
+        lines.append(f"sessions         {s['sessions']:,} (requests/session mean {_f(r['mean'], 2)}, max {_f(r['max'], 0)}; "
+                     f"in multi-turn sessions {_f(s['multi_turn_share'])}; max turn {_f(s['max_turn'])})")
+    pcache = d["prefix_cache"]
+    if pcache:
+        lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pcache['block_hit_ratio'])}, "
+                     f"tokens {_f(pcache['token_hit_ratio'])} (block_size {_f(d['block_size'])}), "
+                     f"requests with a hit {_f(pcache['requests_with_hit'])}")
+    if d["failed_in_source"]:
+        lines.append(f"failed in source {d['failed_in_source']:,} requests (flagged, kept)")
+    if d["output_tokens_null"]:
+        lines.append(f"output unknown   {d['output_tokens_null']:,} requests (server decides)")
+    for t in d["transforms"]:
+        lines.append(f"transform        {t}")
+    return "\n".join(lines) + "\n"
+
+
+def describe_file(path: str | Path, *, as_json: bool = False, windows_s=stats.DEFAULT_WINDOWS_S) -> str:
+    trace = Trace.read(path)
+    d = describe(trace, windows_s)
+    return json.dumps(d, indent=1, allow_nan=False) + "\n" if as_json else render(d, str(path))

@@ -1,0 +1,214 @@
+"""`replay trace fit T -o SPEC.yaml`: learn a generator spec that reproduces a trace.
+
+Per client (the trace's `client_id` when it has at most 64 of them, else one client): the
+rate profile and arrival process (`fit_dists`), per model the input and output lengths and
+their Spearman rho, the model mix (per window when it drifts), SLO classes, failures,
+sessions (turns, think time, new user tokens per turn) and the prefix structure of hash_ids.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from scipy import stats as sst
+
+from .errors import TraceError
+from .fit_dists import fit_arrival, fit_length, fit_profile
+
+MAX_CLIENTS = 64          # more distinct client_ids than this: one aggregate client
+
+
+def _col(t: pa.Table, name: str) -> np.ndarray | None:
+    if name not in t.column_names or t.column(name).null_count == t.num_rows:
+        return None
+    return t.column(name).to_numpy(zero_copy_only=False)
+
+
+def _codes(t: pa.Table, name: str) -> tuple[np.ndarray, list[str]] | None:
+    if name not in t.column_names or t.column(name).null_count == t.num_rows:
+        return None
+    col = pc.dictionary_encode(t.column(name).cast(pa.string())).combine_chunks()
+    return col.indices.fill_null(-1).to_numpy(zero_copy_only=False), [str(v) for v in col.dictionary.to_pylist()]
+
+
+def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    """Turns per session, think time, new user tokens; the mask of rows that open a session."""
+    sid = _codes(t, "session_id")[0]
+    sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # a row without a session is its own
+    order = np.lexsort((_col(t, "arrival_ns"), sid))
+    s, a = sid[order], _col(t, "arrival_ns")[order].astype(np.int64)
+    same = np.concatenate([[False], s[1:] == s[:-1]])
+    starts = np.flatnonzero(~same)
+    turn = _col(t, "turn")
+    if turn is not None:  # turn numbers also count the turns before the trace began
+        last_turn = np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts)
+    else:
+        last_turn = np.diff(np.append(starts, len(s))) - 1.0
+    inp = _col(t, "input_tokens")[order].astype(float)
+    outs = _col(t, "output_tokens")
+    out = np.zeros(len(s)) if outs is None else np.nan_to_num(outs[order].astype(float))
+    think = (a[1:] - a[:-1])[same[1:]] / 1e9
+    user = (inp[1:] - inp[:-1] - out[:-1])[same[1:]]
+    opens = np.zeros(len(s), bool)
+    opens[order[~same]] = True
+    spec = {"turns": fit_length(last_turn + 1), "think_s": fit_length(think, integer=False) if len(think) > 10
+            else {"dist": "constant", "value": 30.0}}
+    if len(user) > 10:
+        spec["user_tokens"] = fit_length(np.maximum(user, 1))
+    return spec, opens & first
+
+
+def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
+    """System prompt (modal first block) and application prefixes (recurring blocks after it)."""
+    col = t.column("hash_ids").combine_chunks()
+    lens = np.diff(col.offsets.to_numpy().astype(np.int64))
+    if lens.sum() == 0:
+        return None
+    m = int(min(lens.max(), 256))
+    ids = np.full((len(lens), m), -1, np.int64)
+    row = np.repeat(np.arange(len(lens)), lens)
+    pos = np.arange(len(row)) - np.repeat(np.cumsum(lens) - lens, lens)
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    keep = pos < m
+    ids[row[keep], pos[keep]] = flat[keep]
+
+    def leading_run(rows: np.ndarray, start: int) -> int:
+        n = 0
+        while start + n < m:
+            v = ids[rows, start + n]
+            v = v[v >= 0]  # rows with a full block here (short prompts truncate their prefix)
+            vals, cnt = np.unique(v, return_counts=True)
+            if len(v) < max(0.1 * len(rows), 3) or cnt.max() < 0.9 * len(v):
+                break
+            n += 1
+        return n
+
+    out: dict[str, Any] = {}
+    vals, cnt = np.unique(ids[:, 0][ids[:, 0] >= 0], return_counts=True)
+    sys_rows = np.zeros(len(lens), bool)
+    if len(vals) and cnt.max() >= max(10, 0.05 * len(lens)):
+        sys_rows = ids[:, 0] == vals[cnt.argmax()]
+        out["system_blocks"] = leading_run(np.flatnonzero(sys_rows), 0)
+        out["system_share"] = round(float(sys_rows.mean()), 4)
+    start = np.where(sys_rows, out.get("system_blocks", 0), 0)
+    at = ids[np.arange(len(lens)), np.minimum(start, m - 1)]
+    # an application prefix recurs across sessions (a session repeats its own blocks every turn)
+    sess = _codes(t, "session_id")
+    owner = sess[0] if sess is not None else np.arange(len(lens))
+    pairs = np.unique(np.stack([at, owner]), axis=1)[0]
+    vals, cnt = np.unique(pairs, return_counts=True)
+    recurring = (cnt[np.searchsorted(vals, at)] >= 3) & (at >= 0)
+    if recurring.mean() > 0.05 and len(np.unique(at[recurring])) > 1:
+        top = at == vals[np.argmax(np.where(vals >= 0, cnt, 0))]
+        out.update(apps=int(len(np.unique(at[recurring]))), app_share=round(float(recurring.mean()), 4),
+                   app_blocks=leading_run(np.flatnonzero(top), int(np.median(start[top]))))
+    return out
+
+
+def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> tuple[list[dict], bool]:
+    """Model weights, one per `window` when a chi-square test says the mix drifts."""
+    nb = max(int(t.max() // window) + 1, 1)
+    table = np.zeros((nb, len(names)))
+    np.add.at(table, ((t // window).astype(np.int64), model), 1)
+    total = table.sum(0)
+    drift = nb > 1 and len(names) > 1 and (table.sum(1) > 0).sum() > 1
+    if drift:
+        nz = table[table.sum(1) > 0]
+        drift = sst.chi2_contingency(nz[:, total > 0])[1] < 1e-3
+    if not drift:
+        return [{"name": n, "weight": round(float(total[i] / total.sum()), 6)} for i, n in enumerate(names)], False
+    rows = table.sum(1, keepdims=True)
+    share = np.where(rows > 0, table / np.maximum(rows, 1), total / total.sum())  # empty windows: overall mix
+    return [{"name": n, "weight": [round(float(v), 4) for v in share[:, i]]} for i, n in enumerate(names)], True
+
+
+def _fit_client(t: pa.Table, name: str, duration: float, window: float) -> dict[str, Any]:
+    a = _col(t, "arrival_ns").astype(np.int64)  # already relative to the trace's first arrival
+    times = a / 1e9
+    opens = np.ones(len(a), bool)
+    c: dict[str, Any] = {"name": name, "rate": round(len(a) / duration, 6)}
+    if _col(t, "session_id") is not None:
+        c["sessions"], opens = _fit_sessions(t, opens)
+    starts = times[opens]
+    start_rate = len(starts) / duration
+    c["profile"], u = fit_profile(starts, duration, window)
+    c["arrival"] = fit_arrival(u, start_rate)
+    failed = _col(t, "failed_in_source")
+    failed = failed.astype(bool) if failed is not None else np.zeros(len(a), bool)
+    if failed.any():
+        c["failures"] = round(float(failed.mean()), 6)
+    inp, out = _col(t, "input_tokens").astype(float), _col(t, "output_tokens")
+    out = np.full(len(a), np.nan) if out is None else out.astype(float)  # all null: server decides
+    mc = _codes(t, "model") or (np.zeros(len(a), np.int64), ["default"])
+    models, names = mc
+    models = np.where(models < 0, len(names), models)
+    names = names + ["default"] if (models == len(names)).any() else names
+    turn = _col(t, "turn")
+    new = opens & (np.nan_to_num(turn.astype(float)) == 0) if "sessions" in c and turn is not None else opens
+    c["models"], drift = _mix(models[opens], names, starts, window)
+    if drift:
+        c["mix_window"] = window
+    for i, m in enumerate(c["models"]):
+        sel = (models == i) & ~failed & ~np.isnan(out)
+        x, y = inp[sel & new], out[sel & new]
+        if len(x) < 2:
+            x, y = inp[models == i], np.nan_to_num(out[models == i])
+        m["input"], m["output"] = fit_length(x), fit_length(out[sel] if sel.any() else y)
+        if len(x) > 2 and x.std() > 0 and y.std() > 0:
+            m["rho"] = round(float(sst.spearmanr(x, y)[0]), 4)
+    sc = _codes(t, "slo_class")
+    if sc is not None:
+        cnt = np.bincount(sc[0][sc[0] >= 0], minlength=len(sc[1]))
+        c["slo_class"] = {n: int(k) for n, k in zip(sc[1], cnt) if k}
+    if len(c["models"]) == 1:  # one model: its lengths are the client's
+        m = c["models"][0]
+        c.update({k: m.pop(k) for k in ("input", "output", "rho") if k in m})
+        c["models"] = {m["name"]: 1.0}
+    return c
+
+
+def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
+    """A generator spec (dict) that reproduces `trace`'s statistics."""
+    t = trace.table if hasattr(trace, "table") else trace
+    if t.num_rows < 10:
+        raise TraceError(f"too few requests to fit ({t.num_rows}; need at least 10)")
+    a = _col(t, "arrival_ns").astype(np.int64)
+    t = t.set_column(t.column_names.index("arrival_ns"), "arrival_ns", pa.array(a - a[0]))
+    span = (a[-1] - a[0]) / 1e9
+    if span <= 0:
+        raise TraceError("all arrivals share one timestamp: no rate to fit")
+    duration = span * len(a) / (len(a) - 1)
+    window = float(window or max(60.0, round(duration / 48 / 60) * 60))
+    groups = [(t, "fitted")]
+    cc = _codes(t, "client_id")
+    if cc is not None and len(cc[1]) <= MAX_CLIENTS and (cc[0] >= 0).all():
+        groups = [(t.filter(pa.array(cc[0] == i)), n) for i, n in enumerate(cc[1])]
+    meta = getattr(trace, "metadata", {}) or {}
+    spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0,
+                            "block_size": int(meta.get("block_size") or 16),
+                            "clients": []}
+    for g, name in groups:
+        if g.num_rows < 2:  # a client seen once has no rate to fit
+            continue
+        c = _fit_client(g, name, duration, window)
+        if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows:
+            p = _fit_prefix(g)
+            if p:
+                c["prefix"] = p
+        spec["clients"].append(c)
+    # plain Python numbers only: the spec is written as YAML and embedded as JSON
+    return json.loads(json.dumps(spec, default=lambda v: v.item()))
+
+
+def write_spec(spec: dict[str, Any], path: Path) -> None:
+    """YAML (default) or JSON (by suffix)."""
+    import yaml
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".json":
+        path.write_text(json.dumps(spec, indent=2))
+    else:
+        path.write_text(yaml.safe_dump(spec, sort_keys=False, width=120))

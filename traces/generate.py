@@ -1,0 +1,278 @@
+"""`generate(spec, seed)`: a synthetic trace from a generator spec, vectorised NumPy.
+
+Each client draws from its own child of `SeedSequence(seed)` (one stream per aspect:
+arrivals, sessions, models, lengths, failures, prefixes), so the output is bit-for-bit a
+function of (spec, seed). The spec and seed are embedded in the metadata key `generator`,
+so `replay trace generate --spec T.parquet` re-creates T.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .arrivals import arrival_times
+from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
+from .schema import schema_for
+from .spec import parse_spec
+from .spec_types import Client, Spec
+from .trace import Trace
+
+GENERATOR_VERSION = 1
+NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) marks partial blocks
+
+
+def _segmented_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Cumulative sum restarting at each segment start (rows are segment-major)."""
+    cs = np.cumsum(x)
+    cs -= np.repeat(cs[first] - x[first], counts)
+    return cs
+
+
+def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Categorical draws: row i picks from weights[i] (or from `weights` if 1-D) with uniform u."""
+    cum = np.cumsum(weights, axis=-1)
+    cum = cum / cum[..., -1:]
+    if cum.ndim == 1:
+        return np.minimum(np.searchsorted(cum, u, side="right"), len(cum) - 1)
+    return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
+
+
+def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
+    """One client's rows as NumPy columns, session-major (a session's turns are adjacent)."""
+    r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
+    T = spec.duration
+    if c.sessions:
+        mean_turns = discrete_mean(c.sessions.turns)
+        # sessions start before 0 so that conversations are already in progress at t=0
+        long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
+        warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
+        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
+        k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
+        n = int(k.sum())
+        first = np.cumsum(k) - k
+        think = sample(c.sessions.think_s, r_sess, n, integer=False)
+        think[first] = 0.0
+        t = _segmented_cumsum(think, first, k)
+        del think
+        t += np.repeat(starts, k)
+        turn = (np.arange(n) - np.repeat(first, k)).astype(np.int32)
+    else:
+        starts = t = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+        n = len(t)
+        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
+    sess = np.repeat(np.arange(len(starts)), k)
+
+    # model per session, from the weights of the mix window its first turn falls in
+    w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
+    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
+    model = np.repeat(_pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts))), k)
+
+    failed = r_fail.random(n) < c.failures
+    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
+    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+
+    rows = {"t": t, "input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
+            "sess": sess, "parent_ok": turn > 0, "slo": slo}
+    if c.prefix:
+        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+    rows = {key: v for key, v in rows.items() if v is not None}
+    keep = (t >= 0) & (t < T)
+    if keep.all():
+        return rows
+    # a turn whose parent fell before t=0 has no parent row in the trace
+    rows["parent_ok"] &= np.concatenate([[False], keep[:-1]])
+    for key in rows:  # one column at a time: a single extra copy at any moment
+        rows[key] = rows[key][keep]
+    return rows
+
+
+def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whole (input, output) pairs resampled from a real trace (rows with a known output)."""
+    tbl = Trace.read(path).table
+    src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
+    src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    ok = ~np.isnan(src_out)
+    idx = rng.integers(0, int(ok.sum()), n)
+    return src_in[ok][idx], src_out[ok][idx]
+
+
+def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
+             k: np.ndarray, failed: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Input and output tokens per row: new tokens and output drawn per model through the
+    copula, then (sessions) the prompt grows by each previous answer and new user tokens."""
+    n = len(model)
+    if c.bootstrap:
+        new, out = _bootstrap_pairs(c.bootstrap, rng, n)
+        new = np.maximum(np.rint(new * spec.length_scale), 1)
+        out = np.minimum(np.rint(out * spec.length_scale), spec.max_output_tokens or np.inf)
+    else:
+        new, out = np.empty(n), np.empty(n)
+    # models sharing their length distributions are drawn together (one pass, not one per model)
+    by_dists: dict[tuple, list[int]] = {}
+    for mi, m in enumerate([] if c.bootstrap else c.models):
+        key = (id(m.input or c.input), id(m.output or c.output), c.rho if m.rho is None else m.rho)
+        by_dists.setdefault(key, []).append(mi)
+    for mis in by_dists.values():
+        m = c.models[mis[0]]
+        in_d, out_d = m.input or c.input, m.output or c.output
+        rho = c.rho if m.rho is None else m.rho
+        rows = np.arange(n) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
+        groups = [(rows, in_d)]
+        if c.sessions and c.sessions.user_tokens is not None:
+            later = turn[rows] > 0
+            groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+        for idx, d in groups:
+            x, o = sample_pair(d, out_d, rho, rng, len(idx))
+            new[idx] = finish(x, d, spec.length_scale)
+            out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
+    out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
+    if c.sessions:  # turn k's prompt = turn k-1's prompt + its answer + the new user tokens
+        new = _segmented_cumsum(new + out, first, k) - out
+    if spec.max_input_tokens is not None:
+        new = np.minimum(new, spec.max_input_tokens)
+    return new.astype(np.int32), out.astype(np.int32)
+
+
+def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarray, first: np.ndarray,
+                 k: np.ndarray, n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Per-row block layout: [system prompt][application prefix][session content][partial].
+
+    Full blocks only are shared; a session's content blocks are one contiguous id range, so
+    turn k+1 (which extends turn k's prompt) repeats turn k's content ids."""
+    p, bs = c.prefix, spec.block_size
+    full = inp.astype(np.int64) // bs
+    has_sys = np.repeat(rng.random(n_sess) < p.system_share, k)
+    n_sys = np.minimum(full, p.system_blocks * has_sys)
+    app = rng.integers(0, max(p.apps, 1), n_sess)
+    has_app = np.repeat(rng.random(n_sess) < p.app_share, k) & (p.apps > 0)
+    n_app = np.minimum(full - n_sys, p.app_blocks * has_app)
+    content = full - n_sys - n_app
+    span = np.maximum.reduceat(content, first) if len(first) else np.zeros(0, np.int64)
+    ns = np.int64(ci + 1) << NS_BITS
+    content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
+    nb = -(-inp.astype(np.int64) // bs)
+    return {"nb": nb.astype(np.int32), "n_sys": n_sys.astype(np.int32), "n_app": n_app.astype(np.int32),
+            "partial": nb > full, "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
+            "content_base": content_base[sess] - n_sys - n_app}
+
+
+def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> pa.Array:
+    """Build the list<int64> column from the per-row layout (rows already in final order).
+
+    Content blocks are a per-row base plus the position; the few system and application
+    positions are then overwritten one position index at a time. Rows go in slices of 1M so
+    that the temporaries stay small next to the 10M-row columns."""
+    nb = np.where(has, r["nb"], 0)
+    offsets = np.zeros(len(nb) + 1, np.int64)
+    np.cumsum(nb, out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), np.int64)
+    step = 1 << 20
+    for lo in range(0, len(nb), step):
+        hi = min(lo + step, len(nb))
+        off, n = offsets[lo:hi + 1], nb[lo:hi].astype(np.int64)
+        seg = ids[off[0]:off[-1]]
+        seg[:] = np.repeat(r["content_base"][lo:hi] - off[:-1], n)
+        seg += np.arange(off[0], off[-1], dtype=np.int64)
+        start = off[:-1] - off[0]
+        ns = (client[lo:hi].astype(np.int64) + 1) << NS_BITS
+        n_sys, n_app = r["n_sys"][lo:hi], r["n_app"][lo:hi]
+        for j in range(int(n_sys.max(initial=0))):
+            rows = np.flatnonzero(n_sys > j)
+            seg[start[rows] + j] = ns[rows] + j
+        for j in range(int(n_app.max(initial=0))):
+            rows = np.flatnonzero(n_app > j)
+            seg[start[rows] + n_sys[rows] + j] = r["app_base"][lo:hi][rows] + j
+        last = np.flatnonzero(r["partial"][lo:hi] & has[lo:hi] & (n > 0))  # unfinished last block: unique
+        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + lo + last
+    mask = None if has.all() else pa.array(~has)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids), mask=mask)
+
+
+def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None,
+                prefixes: list[str] | None = None) -> pa.Array:
+    """Decimal strings of ints, each optionally after `prefixes[prefix_of[i]] + '-'`."""
+    digits = pc.cast(pa.array(values), pa.string())
+    if not prefixes:
+        return digits
+    return pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), digits, "-")
+
+
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Concatenate the clients' rows and sort them by arrival, one column at a time, so that a
+    10M-row trace keeps a single copy of each column; also returns the sort order."""
+    lens = [len(p["t"]) for p in parts]
+    col: dict[str, np.ndarray] = {"client": np.repeat(np.arange(len(parts), dtype=np.int32), lens)}
+    for key in sorted(set().union(*parts)):
+        arrs = [p.pop(key, None) for p in parts]
+        dtype = next(a.dtype for a in arrs if a is not None)
+        arrs = [np.zeros(m, dtype) if a is None else a for a, m in zip(arrs, lens)]
+        col[key] = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
+        del arrs
+    col["arrival_ns"] = np.rint(col.pop("t") * 1e9).astype(np.int64)
+    order = np.argsort(col["arrival_ns"], kind="stable")
+    for key in list(col):
+        col[key] = col[key][order]
+    return col, order
+
+
+def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
+    """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
+    parsed = parse_spec(spec)
+    seed = parsed.seed if seed is None else int(seed)
+    clients = parsed.clients
+    children = np.random.SeedSequence(seed).spawn(len(clients))
+    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(clients)]
+    # one dictionary over every client's model labels and SLO classes
+    names = sorted({m.name for c in clients for m in c.models})
+    classes = sorted({s for c in clients for s in c.slo_class})
+    for c, p in zip(clients, parts):
+        p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
+        if c.slo_class:
+            p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
+    col, order = _concat_sorted(parts)
+    client, n = col.pop("client"), len(order)
+    per_client = lambda values: np.array(values)[client]  # noqa: E731
+    cols: dict[str, Any] = {
+        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
+        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(names))}
+    in_session = per_client([c.sessions is not None for c in clients])
+    if in_session.any():
+        # before sorting, a turn's parent is the row just before it (rows are session-major)
+        new_index = np.empty(n, np.int64)
+        new_index[order] = np.arange(n)
+        no_parent = ~(in_session & col.pop("parent_ok").astype(bool))
+        parent = np.where(no_parent, 0, new_index[np.maximum(order - 1, 0)])
+        del new_index
+        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
+    del order
+    if "nb" in col:  # the list column first, while few other big arrays are alive
+        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client)
+        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
+            del col[key]
+    if classes:
+        cols["slo_class"] = pa.DictionaryArray.from_arrays(
+            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
+            pa.array(classes)).cast(pa.string())
+    if any(c.failures > 0 for c in clients):
+        cols["failed_in_source"] = col.pop("failed").astype(bool)
+    cols["request_id"] = _id_strings(np.arange(n))
+    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
+    if in_session.any():
+        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
+        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
+        pid = _id_strings(parent)
+        cols["parent_id"] = pc.if_else(pa.array(no_parent), None, pid)
+    cols["client_id"] = client_str
+    schema = schema_for(list(cols))
+    table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
+    # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
+    embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
+    meta = {"source": {"format": "synthetic", "file": spec.get("name", "generator spec"),
+                       "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
+            "block_size": parsed.block_size,
+            "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
+    return Trace(table, meta, validate=False)

@@ -1,0 +1,56 @@
+"""Azure LLM inference traces (2023 code/conversation, 2024 week-long, 2025 multimodal).
+
+Source columns: `TIMESTAMP` (ISO-8601 wall clock, UTC: 2023 naive with 7 fractional digits;
+2024 `+00:00` with the fraction omitted when zero; 2025 `...Z`), `ContextTokens` (prompt
+tokens), `GeneratedTokens` (output tokens); any other column (2025: `NumImages`) goes to
+`extra` verbatim. CRLF line ends and a missing final newline are handled and remembered.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..trace import Trace
+from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .timeparse import format_iso, iso_ns, merge_time_format
+DOC = "Azure LLM inference trace CSV: TIMESTAMP (ISO-8601 UTC), ContextTokens, GeneratedTokens"
+TIME, INPUT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
+LICENSE = "CC-BY-4.0 (Azure Public Dataset)"
+
+
+def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [TIME, INPUT, OUTPUT])
+    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    meta["source"].update(license=LICENSE, columns=names, **file_layout(src))
+    meta["time_origin_kind"] = "unix_epoch_utc"
+    row0, fmt = 0, None
+    for t in batches:
+        ns, f = iso_ns(t.column(TIME), file=str(src), column=TIME, row0=row0)
+        fmt = merge_time_format(fmt, f)
+        meta["original_time_format"] = fmt
+        cols = {"arrival_ns": pa.array(ns, pa.int64()), "input_tokens": t.column(INPUT),
+                "output_tokens": t.column(OUTPUT)}
+        extra = extra_json(t, others)
+        if extra is not None:
+            cols["extra"] = extra
+        row0 += t.num_rows
+        yield pa.table(cols)
+    if fmt is not None:
+        meta["timestamp_quantum_ns"] = 10 ** (9 - max(fmt["fraction_digits"]))
+
+
+def export(trace: Trace, out: Path) -> None:
+    """Write the trace back as an Azure CSV in the source's time format and line ends."""
+    t, meta = trace.table, trace.metadata
+    src = meta.get("source", {}) if meta.get("source", {}).get("format") == "azure" else {}
+    origin = int(meta.get("time_origin_ns") or 0)
+    ts = format_iso(t.column("arrival_ns").to_numpy() + origin, meta.get("original_time_format"))
+    names = src.get("columns") or [TIME, INPUT, OUTPUT]
+    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    cols = {TIME: ts, INPUT: t.column("input_tokens"), OUTPUT: t.column("output_tokens"),
+            **{k: pa.array(v, pa.string()) for k, v in extra_columns(t, others).items()}}
+    write_csv(pa.table({n: cols[n] for n in names}), out, src or {"line_terminator": "\r\n"})

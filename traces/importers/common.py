@@ -1,0 +1,255 @@
+"""Reading helpers shared by the importers: streamed CSV and JSON lines, `extra`, CSV writing."""
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from ..errors import TraceError
+from ..validate import check_blocks  # noqa: F401 - importers use it from here
+from .timeparse import Num, decimal_ns, num_text
+
+CSV_BLOCK = 16 << 20
+
+
+def _rows(mask: np.ndarray, row0: int) -> list[int]:
+    return (np.flatnonzero(mask)[:11] + row0).tolist()
+
+
+def check_file(path: Path) -> None:
+    if not path.exists():
+        raise TraceError("file not found", file=str(path))
+    if path.is_dir():
+        raise TraceError("is a directory, expected a file", file=str(path))
+    if path.stat().st_size == 0:
+        raise TraceError("the file is empty", file=str(path))
+
+
+def file_layout(path: Path) -> dict[str, Any]:
+    """Line terminator and final newline of a text file, so export can reproduce them."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+        f.seek(-1, 2)
+        last = f.read(1)
+    return {"line_terminator": "\r\n" if b"\r\n" in head else "\n", "final_newline": last == b"\n"}
+
+
+def csv_header(path: Path) -> list[str]:
+    check_file(path)
+    with open(path, "rb") as f:
+        line = f.readline(1 << 20)
+    try:
+        names = next(csv.reader([line.decode("utf-8-sig").rstrip("\r\n")]))
+    except (UnicodeDecodeError, StopIteration, csv.Error) as e:
+        raise TraceError(f"cannot read the CSV header: {e}", file=str(path)) from None
+    if not names or not any(n.strip() for n in names):
+        raise TraceError("the CSV header is empty", file=str(path))
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TraceError(f"duplicate CSV column name(s) {dup}", file=str(path))
+    return names
+
+
+def csv_batches(path: Path, types: dict[str, pa.DataType], required: list[str]) -> tuple[list[str], Iterator[pa.Table]]:
+    """Stream a CSV in ~16 MB blocks. Columns in `types` are parsed by Arrow with that type,
+    every other column is kept as its verbatim string. CRLF and a missing final newline are fine."""
+    names = csv_header(path)
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise TraceError(f"missing column(s) {', '.join(missing)}; the header has: {', '.join(names)}",
+                         file=str(path))
+    col_types = {n: types.get(n, pa.string()) for n in names}
+
+    def gen() -> Iterator[pa.Table]:
+        try:  # parsing runs in a thread (Arrow releases the GIL) while the caller converts and writes
+            reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
+                                   convert_options=pcsv.ConvertOptions(column_types=col_types,
+                                                                       strings_can_be_null=False))
+            for batch in prefetch(reader):
+                yield pa.Table.from_batches([batch])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as e:
+            raise _csv_error(path, e, types) from None
+    return names, gen()
+
+
+def prefetch(it, depth: int = 2) -> Iterator:
+    """Iterate `it` in a background thread, at most `depth` items ahead (bounded memory);
+    its exceptions are re-raised here."""
+    import queue
+    import threading
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def run() -> None:
+        try:
+            for x in it:
+                if stop.is_set():
+                    return
+                q.put((True, x))
+            q.put((True, done))
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put((False, e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        while True:
+            ok, x = q.get()
+            if not ok:
+                raise x
+            if x is done:
+                return
+            yield x
+    finally:
+        stop.set()
+        while not q.empty():  # unblock the producer so the thread ends
+            q.get_nowait()
+
+
+def _csv_error(path: Path, e: Exception, types: dict[str, pa.DataType]) -> TraceError:
+    """Turn an Arrow CSV error into one naming the column and data rows (cold path: rescans)."""
+    msg = str(e).split("\n")[0][:300]
+    if "conversion error" in msg:
+        for name, typ in types.items():
+            bad = _first_unparsable(path, name, typ)
+            if bad:
+                return TraceError(f"expected {typ} values: {msg}", file=str(path), column=name, rows=bad)
+    return TraceError(f"not a valid CSV file: {msg}", file=str(path))
+
+
+def _first_unparsable(path: Path, name: str, typ: pa.DataType) -> list[int]:
+    try:
+        t = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+            column_types={name: pa.string()}, include_columns=[name], strings_can_be_null=True))
+    except (pa.ArrowInvalid, KeyError):
+        return []
+    s = t.column(name).combine_chunks()
+    pattern = r"^\s*[-+]?\d+\s*$" if pa.types.is_integer(typ) else r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+    ok = pc.match_substring_regex(s, pattern).fill_null(True).to_numpy(zero_copy_only=False)
+    return _rows(~ok, 0)
+
+
+def extra_json(table: pa.Table, columns: list[str]) -> pa.Array | None:
+    """One JSON object per row holding `columns` verbatim (strings stay strings)."""
+    if not columns:
+        return None
+    cols = {c: table.column(c).to_pylist() for c in columns}
+    return pa.array([json.dumps(dict(zip(columns, vals)), ensure_ascii=False) for vals in zip(*cols.values())],
+                    pa.string())
+
+
+_DECODER = json.JSONDecoder(parse_float=Num)  # one decoder: json.loads(parse_float=...) builds one per line
+
+
+def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, list[dict]]]:
+    """Stream a JSON-lines file as (first row index, list of objects); blank lines skipped.
+    Numbers with a fraction or exponent arrive as `Num` (their text is kept)."""
+    check_file(path)
+    batch: list[dict] = []
+    row0 = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = _DECODER.decode(raw.decode("utf-8"))
+            except (ValueError, RecursionError) as e:
+                raise TraceError(f"line {lineno}: invalid JSON ({str(e)[:120]})", file=str(path)) from None
+            if not isinstance(obj, dict):
+                raise TraceError(f"line {lineno}: expected a JSON object, got {type(obj).__name__}", file=str(path))
+            batch.append(obj)
+            if len(batch) >= batch_rows:
+                yield row0, batch
+                row0 += len(batch)
+                batch = []
+    if batch:
+        yield row0, batch
+    elif row0 == 0:
+        raise TraceError("no JSON objects in the file", file=str(path))
+
+
+def column(objs: list[dict], key: str, typ: pa.DataType, *, file: str, row0: int) -> pa.Array:
+    """One field of a batch of JSON objects as an Arrow array of `typ` (missing -> null).
+    Integer columns take JSON integers (or whole-valued numbers), never booleans or fractions."""
+    vals = [o.get(key) for o in objs]
+    if pa.types.is_integer(typ):
+        try:  # fast path: Arrow infers int64 only when every value is a JSON integer (no bool/float)
+            inferred = pa.array(vals)
+            if pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type):
+                return inferred.cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            pass
+        bad = [i for i, v in enumerate(vals) if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                                                  or (isinstance(v, float) and not v.is_integer()))]
+        if bad:
+            raise TraceError(f"expected whole numbers, got {json.dumps(vals[bad[0]])[:60]}", file=file, column=key,
+                             rows=[row0 + i for i in bad])
+        vals = [int(v) if isinstance(v, float) else v for v in vals]
+    try:
+        return pa.array(vals, typ)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
+        for i, v in enumerate(vals):
+            try:
+                pa.array([v], typ)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+                raise TraceError(f"expected {typ}, got {json.dumps(v)[:60]}", file=file, column=key,
+                                 rows=[row0 + i]) from None
+        raise TraceError(f"expected {typ}: {str(e)[:120]}", file=file, column=key) from None
+
+
+def objs_extra(objs: list[dict], known: set[str]) -> pa.Array | None:
+    """`extra` for JSON objects: every key not in `known`, verbatim; None if there are none."""
+    out, any_extra = [], False
+    for o in objs:
+        rest = {k: v for k, v in o.items() if k not in known}
+        any_extra = any_extra or bool(rest)
+        out.append(json.dumps(rest, ensure_ascii=False) if rest else None)
+    return pa.array(out, pa.string()) if any_extra else None
+
+
+def write_csv(table: pa.Table, out: Path, layout: dict | None = None) -> None:
+    """CSV with the source's line terminator and final-newline convention (default: LF, final NL)."""
+    layout = layout or {}
+    eol = layout.get("line_terminator", "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:  # unquoted like the sources; quote only when a value needs it
+        pcsv.write_csv(table, out, write_options=pcsv.WriteOptions(eol=eol, quoting_style="none", quoting_header="none"))
+    except pa.ArrowInvalid:
+        pcsv.write_csv(table, out, write_options=pcsv.WriteOptions(eol=eol, quoting_style="needed"))
+    if not layout.get("final_newline", True):
+        with open(out, "rb+") as f:
+            f.truncate(out.stat().st_size - len(eol.encode()))
+
+
+def extra_columns(table: pa.Table, names: list[str]) -> dict[str, list]:
+    """Inverse of `extra_json`: the named keys of each row's `extra` (missing -> None)."""
+    if "extra" not in table.column_names or not names:
+        return {n: [None] * table.num_rows for n in names}
+    rows = [json.loads(e) if e else {} for e in table.column("extra").to_pylist()]
+    return {n: [r.get(n) for r in rows] for n in names}
+
+
+def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], time_key: str, unit_ns: int,
+                 *, file: str, row0: int, required: tuple[str, ...] = (),
+                 consumed: tuple[str, ...] = ()) -> dict[str, pa.Array]:
+    """Canonical columns from a batch of JSON objects: `time_key` (decimal text in units of
+    `unit_ns`) -> absolute `arrival_ns`; `fields` maps source key -> (column, type); every
+    other key not in `consumed` goes to `extra` verbatim (always present, null where none)."""
+    for key in (time_key, *required):
+        missing = [i for i, o in enumerate(objs) if o.get(key) is None]
+        if missing:
+            raise TraceError(f"missing or null {key!r}", file=file, column=key, rows=[row0 + i for i in missing])
+    text = pa.array([num_text(o[time_key]) for o in objs], pa.string())
+    cols = {"arrival_ns": pa.array(decimal_ns(text, unit_ns, file=file, column=time_key, row0=row0), pa.int64())}
+    for key, (name, typ) in fields.items():
+        cols[name] = column(objs, key, typ, file=file, row0=row0)
+    extra = objs_extra(objs, {time_key, *fields, *consumed})
+    cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
+    return cols

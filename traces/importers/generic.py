@@ -1,0 +1,133 @@
+"""Generic CSV / JSONL with a column mapping: `--map arrival=ts:ms,input_tokens=prompt_len,...`.
+
+Targets are canonical column names (`arrival` = `arrival_ns`, with a unit `s|ms|us|ns|iso`
+for the source column); source columns already named like canonical columns map to
+themselves; every other source column is kept verbatim in `extra`. `hash_ids` in a CSV cell
+is a list like `[1, 2, 3]` (or `1 2 3`). Also the reader behind canonical CSV/JSONL traces.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import TraceError
+from ..schema import BY_NAME
+from .common import column, csv_batches, csv_header, extra_json, file_layout, jsonl_batches, objs_extra
+from .timeparse import UNIT_NS, decimal_ns, iso_ns, merge_time_format, num_text
+
+DOC = "any CSV or JSON-lines file, columns mapped with --map target=source[:unit]"
+
+
+def parse_map(spec: str | None, names: list[str]) -> tuple[dict[str, str], str]:
+    """{canonical: source} and the arrival unit, from `--map` and the source's column names."""
+    mapping: dict[str, str] = {n: n for n in names if n in BY_NAME}
+    unit = "ns"
+    for item in filter(None, (s.strip() for s in (spec or "").split(","))):
+        target, sep, source = item.partition("=")
+        target = target.strip()
+        if not sep or not source:
+            raise TraceError(f"--map item {item!r} must look like target=source[:unit]")
+        if target in ("arrival", "arrival_ns"):
+            target = "arrival_ns"
+            source, _, u = source.partition(":")
+            unit = u or "s"
+            if unit not in UNIT_NS and unit != "iso":
+                raise TraceError(f"--map arrival unit {unit!r} must be one of s, ms, us, ns, iso")
+        elif target not in BY_NAME or target == "extra":
+            raise TraceError(f"--map target {target!r} is not a trace column; "
+                             f"use one of arrival, {', '.join(c for c in BY_NAME if c not in ('arrival_ns', 'extra'))}")
+        if source not in names:
+            raise TraceError(f"--map source column {source!r} is not in the input; it has: {', '.join(names)}")
+        mapping = {k: v for k, v in mapping.items() if v != source}
+        mapping[target] = source
+    if "arrival_ns" not in mapping:
+        raise TraceError("no arrival column: map one with --map arrival=COLUMN:UNIT (unit s, ms, us, ns or iso)")
+    for req in ("input_tokens", "output_tokens"):
+        if req not in mapping:
+            raise TraceError(f"no {req} column: map one with --map {req}=COLUMN")
+    return mapping, unit
+
+
+def _arrival(col: Any, unit: str, meta: dict, file: str, source: str, row0: int) -> pa.Array:
+    if unit == "iso":
+        ns, fmt = iso_ns(col, file=file, column=source, row0=row0)
+        meta["original_time_format"] = merge_time_format(meta.get("original_time_format"), fmt)
+    else:
+        ns = decimal_ns(col, UNIT_NS[unit], file=file, column=source, row0=row0)
+    return pa.array(ns, pa.int64())
+
+
+def _hash_ids(col: pa.ChunkedArray | pa.Array, file: str, source: str) -> pa.Array:
+    text = pc.replace_substring_regex(col, r"[\[\]\s,]+", " ")
+    parts = pc.split_pattern(pc.utf8_trim_whitespace(text), " ")
+    parts = pc.if_else(pc.equal(pc.utf8_trim_whitespace(text), ""), pa.scalar([], pa.list_(pa.string())), parts)
+    try:
+        return parts.cast(pa.list_(pa.int64()))
+    except pa.ArrowInvalid as e:
+        raise TraceError(f"hash_ids must be lists of integers: {str(e)[:120]}", file=file, column=source) from None
+
+
+def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    fmt = getattr(opts, "format", None) or ("jsonl" if src.suffix.lower() in (".jsonl", ".ndjson", ".json") else "csv")
+    return (_read_jsonl if fmt == "jsonl" else _read_csv)(src, opts, meta)
+
+
+def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    names = csv_header(src)
+    mapping, unit = parse_map(getattr(opts, "map", None), names)
+    ints = {s: pa.int64() for t, s in mapping.items() if t in ("input_tokens", "output_tokens", "turn")}
+    _, batches = csv_batches(src, ints, list(mapping.values()))
+    others = [n for n in names if n not in mapping.values()]
+    meta["source"].update(columns=names, map=mapping, arrival_unit=unit, **file_layout(src))
+    row0 = 0
+    for t in batches:
+        cols = {}
+        for target, source in mapping.items():
+            c = t.column(source)
+            if target == "arrival_ns":
+                c = _arrival(c, unit, meta, str(src), source, row0)
+            elif target == "hash_ids":
+                c = _hash_ids(c, str(src), source)
+            elif pa.types.is_string(c.type) and BY_NAME[target].nullable and target != "model":
+                c = pc.if_else(pc.equal(c, ""), pa.scalar(None, pa.string()), c)  # empty cell = null
+            cols[target] = c
+        extra = extra_json(t, others)
+        if extra is not None and "extra" not in mapping:
+            cols["extra"] = extra
+        row0 += t.num_rows
+        yield pa.table(cols)
+
+
+def _read_jsonl(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    mapping = unit = None
+    for row0, objs in jsonl_batches(src):
+        if mapping is None:
+            keys = list(dict.fromkeys(k for o in objs[:1000] for k in o))
+            mapping, unit = parse_map(getattr(opts, "map", None), keys)
+            meta["source"].update(map=mapping, arrival_unit=unit)
+        cols = {}
+        for target, source in mapping.items():
+            if target == "arrival_ns":
+                text = pa.array([num_text(o.get(source)) for o in objs], pa.string())
+                if text.null_count:
+                    raise TraceError("must not be null", file=str(src), column=source,
+                                     rows=[row0 + i for i, v in enumerate(text.is_null().to_pylist()) if v])
+                cols[target] = _arrival(text, unit, meta, str(src), source, row0)
+            else:
+                typ = BY_NAME[target].type
+                typ = pa.string() if pa.types.is_dictionary(typ) else typ
+                typ = pa.int64() if pa.types.is_integer(typ) else typ
+                cols[target] = column(objs, source, typ, file=str(src), row0=row0)
+        extra = objs_extra(objs, set(mapping.values()))
+        if "extra" not in mapping:
+            cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
+        elif extra is not None:  # a canonical `extra` column is taken as it is; nothing may be lost
+            keys = sorted({k for o in objs for k in o if k not in mapping.values()})
+            raise TraceError(f"key(s) {keys} are not trace columns and an 'extra' column exists; "
+                             "map them (--map) or drop them", file=str(src))
+        yield pa.table(cols)

@@ -1,0 +1,126 @@
+"""ShareGPT conversations: a JSON list (or JSON lines) of `{"id", "conversations": [{"from", "value"}]}`.
+
+Each human/user message followed by a gpt/assistant reply is one request: `prompt` = the
+message text (kept verbatim), `input_tokens` / `output_tokens` = lengths of the message and
+the reply, `session_id` = the conversation id, `turn` = 0-based index of the exchange,
+`parent_id` = the previous exchange. Lengths come from `--tokenizer tokenizer.json` (the
+`tokenizers` package) when given; otherwise they are estimated as ceil(UTF-8 bytes / 4)
+and the metadata says so. The source has no times: arrivals are a seeded Poisson process
+(`--rate`, `--seed`). The file is parsed incrementally, one conversation at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import TraceError
+from .common import check_file
+
+DOC = "ShareGPT JSON: [{id, conversations: [{from: human|gpt, value}]}]; lengths by tokenizer or estimate"
+USER, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
+
+
+def iter_json_items(path: Path, chunk: int = 1 << 20) -> Iterator[Any]:
+    """Items of a top-level JSON array (or JSON lines), decoded one at a time."""
+    check_file(path)
+    dec = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        try:
+            buf, pos, eof = f.read(chunk), 0, False
+        except UnicodeDecodeError as e:
+            raise TraceError(f"not UTF-8 text: {e}", file=str(path)) from None
+        buf = buf.lstrip()
+        array = buf.startswith("[")
+        pos = 1 if array else 0
+        n = 0
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n" + ("," if n else ""):
+                pos += 1
+            if array and buf[pos:pos + 1] == "]":
+                return
+            if pos >= len(buf) and eof:
+                if array:
+                    raise TraceError("unterminated JSON array", file=str(path))
+                return
+            try:
+                item, end = dec.raw_decode(buf, pos)
+            except json.JSONDecodeError as e:
+                if eof:
+                    raise TraceError(f"invalid JSON in item {n}: {e.msg} (char {e.pos})", file=str(path)) from None
+                try:
+                    more = f.read(chunk)
+                except UnicodeDecodeError as ue:
+                    raise TraceError(f"not UTF-8 text: {ue}", file=str(path)) from None
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            except RecursionError:
+                raise TraceError(f"item {n} is nested too deeply", file=str(path)) from None
+            yield item
+            n += 1
+            pos = end
+
+
+def _counter(path: str | None):
+    if not path:
+        return lambda s: max(1, -(-len(s.encode("utf-8")) // 4)), {"kind": "estimate", "rule": "ceil(utf8_bytes / 4)"}
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise TraceError("--tokenizer needs the `tokenizers` package (pip install tokenizers)") from None
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001 - any load failure is a bad tokenizer file
+        raise TraceError(f"cannot load tokenizer: {e}", file=path) from None
+    return (lambda s: max(1, len(tok.encode(s, add_special_tokens=False).ids))), {"kind": "tokenizers", "file": Path(path).name}
+
+
+def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    count, tok_meta = _counter(opts.tokenizer)
+    if not opts.rate > 0:
+        raise TraceError(f"--rate must be > 0, got {opts.rate}")
+    meta.update(tokenizer=tok_meta, time_origin_kind="synthetic",
+                original_time_format={"kind": "none", "arrivals": "poisson", "rate": opts.rate, "seed": opts.seed})
+    rng = np.random.default_rng(opts.seed)
+    t_ns, rows, conv = 0, [], 0
+    for item in iter_json_items(src):
+        if opts.limit is not None and conv >= opts.limit:
+            break
+        if not isinstance(item, dict) or not isinstance(item.get("conversations"), list):
+            raise TraceError(f"conversation {conv}: expected an object with a 'conversations' list", file=str(src))
+        cid = str(item.get("id", conv))
+        rest = {k: v for k, v in item.items() if k not in ("id", "conversations")}
+        msgs = [m for m in item["conversations"] if isinstance(m, dict) and isinstance(m.get("value"), str)]
+        turn = 0
+        for i, m in enumerate(msgs):
+            if m.get("from") not in USER:
+                continue
+            reply = msgs[i + 1] if i + 1 < len(msgs) and msgs[i + 1].get("from") in ASSISTANT else None
+            rows.append({"request_id": f"{cid}:{turn}", "session_id": cid, "turn": turn,
+                         "parent_id": f"{cid}:{turn - 1}" if turn else None, "prompt": m["value"],
+                         "input_tokens": count(m["value"]),
+                         "output_tokens": count(reply["value"]) if reply else None,
+                         "extra": json.dumps(rest, ensure_ascii=False) if rest else None})
+            turn += 1
+        conv += 1
+        if len(rows) >= 20_000:
+            t_ns = yield from _emit(rows, rng, opts.rate, t_ns)
+            rows = []
+    if rows:
+        yield from _emit(rows, rng, opts.rate, t_ns)
+    meta["source"]["conversations"] = conv
+
+
+def _emit(rows: list[dict], rng: np.random.Generator, rate: float, t_ns: int):
+    gaps = np.rint(rng.exponential(1e9 / rate, len(rows))).astype(np.int64)
+    gaps[0] = 0 if t_ns == 0 else gaps[0]
+    arr = t_ns + np.cumsum(gaps)
+    table = pa.Table.from_pylist(rows)
+    yield table.append_column("arrival_ns", pa.array(arr, pa.int64()))
+    return int(arr[-1])

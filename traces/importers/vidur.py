@@ -1,0 +1,48 @@
+"""Vidur request traces (the simulator's trace-replay CSV).
+
+Source columns: `arrived_at` (seconds from the trace start), `num_prefill_tokens` (input),
+`num_decode_tokens` (output); any other column is kept in `extra` verbatim.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..trace import Trace
+from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .timeparse import decimal_ns, ns_to_decimal
+DOC = "Vidur CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens"
+TIME, INPUT, OUTPUT = "arrived_at", "num_prefill_tokens", "num_decode_tokens"
+
+
+def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
+    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [TIME, INPUT, OUTPUT])
+    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    meta["source"].update(columns=names, **file_layout(src))
+    meta.update(time_origin_kind="trace_start", original_time_format={"kind": "decimal", "unit": "s"})
+    row0 = 0
+    for t in batches:
+        cols = {"arrival_ns": pa.array(decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0)),
+                "input_tokens": t.column(INPUT), "output_tokens": t.column(OUTPUT)}
+        extra = extra_json(t, others)
+        if extra is not None:
+            cols["extra"] = extra
+        row0 += t.num_rows
+        yield pa.table(cols)
+
+
+def export(trace: Trace, out: Path) -> None:
+    """Vidur CSV with exact decimal seconds."""
+    t, meta = trace.table, trace.metadata
+    src = meta.get("source", {}) if meta.get("source", {}).get("format") == "vidur" else {}
+    names = src.get("columns") or [TIME, INPUT, OUTPUT]
+    ns = t.column("arrival_ns").to_numpy() + int(meta.get("time_origin_ns") or 0)
+    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    cols = {TIME: pa.array([str(x) for x in ns_to_decimal(ns, 10**9)]), INPUT: t.column("input_tokens"),
+            OUTPUT: t.column("output_tokens"),
+            **{k: pa.array(v, pa.string()) for k, v in extra_columns(t, others).items()}}
+    write_csv(pa.table({n: cols[n] for n in names}), out, src or None)

@@ -1,0 +1,325 @@
+"""Parse and validate a generator spec (YAML/JSON dict) into the dataclasses of
+`spec_types`, with errors that name the field path (`clients[1].arrival.cv`) and the rule,
+so a person can fix the file.
+
+The dict form is the contract (it is what `generate` embeds in the trace metadata);
+docs/readme/synthesis.md documents every field.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from .errors import TraceError
+from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, PROCESSES, PROFILES, Arrival, Client, Dist,
+                         ModelSpec, Prefix, Profile, Sessions, Spec, onoff_mean_rate, weibull_cv)
+
+
+class SpecError(TraceError):
+    """An invalid generator spec; `path` is the offending field (`clients[1].arrival.cv`)."""
+
+    def __init__(self, path: str, rule: str, file: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {rule}" if path else rule, file=file)
+
+
+# ---------------------------------------------------------------- field readers
+REQUIRED = object()
+
+
+class _Reader:
+    """Reads one mapping at `path`; every problem raises SpecError naming the field."""
+
+    def __init__(self, d: Any, path: str, file: str | None) -> None:
+        if not isinstance(d, dict):
+            raise SpecError(path or "spec", f"must be a mapping, got {type(d).__name__}", file)
+        self.d, self.path, self.file = d, path, file
+
+    def at(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def err(self, key: str, rule: str) -> SpecError:
+        return SpecError(self.at(key), rule, self.file)
+
+    def num(self, key: str, default: Any = REQUIRED, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False, integer: bool = False) -> Any:
+        v = self.d.get(key, default)
+        if v is REQUIRED:
+            raise self.err(key, "is required")
+        if v is None and key not in self.d:
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.err(key, f"must be a finite number, got {v!r}")
+        if integer and v != int(v):
+            raise self.err(key, f"must be a whole number, got {v!r}")
+        if lo is not None and (v < lo or (lo_open and v == lo)):
+            raise self.err(key, f"must be {'>' if lo_open else '>='} {lo:g}, got {v!r}")
+        if hi is not None and v > hi:
+            raise self.err(key, f"must be <= {hi:g}, got {v!r}")
+        return int(v) if integer else float(v)
+
+    def choice(self, key: str, options: tuple[str, ...], default: str | None = None) -> str:
+        v = self.d.get(key, default)
+        if v not in options:
+            raise self.err(key, f"unknown {key} {v!r}; expected one of {', '.join(options)}")
+        return v
+
+    def sub(self, key: str) -> "_Reader":
+        return _Reader(self.d[key], self.at(key), self.file)
+
+    def check_keys(self, allowed: set[str]) -> None:
+        extra = sorted(set(self.d) - allowed)
+        if extra:
+            raise self.err(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
+
+
+def parse_dist(r: _Reader, lo: float = 1.0, hi: float = 1_000_000.0) -> Dist:
+    fam = r.choice("dist", LENGTH_FAMILIES)
+    common = {"dist", "min", "max"}
+    lo, hi = r.num("min", lo, lo=0), r.num("max", hi, lo=0)
+    if lo > hi:
+        raise r.err("max", f"caps inverted: min {lo:g} > max {hi:g}")
+    p: dict[str, Any] = {}
+    if fam == "lognormal":
+        r.check_keys(common | {"median", "sigma"})
+        p = {"median": r.num("median", lo=0, lo_open=True), "sigma": r.num("sigma", lo=0)}
+    elif fam in ("gamma", "weibull"):
+        r.check_keys(common | {"shape", "scale"})
+        p = {"shape": r.num("shape", lo=0, lo_open=True), "scale": r.num("scale", lo=0, lo_open=True)}
+    elif fam == "zipf":
+        r.check_keys(common | {"a"})
+        p = {"a": r.num("a", lo=0, lo_open=True)}
+        if "max" not in r.d:
+            raise r.err("max", "zipf needs a max (support is min..max)")
+    elif fam == "uniform":
+        r.check_keys(common | {"low", "high"})
+        p = {"low": r.num("low", lo=0), "high": r.num("high", lo=0)}
+        if p["low"] > p["high"]:
+            raise r.err("high", f"low {p['low']:g} > high {p['high']:g}")
+    elif fam == "constant":
+        r.check_keys(common | {"value"})
+        p = {"value": r.num("value", lo=0)}
+    else:
+        r.check_keys(common | {"values", "weights", "pmf", "file", "column"})
+        p = _empirical(r)
+    return Dist(fam, p, lo, hi)
+
+
+def dist_from_dict(d: dict[str, Any], path: str = "dist") -> Dist:
+    """A validated length distribution from its dict form (as in a spec)."""
+    return parse_dist(_Reader(d, path, None))
+
+
+def _empirical(r: _Reader) -> dict[str, Any]:
+    if "file" in r.d:
+        return {"file": str(r.d["file"]), "column": str(r.d.get("column", "input_tokens"))}
+    if "pmf" in r.d:
+        pmf = r.d["pmf"]
+        if not isinstance(pmf, dict) or not pmf:
+            raise r.err("pmf", "must be a non-empty mapping value -> probability")
+        try:
+            values, weights = [float(k) for k in pmf], [float(v) for v in pmf.values()]
+        except (TypeError, ValueError):
+            raise r.err("pmf", "keys and values must be numbers") from None
+    else:
+        values, weights = r.d.get("values"), r.d.get("weights")
+        if not isinstance(values, list) or not values:
+            raise r.err("values", "empirical needs values (with optional weights), a pmf or a file")
+        weights = weights if weights is not None else [1.0] * len(values)
+        if not isinstance(weights, list) or len(weights) != len(values):
+            raise r.err("weights", f"must be a list as long as values ({len(values)})")
+    if any(not isinstance(x, (int, float)) or x < 0 for x in [*values, *weights]) or sum(weights) <= 0:
+        raise r.err("weights", "values and weights must be numbers >= 0 with a positive sum")
+    return {"values": [float(v) for v in values], "weights": [float(w) for w in weights]}
+
+
+def parse_arrival(r: _Reader) -> Arrival:
+    proc = r.choice("process", PROCESSES, "poisson")
+    a = Arrival(proc)
+    if proc == "poisson":
+        r.check_keys({"process", "cv"})
+        if r.num("cv", 1.0) != 1.0:
+            raise r.err("cv", "poisson arrivals have CV 1; use process gamma or weibull for another CV")
+    elif proc in ("gamma", "weibull"):
+        r.check_keys({"process", "cv", "shape"})
+        if "shape" in r.d:
+            shape = r.num("shape", lo=MIN_SHAPE if proc == "weibull" else 1 / MAX_CV**2)
+            a.cv = 1 / math.sqrt(shape) if proc == "gamma" else weibull_cv(shape)
+        else:
+            a.cv = r.num("cv", lo=0.01)
+            if a.cv > MAX_CV:
+                raise r.err("cv", f"CV {a.cv:g} is impossible for {proc} here (must be <= {MAX_CV:g})")
+    elif proc == "onoff":
+        r.check_keys({"process", "burst_rate", "idle_rate", "on_s", "off_s"})
+        a.burst_rate, a.idle_rate = r.num("burst_rate", lo=0, lo_open=True), r.num("idle_rate", 0.0, lo=0)
+        a.on_s, a.off_s = r.num("on_s", lo=0, lo_open=True), r.num("off_s", lo=0, lo_open=True)
+        if a.idle_rate > a.burst_rate:
+            raise r.err("idle_rate", f"idle_rate {a.idle_rate:g} exceeds burst_rate {a.burst_rate:g}")
+    else:
+        r.check_keys({"process", "cv", "size"})
+        a.cv = r.num("cv", 1.0, lo=0, lo_open=True, hi=MAX_CV)
+        if "size" not in r.d:
+            raise r.err("size", "batch needs a size distribution, e.g. {dist: uniform, low: 1, high: 8}")
+        a.batch_size = parse_dist(r.sub("size"), 1, 100_000)
+    return a
+
+
+def parse_profile(r: _Reader) -> Profile:
+    kind = r.choice("kind", PROFILES, "constant")
+    p = Profile(kind)
+    if kind == "ramp":
+        r.check_keys({"kind", "start", "end"})
+        p.start, p.end = r.num("start", lo=0), r.num("end", lo=0)
+        if p.start + p.end <= 0:
+            raise r.err("end", "a ramp from 0 to 0 has no arrivals")
+    elif kind in ("table", "diurnal"):
+        key = "values" if kind == "table" else "hourly"
+        r.check_keys({"kind", key, "window"} if kind == "table" else {"kind", key, "period"})
+        vals = r.d.get(key)
+        if not isinstance(vals, list) or not vals or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in vals) or sum(vals) <= 0:
+            raise r.err(key, "must be a non-empty list of numbers >= 0 with a positive sum")
+        if kind == "diurnal" and len(vals) not in (24, 168):
+            raise r.err(key, f"needs 24 (a day) or 168 (a week) hourly multipliers, got {len(vals)}")
+        p.values = [float(v) for v in vals]
+        p.window = (r.num("window", lo=0, lo_open=True) if kind == "table"
+                    else r.num("period", 3600.0 * len(vals), lo=0, lo_open=True) / len(vals))
+        p.kind = "table"  # a diurnal profile is a table of hourly windows
+    elif kind == "sinusoid":
+        r.check_keys({"kind", "period", "peak_to_trough", "peak_at"})
+        p.period = r.num("period", 86400.0, lo=0, lo_open=True)
+        p.peak_to_trough = r.num("peak_to_trough", lo=1)
+        p.peak_at = r.num("peak_at", 0.5, lo=0, hi=1)
+    else:
+        r.check_keys({"kind"})
+    return p
+
+
+def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
+    if isinstance(value, str):
+        return {value: 1.0}
+    if not isinstance(value, dict) or not value:
+        raise r.err(key, "must be a name or a mapping name -> weight")
+    sub = _Reader(value, r.at(key), r.file)
+    # sorted: a mapping's key order (YAML vs JSON vs sorted metadata) must not change the draws
+    weights = {str(k): sub.num(k, lo=0) for k in sorted(value, key=str)}
+    if sum(weights.values()) <= 0:
+        raise r.err(key, "weights must have a positive sum")
+    return weights
+
+
+def parse_models(r: _Reader) -> list[ModelSpec]:
+    v = r.d.get("models", {"default": 1.0})
+    if isinstance(v, (str, dict)):
+        return [ModelSpec(k, [w]) for k, w in _weights(r, "models", v).items()]
+    if not isinstance(v, list) or not v:
+        raise r.err("models", "must be a name, a mapping name -> weight, or a list of models")
+    out = []
+    for i, m in enumerate(v):
+        mr = _Reader(m, f"{r.at('models')}[{i}]", r.file)
+        mr.check_keys({"name", "weight", "input", "output", "rho"})
+        w = m.get("weight", 1.0)
+        w = w if isinstance(w, list) else [w]
+        wr = _Reader(dict(enumerate(w)), mr.at("weight"), r.file)
+        out.append(ModelSpec(str(m.get("name", f"model-{i}")), [wr.num(j, lo=0) for j in range(len(w))],
+                             parse_dist(mr.sub("input")) if "input" in m else None,
+                             parse_dist(mr.sub("output")) if "output" in m else None,
+                             mr.num("rho", None, lo=-1, hi=1) if "rho" in m else None))
+    lens = {len(m.weight) for m in out} - {1}
+    if len(lens) > 1:
+        raise r.err("models", "per-window weight lists must all have the same length")
+    width = max(len(m.weight) for m in out)
+    for m in out:  # a single weight holds in every window
+        m.weight = m.weight * width if len(m.weight) == 1 else m.weight
+    empty = [j for j in range(width) if sum(m.weight[j] for m in out) <= 0]
+    if empty:
+        raise r.err("models", f"window {empty[0]} has no model with a positive weight")
+    return out
+
+
+CLIENT_KEYS = {"name", "rate", "arrival", "profile", "models", "mix_window", "slo_class", "input",
+               "output", "rho", "failures", "sessions", "prefix", "bootstrap"}
+
+
+def parse_client(r: _Reader, i: int) -> Client:
+    r.check_keys(CLIENT_KEYS)
+    arrival = parse_arrival(r.sub("arrival")) if "arrival" in r.d else Arrival()
+    if arrival.process == "onoff" and "rate" not in r.d:
+        rate = onoff_mean_rate(arrival)
+    else:
+        rate = r.num("rate", lo=0, lo_open=True)
+    models = parse_models(r)
+    for key in ("input", "output"):
+        if key not in r.d and "bootstrap" not in r.d and any(getattr(m, key) is None for m in models):
+            raise r.err(key, "is required (a length distribution such as {dist: lognormal, median: 500, "
+                             "sigma: 1}) unless every model sets its own")
+    inp = parse_dist(r.sub("input")) if "input" in r.d else Dist("constant", {"value": 1})
+    out = parse_dist(r.sub("output")) if "output" in r.d else Dist("constant", {"value": 1})
+    sessions = None
+    if "sessions" in r.d:
+        sr = r.sub("sessions")
+        sr.check_keys({"turns", "think_s", "user_tokens"})
+        for key in ("turns", "think_s"):
+            if key not in sr.d:
+                raise sr.err(key, "is required for sessions")
+        sessions = Sessions(parse_dist(sr.sub("turns"), 1, 1000), parse_dist(sr.sub("think_s"), 0, 1e6),
+                            parse_dist(sr.sub("user_tokens")) if "user_tokens" in sr.d else None)
+    prefix = None
+    if "prefix" in r.d:
+        pr = r.sub("prefix")
+        pr.check_keys({"system_blocks", "system_share", "apps", "app_blocks", "app_share"})
+        prefix = Prefix(pr.num("system_blocks", 0, lo=0, integer=True), pr.num("system_share", 1.0, lo=0, hi=1),
+                        pr.num("apps", 0, lo=0, integer=True), pr.num("app_blocks", 0, lo=0, integer=True),
+                        pr.num("app_share", 1.0, lo=0, hi=1))
+    boot = r.d.get("bootstrap")
+    if boot is not None and not Path(str(boot)).exists():
+        raise r.err("bootstrap", f"trace file {boot} not found")
+    return Client(
+        name=str(r.d.get("name", f"client-{i}")), rate=rate, arrival=arrival,
+        profile=parse_profile(r.sub("profile")) if "profile" in r.d else Profile(),
+        models=models, mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
+        slo_class=_weights(r, "slo_class", r.d["slo_class"]) if "slo_class" in r.d else {},
+        input=inp, output=out, rho=r.num("rho", 0.0, lo=-1, hi=1),
+        failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions, prefix=prefix,
+        bootstrap=None if boot is None else str(boot))
+
+
+def parse_spec(d: Any, file: str | None = None) -> Spec:
+    """Validate a spec dict and return the typed view; SpecError names the first bad field."""
+    r = _Reader(d, "", file)
+    r.check_keys({"duration", "seed", "block_size", "length_scale", "max_input_tokens",
+                  "max_output_tokens", "clients", "version", "name", "description"})
+    clients = d.get("clients")
+    if not isinstance(clients, list) or not clients:
+        raise r.err("clients", "must be a non-empty list of clients")
+    return Spec(duration=r.num("duration", lo=0, lo_open=True), seed=r.num("seed", 0, lo=0, integer=True),
+                block_size=r.num("block_size", 16, lo=1, integer=True),
+                length_scale=r.num("length_scale", 1.0, lo=0, lo_open=True),
+                max_input_tokens=r.num("max_input_tokens", None, lo=1, integer=True),
+                max_output_tokens=r.num("max_output_tokens", None, lo=0, integer=True),
+                clients=[parse_client(_Reader(c, f"clients[{i}]", file), i) for i, c in enumerate(clients)])
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML/JSON spec file, or the spec embedded in a generated Parquet trace."""
+    import yaml
+    path = Path(path)
+    if not path.exists():
+        raise TraceError("spec file not found", file=str(path))
+    if path.suffix.lower() == ".parquet":
+        from .trace import Trace
+        gen = Trace.read_metadata(path).get("generator")
+        if not isinstance(gen, dict) or "spec" not in gen:
+            raise TraceError("this trace has no embedded generator spec (metadata key 'generator')",
+                             file=str(path))
+        return {**gen["spec"], "seed": gen.get("seed", 0)}
+    try:
+        d = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise TraceError(f"not valid YAML/JSON: {str(e)[:300]}", file=str(path)) from None
+    if not isinstance(d, dict):
+        raise TraceError("a spec must be a mapping with duration and clients", file=str(path))
+    return d

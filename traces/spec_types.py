@@ -1,0 +1,109 @@
+"""The generator spec's typed view: plain dataclasses that `generate` works from, built and
+validated from the spec dict by `traces.spec.parse_spec`."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+LENGTH_FAMILIES = ("lognormal", "gamma", "weibull", "zipf", "uniform", "constant", "empirical")
+PROCESSES = ("poisson", "gamma", "weibull", "onoff", "batch")
+PROFILES = ("constant", "ramp", "table", "diurnal", "sinusoid")
+MAX_CV = 20.0          # renewal processes: CV up to ~15 must work, beyond 20 is not realistic
+MIN_SHAPE = 0.05       # weibull shape floor (CV ~ 10^5); gamma's floor follows from MAX_CV
+
+
+@dataclass
+class Dist:
+    """A length (or count, or seconds) distribution, sampled by inverse CDF so that a copula
+    can couple two of them. Integer families round; `lo`/`hi` are inclusive caps."""
+    family: str
+    params: dict[str, Any]
+    lo: float = 1.0
+    hi: float = 1_000_000.0
+
+
+@dataclass
+class Arrival:
+    process: str = "poisson"
+    cv: float = 1.0                     # of the renewal process (gamma/weibull) or of batch events
+    burst_rate: float = 0.0             # onoff: req/s while bursting / idle; mean sojourns in s
+    idle_rate: float = 0.0
+    on_s: float = 0.0
+    off_s: float = 0.0
+    batch_size: Dist | None = None      # batch: requests per instant
+
+
+@dataclass
+class Profile:
+    kind: str = "constant"
+    start: float = 1.0                  # ramp multipliers at t=0 and t=duration
+    end: float = 1.0
+    window: float = 600.0               # table: seconds per value (the table repeats)
+    values: list[float] = field(default_factory=lambda: [1.0])
+    period: float = 86400.0             # sinusoid
+    peak_to_trough: float = 1.0
+    peak_at: float = 0.5                # fraction of the period where the peak lies
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    weight: list[float]                 # one weight, or one per `mix_window`
+    input: Dist | None = None           # per-model lengths override the client's
+    output: Dist | None = None
+    rho: float | None = None
+
+
+@dataclass
+class Sessions:
+    turns: Dist
+    think_s: Dist
+    user_tokens: Dist | None            # new tokens per later turn (default: the input dist)
+
+
+@dataclass
+class Prefix:
+    system_blocks: int = 0
+    system_share: float = 0.0
+    apps: int = 0
+    app_blocks: int = 0
+    app_share: float = 0.0
+
+
+@dataclass
+class Client:
+    name: str
+    rate: float
+    arrival: Arrival
+    profile: Profile
+    models: list[ModelSpec]
+    mix_window: float
+    slo_class: dict[str, float]
+    input: Dist
+    output: Dist
+    rho: float
+    failures: float
+    sessions: Sessions | None
+    prefix: Prefix | None
+    bootstrap: str | None
+
+
+@dataclass
+class Spec:
+    duration: float
+    seed: int
+    block_size: int
+    length_scale: float
+    max_input_tokens: int | None
+    max_output_tokens: int | None
+    clients: list[Client]
+
+
+def weibull_cv(shape: float) -> float:
+    g1, g2 = math.lgamma(1 + 1 / shape), math.lgamma(1 + 2 / shape)
+    return math.sqrt(max(math.exp(g2 - 2 * g1) - 1, 0.0))
+
+
+def onoff_mean_rate(a: Arrival) -> float:
+    return (a.burst_rate * a.on_s + a.idle_rate * a.off_s) / (a.on_s + a.off_s)

@@ -1,0 +1,202 @@
+"""Trace transforms: each takes a `Trace` and returns a new one, recording itself in
+`metadata['transforms']` so the output says how it was made. They compose in any order.
+
+Times stay exact integers: a speed factor is applied as a rational number p/q (q <= 10^6),
+rounding each arrival to the nearest ns once.
+"""
+from __future__ import annotations
+
+import argparse
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import TraceError
+from .trace import Trace
+
+
+def _new(trace: Trace, table: pa.Table, op: dict[str, Any], sort: bool = False) -> Trace:
+    meta = {**trace.metadata, "transforms": [*trace.metadata.get("transforms", []), op]}
+    if table.num_rows == 0:
+        raise TraceError(f"transform {op} left no requests")
+    return Trace(table, meta, sort=sort)
+
+
+def _set_arrivals(table: pa.Table, arr: np.ndarray) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("arrival_ns"), "arrival_ns", pa.array(arr, pa.int64()))
+
+
+def _arr(trace: Trace) -> np.ndarray:
+    return trace.table.column("arrival_ns").to_numpy().astype(np.int64)
+
+
+def speed(trace: Trace, factor: float) -> Trace:
+    """Replay `factor` times faster: arrival / factor (exact rational, nearest ns)."""
+    if not factor > 0:
+        raise TraceError(f"speed factor must be > 0, got {factor}")
+    q = Fraction(factor).limit_denominator(10**6)
+    a = _arr(trace)
+    num, den = q.numerator, q.denominator
+    out = (a // num) * den + ((a % num) * den + num // 2) // num
+    return _new(trace, _set_arrivals(trace.table, out), {"op": "speed", "factor": factor})
+
+
+def rate(trace: Trace, target: float) -> Trace:
+    """Rescale time so the mean rate ((n-1)/duration) becomes `target` req/s."""
+    from .stats import mean_rate
+    current = mean_rate(trace.table)
+    if current is None or not target > 0:
+        raise TraceError("rescaling to a rate needs >= 2 requests over a non-zero duration and a rate > 0")
+    t = speed(trace, target / current)
+    t.metadata["transforms"][-1] = {"op": "rate", "target": target, "factor": target / current}
+    return t
+
+
+def time_slice(trace: Trace, start_s: float, end_s: float | None) -> Trace:
+    """Keep requests with start <= arrival < end (seconds from the origin); the new origin is start."""
+    a = _arr(trace)
+    lo = int(round(start_s * 1e9))
+    keep = (a >= lo) & (a < (int(round(end_s * 1e9)) if end_s is not None else np.iinfo(np.int64).max))
+    table = trace.table.filter(pa.array(keep))
+    table = _set_arrivals(table, table.column("arrival_ns").to_numpy() - lo)
+    return _new(trace, table, {"op": "slice", "start_s": start_s, "end_s": end_s})
+
+
+def head(trace: Trace, n: int) -> Trace:
+    """The first n requests."""
+    return _new(trace, trace.table.slice(0, n), {"op": "head", "n": n})
+
+
+def sample(trace: Trace, fraction: float, seed: int = 0) -> Trace:
+    """Keep each request independently with probability `fraction` (seeded, reproducible)."""
+    if not 0 < fraction <= 1:
+        raise TraceError(f"sample fraction must be in (0, 1], got {fraction}")
+    keep = np.random.default_rng(seed).random(trace.num_rows) < fraction
+    return _new(trace, trace.table.filter(pa.array(keep)), {"op": "sample", "fraction": fraction, "seed": seed})
+
+
+def filter_values(trace: Trace, column: str, values: list[str]) -> Trace:
+    """Keep requests whose `column` (model or client_id) is one of `values`."""
+    if column not in trace.table.column_names:
+        raise TraceError(f"cannot filter on {column}: the trace has no such column")
+    col = trace.table.column(column).cast(pa.string())
+    keep = pc.fill_null(pc.is_in(col, value_set=pa.array(values, pa.string())), False)
+    return _new(trace, trace.table.filter(keep), {"op": f"filter_{column}", "values": values})
+
+
+def map_model(trace: Trace, mapping: dict[str, str]) -> Trace:
+    """Rename model labels (unlisted labels are kept)."""
+    if "model" not in trace.table.column_names:
+        raise TraceError("cannot map models: the trace has no model column")
+    labels = trace.table.column("model").cast(pa.string()).to_numpy(zero_copy_only=False)
+    new = np.array([mapping.get(x, x) if x is not None else None for x in labels], dtype=object)
+    table = trace.table.set_column(trace.table.schema.get_field_index("model"), "model", pa.array(new, pa.string()))
+    return _new(trace, table, {"op": "map_model", "mapping": mapping})
+
+
+def merge(trace: Trace, other: Trace, name: str = "other") -> Trace:
+    """Superpose two traces on one time axis (both from their own origin); ids that collide
+    are prefixed with `name:`. Columns missing on one side are null there."""
+    a, b = trace.table, other.table
+    if "request_id" in a.column_names and "request_id" in b.column_names:
+        clash = pc.any(pc.is_in(b.column("request_id"), value_set=a.column("request_id").combine_chunks())).as_py()
+        if clash:
+            b = b.set_column(b.schema.get_field_index("request_id"), "request_id",
+                             pc.binary_join_element_wise(f"{name}:", b.column("request_id"), ""))
+    a, b = (t.set_column(t.schema.get_field_index("model"), "model", t.column("model").cast(pa.string()))
+            if "model" in t.column_names else t for t in (a, b))  # dictionaries differ: merge as strings
+    table = pa.concat_tables([a, b], promote_options="permissive")
+    return _new(trace, table, {"op": "merge", "other": name, "rows": other.num_rows}, sort=True)
+
+
+def shift(trace: Trace, seconds: float) -> Trace:
+    """Add `seconds` to every arrival (negative allowed while no arrival goes below 0)."""
+    a = _arr(trace) + int(round(seconds * 1e9))
+    if (a < 0).any():
+        raise TraceError(f"shift by {seconds} s would make arrivals negative (first arrival {a.min() / 1e9:.3f} s)")
+    return _new(trace, _set_arrivals(trace.table, a), {"op": "shift", "seconds": seconds})
+
+
+def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
+    """Clamp `input_tokens` or `output_tokens` into [lo, hi]; clipped inputs also drop the
+    `hash_ids` blocks past the new length (block_size from the metadata)."""
+    t = trace.table
+    col = pc.max_element_wise(t.column(column), lo) if lo is not None else t.column(column)
+    col = pc.min_element_wise(col, hi) if hi is not None else col
+    t = t.set_column(t.schema.get_field_index(column), column, col.cast(pa.int32()))
+    bs = trace.metadata.get("block_size")
+    if column == "input_tokens" and bs and "hash_ids" in t.column_names and hi is not None:
+        h = t.column("hash_ids").combine_chunks()
+        lens = pc.list_value_length(h).fill_null(0).to_numpy().astype(np.int64)
+        allowed = np.minimum(lens, -(-t.column("input_tokens").to_numpy().astype(np.int64) // bs))
+        pos = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        flat = h.flatten().to_numpy()[pos < np.repeat(allowed, lens)]
+        offsets = np.concatenate([[0], np.cumsum(allowed)])
+        new = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.int64()), mask=h.is_null())
+        t = t.set_column(t.schema.get_field_index("hash_ids"), "hash_ids", new)
+    return _new(trace, t, {"op": f"clip_{column}", "min": lo, "max": hi})
+
+
+def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
+    """Spread requests that share a bucketed timestamp evenly over the bucket: the j-th of m
+    requests at time t moves to t + j * quantum // m. The quantum defaults to the greatest
+    common divisor of the arrival times (e.g. 1 ms for millisecond timestamps)."""
+    a = _arr(trace)
+    q = int(quantum_ns) if quantum_ns else (int(np.gcd.reduce(a[a > 0])) if (a > 0).any() else 1)
+    starts = np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]]))
+    sizes = np.diff(np.concatenate([starts, [len(a)]]))
+    j = np.arange(len(a)) - np.repeat(starts, sizes)
+    out = a + (j * q) // np.repeat(sizes, sizes)
+    return _new(trace, _set_arrivals(trace.table, out), {"op": "dequantize", "quantum_ns": q})
+
+
+def _range(s: str) -> tuple[int | None, int | None]:
+    lo, _, hi = s.partition(":")
+    return (int(lo) if lo else None, int(hi) if hi else None)
+
+
+def apply(trace: Trace, op: str, value: str, seed: int = 0) -> Trace:
+    """Apply one CLI transform (`op` as the option name without dashes, `value` as given)."""
+    try:
+        if op == "speed":
+            return speed(trace, float(value))
+        if op == "rate":
+            return rate(trace, float(value))
+        if op == "slice":
+            lo, _, hi = value.partition(":")
+            return time_slice(trace, float(lo or 0), float(hi) if hi else None)
+        if op == "head":
+            return head(trace, int(value))
+        if op == "sample":
+            return sample(trace, float(value), seed)
+        if op in ("model", "client_id"):
+            return filter_values(trace, op, value.split(","))
+        if op == "map_model":
+            return map_model(trace, dict(kv.split("=", 1) for kv in value.split(",")))
+        if op == "merge":
+            from pathlib import Path
+            return merge(trace, Trace.read(value), Path(value).stem)
+        if op == "shift":
+            return shift(trace, float(value))
+        if op in ("clip_input", "clip_output"):
+            return clip(trace, op.replace("clip_", "") + "_tokens", *_range(value))
+        if op == "dequantize":
+            return dequantize(trace, int(float(value) * 1e6) if value else None)
+    except ValueError as e:
+        if isinstance(e, TraceError):
+            raise
+        raise TraceError(f"--{op.replace('_', '-')} {value!r}: {e}") from None
+    raise TraceError(f"unknown transform {op}")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    trace = Trace.read(args.trace, sort=args.sort)
+    for op, value in args.ops or []:
+        trace = apply(trace, op, value, args.seed)
+    trace.write(args.output)
+    print(f"wrote {args.output}: {trace.num_rows} requests over {trace.duration_s:.3f} s "
+          f"({len(args.ops or [])} transform(s))")
+    return 0
