@@ -147,13 +147,20 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length "
               f"{'on' if c.force_output_len else 'off'} (from `replay check` of the target)", file=sys.stderr)
-    if (c.prompt_mode == "text" or c.api == "chat") and not c.tokenizer:
+    # text prompts (text mode, and chat rows: the run's default API or a per-row `api` column)
+    apis = ({"completions"} if c.prompt_mode == "text" else set()) | ({"chat"} if c.api == "chat" else set())
+    if _has_column(c.trace, "api"):
+        apis.add("chat")
+    if apis and not c.tokenizer:
         from .prompts import calibrate
-        c.calibration = {}
-        for api in {c.api if c.prompt_mode == "text" else "chat", "chat" if c.api == "chat" else c.api}:
-            c.calibration[api] = calibrate(lambda p, b: http_json(c.target, p, b, key), api,
-                                           c.default_model, c.seed)
+        c.calibration = {api: calibrate(lambda p, b: http_json(c.target, p, b, key), api, c.default_model, c.seed)
+                         for api in sorted(apis)}
     return c, notes
+
+
+def _has_column(path: str, name: str) -> bool:
+    import pyarrow.parquet as pq
+    return name in pq.read_schema(path).names
 
 
 def run(args) -> int:
