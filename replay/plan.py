@@ -57,6 +57,7 @@ class RunConfig:
     scrape_url: str | None = None
     scrape_interval_s: float = 1.0
     lead_s: float = 0.5                      # T0 = now + lead
+    spin_s: float = 0.0                      # busy-wait (yielding) this long before each due time
     rows: int = 0                            # rows in the window (from scan)
     window_s: float = 0.0                    # schedule length of the window (from scan)
     progress: bool = True

@@ -73,6 +73,9 @@ def add_run_arguments(p) -> None:
                    help="send min_tokens + ignore_eos (default: on when the target accepts them)")
     p.add_argument("--scrape", metavar="URL", help="Prometheus metrics URL to sample during the run")
     p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
+    p.add_argument("--spin-ms", type=float, default=0.0,
+                   help="wake this many ms early and busy-wait (yielding to I/O) until each row is due: "
+                        "sub-millisecond dispatch lag for extra client CPU (e.g. 1)")
     p.add_argument("--no-check", action="store_true", help="skip probing the target's capabilities")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
 
@@ -115,7 +118,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
                        seed=args.seed, sessions=args.sessions, tokenizer=args.tokenizer,
                        scrape_url=args.scrape, scrape_interval_s=args.scrape_interval,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
     c.rows, c.window_s = plan.scan(c)
     c.block_size = plan.trace_block_size(c.trace)
     key = os.environ.get(c.api_key_env) if c.api_key_env else None
