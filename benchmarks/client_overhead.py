@@ -71,6 +71,13 @@ def sys_now() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
+def schedule(times: list[float]):
+    """Open loop on an absolute clock: (index, due perf_counter, seconds to wait) per request."""
+    t0 = time.perf_counter() + 0.2
+    for i, a in enumerate(times):
+        yield i, t0 + a, t0 + a - time.perf_counter()
+
+
 def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None,
              kernel_timestamps: bool = True) -> dict:
     """Replay `times` open loop; `record`, when given, gets request index -> token times."""
@@ -96,13 +103,11 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
     gc.collect()
     gc.freeze()
     c0, s0 = cpu_now(), sys_now()
-    t0 = time.perf_counter() + 0.2
     gs = []
-    for i, a in enumerate(times):
-        d = t0 + a - time.perf_counter()
-        if d > 0:
-            gevent.sleep(d)
-        gs.append(gevent.spawn(one, i, t0 + a))
+    for i, due, wait in schedule(times):
+        if wait > 0:
+            gevent.sleep(wait)
+        gs.append(gevent.spawn(one, i, due))
     gevent.joinall(gs)
     out = summarize("ours" if kernel_timestamps else "ours-read", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
     out["connections"] = pool.opened
@@ -148,13 +153,11 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
             gc.collect()
             gc.freeze()
             c0, s0 = cpu_now(), sys_now()
-            t0 = time.perf_counter() + 0.2
             tasks = []
-            for i, a in enumerate(times):
-                d = t0 + a - time.perf_counter()
-                if d > 0:
-                    await asyncio.sleep(d)
-                tasks.append(asyncio.create_task(one(session, i, t0 + a)))
+            for i, due, wait in schedule(times):
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(one(session, i, due)))
             await asyncio.gather(*tasks)
             return summarize("aiohttp", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1],
                              len(times), sent)

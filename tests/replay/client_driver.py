@@ -121,10 +121,13 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     out["after_cancel"] = post(ConnectionPool(url))
 
     # concurrency: many streams at once on one pool, and a pool capped at 2 connections
+    # two waves on one pool (the second reuses the first's connections); each request asks for
+    # its own token count, so a response delivered to the wrong request would show
     p = ConnectionPool(url, headers={"X-Interval": "0.005"})
-    gs = [gevent.spawn(post, p, data=body(20)) for _ in range(200)]
-    gevent.joinall(gs, timeout=30)
-    out["concurrent"] = [g.value for g in gs]
+    for wave in ("concurrent", "concurrent_reused"):
+        gs = [gevent.spawn(post, p, data=body(3 + k % 29)) for k in range(200)]
+        gevent.joinall(gs, timeout=30)
+        out[wave] = [dict(g.value, asked=3 + k % 29) if g.value else None for k, g in enumerate(gs)]
     p = ConnectionPool(url, max_connections=2, headers={"X-Interval": "0.005"})
     gs = [gevent.spawn(post, p, data=body(5)) for _ in range(6)]
     gevent.joinall(gs, timeout=30)

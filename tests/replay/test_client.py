@@ -155,9 +155,12 @@ def test_kill_returns_cancelled_and_keeps_partial_times(out):
 
 
 def test_concurrent_streams_and_connection_cap(out):
-    rs = out["concurrent"]
-    assert len(rs) == 200 and all(r and r["status"] == "ok" and r["n"] == 20 and r["monotone"] for r in rs)
-    assert max(r["opened"] for r in rs) <= 200
+    for wave in ("concurrent", "concurrent_reused"):
+        rs = out[wave]
+        assert len(rs) == 200 and all(r and r["status"] == "ok" and r["monotone"] for r in rs)
+        assert all(r["n"] == r["completion_tokens"] == r["asked"] for r in rs)
+    assert max(r["opened"] for r in out["concurrent_reused"]) <= 200
+    assert sum(r["reused"] for r in out["concurrent_reused"]) >= 100
     capped = out["capped"]
     assert all(r and r["status"] == "ok" and r["n"] == 5 for r in capped)
     assert max(r["opened"] for r in capped) <= 2
