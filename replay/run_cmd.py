@@ -203,13 +203,15 @@ def _run_child(run_dir: Path) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if rc not in (0, 130):  # the runner died: keep what it flushed
+    if rc not in (0, 130):  # the runner died: keep what it flushed, account for every other row
         from .output import update_run_json
-        from .recorder import RECORDS_FILE, RECORDS_STREAM, finalize
-        if (run_dir / RECORDS_STREAM).exists():
-            finalize(run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE)
+        from .recorder import salvage
+        info = json.loads((run_dir / "run.json").read_text())
+        config = plan.RunConfig.from_json(info["config"])
+        kept, added = salvage(run_dir, config, time.time() - info.get("t0_wall", time.time()))
         update_run_json(run_dir, status="failed", runner_exit=rc, ended_wall=time.time())
-        print(f"replay: the runner exited with {rc}; records flushed before that were kept", file=sys.stderr)
+        print(f"replay: the runner exited with {rc}; {kept} records flushed before that were kept, "
+              f"{added} rows without one recorded as cancelled/not_sent", file=sys.stderr)
         return 1
     return rc
 

@@ -64,8 +64,13 @@ def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
     run, expected = _run_and_kill(tmp_path, kill_runner_only=True)
     assert run.returncode == 1 and "records flushed before that were kept" in run.err
     df = records(tmp_path / "run")  # finalised by `replay run` after its runner died
-    assert len(expected) > 50 and expected <= set(df.request_id)
-    assert (df.status == "ok").all() and len(df) < N
+    assert len(df) == N and df.request_id.is_unique  # still one record per row
+    ok = df[df.status == "ok"]
+    assert len(expected) > 50 and expected <= set(ok.request_id)
+    lost = df[df.status != "ok"]
+    assert len(lost) > 0 and (lost.error == "runner died").all()
+    assert lost.status.isin(["cancelled", "not_sent"]).all()
+    assert lost[lost.status == "not_sent"].scheduled_s.min() > ok.scheduled_s.max() - 1.5
     assert run_info(tmp_path / "run")["status"] == "failed"
 
 
