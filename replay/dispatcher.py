@@ -66,13 +66,17 @@ class Job:
 
     def _dispatch(self, row: tuple) -> None:
         prepared = self._prepare(row)
-        delay = self.t0 + row[plan.SCHED] - time.perf_counter()
+        due = self.t0 + row[plan.SCHED]
+        delay = due - time.perf_counter() - self.c.spin_s
         if delay > 0:
             self.wake.wait(delay)
+        while time.perf_counter() < due and not self.stopping:
+            gevent.sleep(0)  # --spin-ms: the hub's timers are ~1 ms coarse; finish yielding to I/O
         if self.stopping:
             self._unsent(row)
         else:
             self.group.spawn(self._send, row, prepared)
+            gevent.sleep(0)  # let it write its request now, not after the next row's preparation
 
     def _prepare(self, row: tuple):
         api = row[plan.API] or self.c.api

@@ -64,11 +64,11 @@ def _on_test_start(environment, **kw) -> None:
     from replay.runner import start_local, start_master
     out = _state["out"] = Output(config)
     if isinstance(environment.runner, LocalRunner):
-        job = start_local(environment, config, out)
-        _state["stop"], done = job.stop, job.finished
+        job = _state["job"] = start_local(environment, config, out)
+        done = job.finished
     else:
-        master = start_master(environment, config, out)
-        _state["stop"], done = master.stop, master.finished
+        master = _state["job"] = start_master(environment, config, out)
+        done = master.finished
     _state["done"] = done
     gevent.spawn(_quit_when_done, environment, done)
 
@@ -86,7 +86,7 @@ def _quit_when_done(environment, done) -> None:
 def _on_test_stop(environment, **kw) -> None:
     """Stopped from the UI or by --run-time: unsent rows -> not_sent, in flight -> cancelled."""
     if "done" in _state and not _state["done"].is_set():
-        _state["stop"]()
+        _state["job"].stop()
         _state["done"].wait(timeout=_state["config"].grace_s + 20)
         _finish()
 
@@ -101,5 +101,6 @@ def _finish() -> None:
     if out is not None:
         from replay.output import update_run_json
         counts = out.close()
-        update_run_json(out.dir, status="completed", status_counts=counts, ended_wall=time.time())
+        status = "interrupted" if getattr(_state.get("job"), "stopping", False) else "completed"
+        update_run_json(out.dir, status=status, status_counts=counts, ended_wall=time.time())
         print(f"replay: run directory {out.dir}", file=sys.stderr)

@@ -27,7 +27,7 @@ CHUNK = 2048
 class Master:
     def __init__(self, config: plan.RunConfig, runner, out) -> None:
         self.c, self.runner, self.out = config, runner, out
-        self.ids = [w.id for w in runner.clients.ready]
+        self.ids = [w.id for w in runner.clients.ready + runner.clients.spawning + runner.clients.running]
         self.n = len(self.ids)
         self.index = {cid: k for k, cid in enumerate(self.ids)}
         self.queues = [deque() for _ in self.ids]
@@ -153,7 +153,7 @@ class Master:
                 self._unsent(q.popleft(), k, "not_sent")
         for chunk in self.rows:
             for row in chunk:
-                self._unsent(row, plan.shard_of(row, self.n, 0), "not_sent")
+                self._unsent(row, plan.shard_of(row, max(1, self.n), 0), "not_sent")
         self.exhausted = True
 
     def _check_finished(self) -> None:

@@ -7,6 +7,7 @@ their schedule already computed. `scan` validates the window once before the run
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import zlib
 from collections.abc import Iterator
@@ -56,6 +57,7 @@ class RunConfig:
     scrape_url: str | None = None
     scrape_interval_s: float = 1.0
     lead_s: float = 0.5                      # T0 = now + lead
+    spin_s: float = 0.0                      # busy-wait (yielding) this long before each due time
     rows: int = 0                            # rows in the window (from scan)
     window_s: float = 0.0                    # schedule length of the window (from scan)
     progress: bool = True
@@ -133,6 +135,14 @@ class TraceWindow:
                            cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
                            cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
                            cols["prompt"] or none, cols["hash_ids"] or none))
+
+
+def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
+    """Read the first chunk now (before T0), not when the first row is due."""
+    first = next(chunks, None)
+    if first is None:
+        return iter(())
+    return itertools.chain([first], chunks)
 
 
 def _validate(b: pa.RecordBatch, path: str, offset: int, last: int | None) -> None:

@@ -124,3 +124,28 @@ def finalize(stream: str | Path, out: str | Path, schema: pa.Schema = RECORD_SCH
     if stream.exists():
         stream.unlink()
     return n
+
+
+def salvage(run_dir: str | Path, config, died_at_s: float) -> tuple[int, int]:
+    """After the runner died: keep every flushed record and give each trace row of the window
+    that has none a record too (`cancelled` if it was due before the death, else `not_sent`;
+    error "runner died"), so the run still has exactly one record per row.
+    Returns (records kept, records added)."""
+    run_dir = Path(run_dir)
+    stream, out = run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE
+    kept = list(read_stream(stream)) if stream.exists() else []
+    seen = {rid for b in kept for rid in b.column("request_id").to_pylist()}
+    file = IpcFile(stream)
+    for b in kept:
+        file(b)
+    added = 0
+    for chunk in plan.TraceWindow(config).rows():
+        missing = [unsent(r, config.target_model(r[plan.MODEL]), None,
+                          "cancelled" if r[plan.SCHED] <= died_at_s else "not_sent", "runner died")
+                   for r in chunk if r[plan.RID] not in seen]
+        if missing:
+            file(to_batch(missing))
+            added += len(missing)
+    file.close()
+    finalize(stream, out)
+    return len(seen), added

@@ -73,6 +73,9 @@ def add_run_arguments(p) -> None:
                    help="send min_tokens + ignore_eos (default: on when the target accepts them)")
     p.add_argument("--scrape", metavar="URL", help="Prometheus metrics URL to sample during the run")
     p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
+    p.add_argument("--spin-ms", type=float, default=0.0,
+                   help="wake this many ms early and busy-wait (yielding to I/O) until each row is due: "
+                        "sub-millisecond dispatch lag for extra client CPU (e.g. 1)")
     p.add_argument("--no-check", action="store_true", help="skip probing the target's capabilities")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
 
@@ -115,7 +118,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
                        seed=args.seed, sessions=args.sessions, tokenizer=args.tokenizer,
                        scrape_url=args.scrape, scrape_interval_s=args.scrape_interval,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
     c.rows, c.window_s = plan.scan(c)
     c.block_size = plan.trace_block_size(c.trace)
     key = os.environ.get(c.api_key_env) if c.api_key_env else None
@@ -147,13 +150,20 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length "
               f"{'on' if c.force_output_len else 'off'} (from `replay check` of the target)", file=sys.stderr)
-    if (c.prompt_mode == "text" or c.api == "chat") and not c.tokenizer:
+    # text prompts (text mode, and chat rows: the run's default API or a per-row `api` column)
+    apis = ({"completions"} if c.prompt_mode == "text" else set()) | ({"chat"} if c.api == "chat" else set())
+    if _has_column(c.trace, "api"):
+        apis.add("chat")
+    if apis and not c.tokenizer:
         from .prompts import calibrate
-        c.calibration = {}
-        for api in {c.api if c.prompt_mode == "text" else "chat", "chat" if c.api == "chat" else c.api}:
-            c.calibration[api] = calibrate(lambda p, b: http_json(c.target, p, b, key), api,
-                                           c.default_model, c.seed)
+        c.calibration = {api: calibrate(lambda p, b: http_json(c.target, p, b, key), api, c.default_model, c.seed)
+                         for api in sorted(apis)}
     return c, notes
+
+
+def _has_column(path: str, name: str) -> bool:
+    import pyarrow.parquet as pq
+    return name in pq.read_schema(path).names
 
 
 def run(args) -> int:
@@ -193,13 +203,15 @@ def _run_child(run_dir: Path) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    if rc not in (0, 130):  # the runner died: keep what it flushed
+    if rc not in (0, 130):  # the runner died: keep what it flushed, account for every other row
         from .output import update_run_json
-        from .recorder import RECORDS_FILE, RECORDS_STREAM, finalize
-        if (run_dir / RECORDS_STREAM).exists():
-            finalize(run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE)
+        from .recorder import salvage
+        info = json.loads((run_dir / "run.json").read_text())
+        config = plan.RunConfig.from_json(info["config"])
+        kept, added = salvage(run_dir, config, time.time() - info.get("t0_wall", time.time()))
         update_run_json(run_dir, status="failed", runner_exit=rc, ended_wall=time.time())
-        print(f"replay: the runner exited with {rc}; records flushed before that were kept", file=sys.stderr)
+        print(f"replay: the runner exited with {rc}; {kept} records flushed before that were kept, "
+              f"{added} rows without one recorded as cancelled/not_sent", file=sys.stderr)
         return 1
     return rc
 
@@ -209,3 +221,21 @@ def _print_summary(run_dir: Path) -> None:
     counts = info.get("status_counts") or {}
     print(f"run directory: {run_dir}")
     print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in counts.items()))
+    print(_length_check(run_dir / "records.parquet"))
+
+
+def _length_check(path: Path) -> str:
+    """Requests whose server-reported lengths differ from the trace's (ok requests with usage)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    if not path.exists():
+        return "lengths: no records"
+    t = pq.read_table(path, columns=["status", "input_tokens", "output_tokens", "prompt_tokens",
+                                     "completion_tokens"])
+    t = t.filter(pc.equal(t["status"], "ok"))
+    out_diff = pc.sum(pc.not_equal(t["output_tokens"], t["completion_tokens"])).as_py() or 0
+    in_err = pc.abs(pc.subtract(t["prompt_tokens"], t["input_tokens"])).drop_null()
+    n_in = len(in_err)
+    mean_in = (pc.mean(in_err).as_py() or 0.0) if n_in else 0.0
+    return (f"lengths: {out_diff} ok requests got a different output length than the trace; "
+            f"input length error mean {mean_in:.1f} tokens over {n_in} requests with usage")

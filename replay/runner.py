@@ -29,6 +29,7 @@ from pathlib import Path  # noqa: E402
 import gevent  # noqa: E402
 import gevent.event  # noqa: E402
 import gevent.pool  # noqa: E402
+import pandas  # noqa: E402,F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
 from locust.env import Environment  # noqa: E402
 
 from . import plan  # noqa: E402
@@ -54,6 +55,10 @@ class ProcessContext:
 
     def run_job(self) -> None:
         self.ready.wait()
+        # its own greenlet: when Locust stops (kills) its users, the job still records every row
+        gevent.spawn(self._run).join()
+
+    def _run(self) -> None:
         try:
             self.job.run()
         finally:
@@ -66,6 +71,9 @@ def perf_at(wall: float) -> float:
 
 
 def freeze_gc() -> None:
+    """Before T0: warm lazy paths, then keep the long-lived heap out of later collections."""
+    from .recorder import to_batch, unsent
+    to_batch([unsent((0, "0", 0.0, 1, 1, None, None, None, None, None, None, None), None, 0)])
     gc.collect()
     gc.freeze()  # keep the long-lived heap out of later collections (30-60 ms pauses)
 
@@ -99,7 +107,8 @@ def install_stop(stop) -> None:
 def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     """Prepare this process's Job (T0 = now + lead); Locust's runner then spawns the user."""
     ctx = env.replay = ProcessContext()
-    job = ctx.job = Job(config, 0, 0.0, plan.TraceWindow(config).rows(), out.recorder, env.events)
+    job = ctx.job = Job(config, 0, 0.0, plan.prefetch(plan.TraceWindow(config).rows()), out.recorder,
+                        env.events)
     warmup(job, config.warmup)
     out.progress.live = lambda: (job.sent, job.in_flight)
     freeze_gc()
@@ -162,10 +171,16 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
             _reap(procs)
             raise RuntimeError(f"only {len(runner.clients.ready)} of {want} workers connected")
         gevent.sleep(0.05)
+    runner.start(want, spawn_rate=50 * want)  # users first: T0 must not race Locust's spawning
+    while len(runner.clients.running) < want:
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers did not start their users")
+        gevent.sleep(0.05)
     master = start_master(env, config, out)
     install_stop(master.stop)
-    runner.start(want, spawn_rate=want)
     master.finished.wait()
+    if master.lost:
+        update_run_json(config.run_dir, lost_workers=sorted(master.lost))
     runner.quit()
     _reap(procs)
     return "interrupted" if master.stopping else "completed"

@@ -133,6 +133,7 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
     monkey.patch_all()
     if tie_to_parent:
         die_with_parent()
+    import pandas  # noqa: F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
     from locust.env import Environment
 
     from .dispatcher import Dispatcher
@@ -149,7 +150,14 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
 
 
 def main_args(args) -> int:
-    return run_worker(args.master, args.die_with_parent)
+    """`replay worker`: re-exec as a clean process, so gevent patches before anything imports ssl."""
+    import os
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "replay.worker", "--master", args.master]
+    os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))
+    return 1  # not reached
 
 
 if __name__ == "__main__":

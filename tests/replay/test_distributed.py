@@ -4,21 +4,35 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import psutil
+
+from tests.conftest import free_port, repo_env
 
 from tests.replay.runkit import (assert_well_formed, popen_run, records, replay_run, sse_server,
                                  wait_t0, write_trace)
 
 
 def test_two_workers_same_record_set_as_local(tmp_path):
+    """One local worker plus one joining with `replay worker --master` (as from another host)."""
     n = 300
     sessions = [f"s{i % 7}" if i % 3 == 0 else None for i in range(n)]
     trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.004, output_tokens=5, session_id=sessions)
+    port = free_port()
     with sse_server("--interval", "0.001") as url:
         replay_run(trace, url, tmp_path / "local", "--model-map", "*=m")
-        replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "2")
+        remote = subprocess.Popen([sys.executable, "-m", "replay", "worker", "--master", f"127.0.0.1:{port}"],
+                                  env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "1",
+                       "--remote-workers", "1", "--master-bind", f"127.0.0.1:{port}")
+            assert remote.wait(30) == 0  # the remote worker leaves when the master quits
+        finally:
+            if remote.poll() is None:
+                remote.kill()
     local, dist = records(tmp_path / "local"), records(tmp_path / "dist")
     assert len(dist) == n and set(dist.request_id) == set(local.request_id)
     assert (dist.status == "ok").all() and (local.status == "ok").all()
@@ -51,4 +65,5 @@ def test_lost_worker_rows_are_recorded(tmp_path):
     assert len(df) == n and df.request_id.is_unique
     lost = df[df.error.fillna("").str.contains("lost")]
     assert len(lost) > 50 and lost.status.isin(["cancelled", "not_sent"]).all()
-    assert (df[df.worker == 0].status == "ok").all()
+    assert lost.worker.nunique() == 1
+    assert (df[df.worker != lost.worker.iloc[0]].status == "ok").all(), "the other worker carried on"

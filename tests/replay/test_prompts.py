@@ -79,3 +79,17 @@ def test_closed_sessions_carry_history_and_wait_for_previous_turn(tmp_path):
     for _, g in df.assign(turn=turn).sort_values("turn").groupby("session_id"):
         assert (g.sent_s.values[1:] >= g.last_token_s.values[:-1]).all(), "turn k+1 after turn k ended"
         assert (g.prompt_tokens.diff().dropna() > 0).all(), "the history grows"
+
+
+def test_sessions_timestamps_mode_history_and_user_tokens():
+    from replay.sessions import Sessions
+    s = Sessions("timestamps")
+    r0 = (0, "a", 0.0, 50, 5, None, "s", 0, None, None, None, None)
+    r1 = (1, "b", 1.0, 80, 5, None, "s", 1, None, None, None, None)
+    assert s.admit(r0) and s.admit(r1)  # never gated: turns go at their trace times
+    assert s.context(r0) == ([], 50)
+    assert s.completed(r0, "hi", "hello", True, 50, 5, 0.5) is None
+    history, user_tokens = s.context(r1)
+    assert [m["role"] for m in history] == ["user", "assistant"] and user_tokens == 80 - 55
+    s.completed(r1, "x", None, False, None, None, 2.0)  # a failed turn adds no history
+    assert len(s.context(r1)[0]) == 2

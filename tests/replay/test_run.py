@@ -51,7 +51,8 @@ def test_every_row_one_record_with_token_times_lag_and_run_json(tmp_path, server
 def test_window_speed_and_max_requests(tmp_path, server):
     trace = write_trace(tmp_path / "t.parquet", 400, gap_s=0.01)
     out = tmp_path / "run"
-    replay_run(trace, server, out, "--start", "1s", "--duration", "2s", "--speed", "4", "--max-requests", "150")
+    replay_run(trace, server, out, "--start", "1s", "--duration", "2s", "--speed", "4", "--max-requests", "150",
+               "--warmup", "3", "--spin-ms", "1")  # warm-up requests are not recorded
     df = records(out).sort_values("scheduled_s")
     assert len(df) == 150 and df.request_id.tolist() == [str(i) for i in range(100, 250)]
     assert np.allclose(df.scheduled_s, np.arange(150) * 0.01 / 4)

@@ -21,6 +21,8 @@ def test_engine_exact_lengths_completions_and_chat(tmp_path, engine_url):
     assert (df.completion_tokens == 6).all()  # min_tokens + ignore_eos honoured
     comp = df[df.request_id.astype(int) % 2 == 0]
     assert (comp.prompt_tokens == 24).all()  # token-id prompts are exact
+    chat = df[df.request_id.astype(int) % 2 == 1]  # calibrated text, chat template included
+    assert abs(chat.prompt_tokens.mean() - 24) <= 3, chat.prompt_tokens.describe()
 
 
 def test_engine_fault_flags(tmp_path):

@@ -7,6 +7,7 @@ import signal
 import time
 
 import psutil
+import pytest
 import pyarrow as pa
 
 from replay.recorder import read_stream
@@ -14,11 +15,12 @@ from tests.replay.runkit import (assert_well_formed, popen_run, records, run_inf
                                  wait_t0, write_trace)
 
 
-def test_sigint_cancels_in_flight_and_records_unsent(tmp_path):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigint_cancels_in_flight_and_records_unsent(tmp_path, workers):
     n = 100  # 10 s of trace; every request streams for ~2 s, so some are in flight at the signal
     trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.1, output_tokens=20)
     with sse_server("--interval", "0.1") as url:
-        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3")
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3", "--workers", workers)
         t0 = wait_t0(tmp_path / "run")
         time.sleep(max(0.0, t0 + 3.0 - time.time()))
         run.send_signal(signal.SIGINT)
@@ -38,42 +40,41 @@ def test_sigint_cancels_in_flight_and_records_unsent(tmp_path):
     assert "interrupted" in out
 
 
-def _finished_before(kill_wall: float, t0: float, n: int, gap: float) -> set[str]:
-    """Rows whose ~10 ms request surely ended more than 1 s before the kill."""
-    cutoff = kill_wall - t0 - 1.0 - 0.2
-    return {str(i) for i in range(n) if i * gap < cutoff}
+N, GAP = 400, 0.01  # 4 s of trace of ~10 ms requests; the kill comes 2.5 s after T0
 
 
-def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
-    n, gap = 400, 0.01  # 4 s of trace; the runner child is killed at 2.5 s
-    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
+def _run_and_kill(tmp_path, kill_runner_only: bool) -> tuple[object, set[str]]:
+    """Start a run, SIGKILL the runner (or `replay run` itself) 2.5 s after T0; return the
+    finished `replay run` process and the rows that surely ended more than 1 s before the kill."""
+    trace = write_trace(tmp_path / "t.parquet", N, gap_s=GAP, output_tokens=4)
     with sse_server("--interval", "0.001") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
         t0 = wait_t0(tmp_path / "run")
         child = psutil.Process(run.pid).children()[0]
         time.sleep(max(0.0, t0 + 2.5 - time.time()))
         kill_wall = time.time()
-        os.kill(child.pid, signal.SIGKILL)
-        out, err = run.communicate(timeout=60)
-    assert run.returncode == 1 and "records flushed before that were kept" in err
+        os.kill(child.pid if kill_runner_only else run.pid, signal.SIGKILL)
+        run.out, run.err = run.communicate(timeout=60)
+        child.wait(10)  # PR_SET_PDEATHSIG: the runner never outlives `replay run`
+    cutoff = kill_wall - t0 - 1.0 - 0.2
+    return run, {str(i) for i in range(N) if i * GAP < cutoff}
+
+
+def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
+    run, expected = _run_and_kill(tmp_path, kill_runner_only=True)
+    assert run.returncode == 1 and "records flushed before that were kept" in run.err
     df = records(tmp_path / "run")  # finalised by `replay run` after its runner died
-    expected = _finished_before(kill_wall, t0, n, gap)
-    assert len(expected) > 50 and expected <= set(df.request_id)
-    assert (df.status == "ok").all() and len(df) < n
+    assert len(df) == N and df.request_id.is_unique  # still one record per row
+    ok = df[df.status == "ok"]
+    assert len(expected) > 50 and expected <= set(ok.request_id)
+    lost = df[df.status != "ok"]
+    assert len(lost) > 0 and (lost.error == "runner died").all()
+    assert lost.status.isin(["cancelled", "not_sent"]).all()
+    assert lost[lost.status == "not_sent"].scheduled_s.min() > ok.scheduled_s.max() - 1.5
     assert run_info(tmp_path / "run")["status"] == "failed"
 
 
 def test_sigkill_of_replay_run_takes_the_runner_along_and_keeps_the_stream(tmp_path):
-    n, gap = 400, 0.01
-    trace = write_trace(tmp_path / "t.parquet", n, gap_s=gap, output_tokens=4)
-    with sse_server("--interval", "0.001") as url:
-        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m")
-        t0 = wait_t0(tmp_path / "run")
-        child = psutil.Process(run.pid).children()[0]
-        time.sleep(max(0.0, t0 + 2.5 - time.time()))
-        kill_wall = time.time()
-        run.kill()
-        run.wait(10)
-        child.wait(10)  # PR_SET_PDEATHSIG: the runner does not outlive `replay run`
+    run, expected = _run_and_kill(tmp_path, kill_runner_only=False)
     table = pa.Table.from_batches(list(read_stream(tmp_path / "run" / "records.arrows")))
-    assert _finished_before(kill_wall, t0, n, gap) <= set(table.column("request_id").to_pylist())
+    assert len(expected) > 50 and expected <= set(table.column("request_id").to_pylist())
