@@ -1,13 +1,26 @@
 """`replay demo`: the whole loop on one machine, in about a minute.
 
 Starts engine-stub on a free port, generates a short bursty multi-model trace, replays it
-open-loop, writes the report, prints where it is and the headline numbers, stops the engine.
+open-loop (scraping the engine's metrics), writes the report with goodput under a demo SLO,
+prints where it is and the headline numbers, and stops the engine.
 """
 from __future__ import annotations
 
 import argparse
 import time
 from pathlib import Path
+
+# What "good" means for the demo's tiny CPU engine; --slo FILE replaces it.
+DEMO_SLO = """\
+per_request:
+  ttft_ms: 1000
+  tpot_ms: 100
+objectives:
+  - ttft_ms.p90 <= 1000
+  - tpot_ms.p90 <= 100
+  - attainment >= 0.8
+  - error_rate <= 0.01
+"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,44 +30,57 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="multi-model", help="trace preset (default: multi-model)")
     p.add_argument("--duration", type=float, default=45.0, help="trace seconds (default: 45)")
     p.add_argument("--rate", type=float, default=2.0, help="mean requests/s (default: 2)")
+    p.add_argument("--length-scale", type=float, default=0.35,
+                   help="scale the preset's lengths for the tiny CPU engine (default: 0.35)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", default=None, help="run directory (default: runs/demo-<time>)")
-    p.add_argument("--slo", default=None, help="also gate the run on this SLO file")
+    p.add_argument("--slo", default=None, help="SLO file (default: a demo SLO for the tiny engine)")
     p.add_argument("--engine-arg", action="append", default=[],
                    help="extra argument for engine-stub serve (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import reports
     from traces.generate import generate
     from traces.presets import preset_spec
-    import reports
 
     from .local_engine import start_engine
     from .runproc import replay_run
 
     run_dir = Path(args.output or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        print(f"error: {run_dir} is not empty; choose another -o")
+        return 2
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    spec = preset_spec(args.preset, duration=args.duration, rate=args.rate)
+    slo_path = Path(args.slo) if args.slo else run_dir.parent / f"{run_dir.name}-slo.yaml"
+    if not args.slo:
+        slo_path.write_text(DEMO_SLO)
+    slo = reports.load_slo(slo_path)
+    spec = preset_spec(args.preset, duration=args.duration, rate=args.rate, length_scale=args.length_scale,
+                       max_input_tokens=1536, max_output_tokens=384, seed=args.seed)
     trace = generate(spec, seed=args.seed)
     trace_path = run_dir.parent / f"{run_dir.name}-trace.parquet"
     trace.write(trace_path)
     print(f"trace: {trace_path} ({trace.num_rows} requests over {trace.duration_s:.0f} s, "
           f"preset {args.preset!r}, seed {args.seed})")
-
     print("starting engine-stub ...", flush=True)
     with start_engine(*args.engine_arg) as engine:
         print(f"engine-stub: {engine.url}", flush=True)
-        outcome = replay_run(trace_path, engine.url, run_dir, echo=True)
-    if outcome.returncode not in (0, 1):
+        outcome = replay_run(trace_path, engine.url, run_dir, echo=True,
+                             extra=["--scrape", f"{engine.url}/metrics", "--slo", str(slo_path)])
+    if not (run_dir / "records.parquet").exists():
         print(f"replay run failed (exit {outcome.returncode})")
-        return outcome.returncode
-    summary = reports.summarize_run(run_dir)
-    print(reports.format_summary(summary))
-    code = 0
-    if args.slo:
-        result = reports.evaluate_slo(run_dir, reports.load_slo(args.slo))
-        print(result.table())
-        code = result.exit_code
-    print(f"\nrun directory: {run_dir}\nreport: {run_dir / 'report.html'}")
-    return code
+        return outcome.returncode or 1
+    gate = reports.evaluate_slo(run_dir, slo)
+    h = reports.headline(reports.summarize_run(run_dir, slo=slo, write=False))
+    print(f"\nheadline: {h['requests']} requests, {h['ok']} ok; TTFT p50/p99 {_ms(h['ttft_ms_p50'])}/"
+          f"{_ms(h['ttft_ms_p99'])} ms; TPOT p50/p99 {_ms(h['tpot_ms_p50'])}/{_ms(h['tpot_ms_p99'])} ms; "
+          f"goodput {h['goodput_rps']:.3g} req/s; attainment {h['attainment']:.1%}; "
+          f"SLO gate: {('pass', 'FAIL', 'cannot evaluate')[gate.exit_code]}")
+    print(f"report: {run_dir / 'report.html'}\nnext: replay gate {run_dir} --slo {slo_path}")
+    return 0
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"

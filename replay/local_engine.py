@@ -19,8 +19,8 @@ READY_PREFIX = "engine-stub ready: "
 class LocalEngine:
     """A running `engine-stub serve` child process; stop it with `.stop()` (by PID)."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log: list[str]) -> None:
-        self.proc, self.url, self.log = proc, url, log
+    def __init__(self, proc: subprocess.Popen, url: str, log: list[str] | None = None) -> None:
+        self.proc, self.url, self.log = proc, url, log if log is not None else []
 
     def stop(self, timeout: float = 10) -> None:
         if self.proc.poll() is None:

@@ -46,6 +46,8 @@ def add_parser(sub) -> None:
                    help="also wait for this many `replay worker --master HOST:PORT` processes")
     p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
                    help="master address for remote workers (default 0.0.0.0:5557)")
+    p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
+                   "thresholds and shows its objectives (exit codes come from `replay gate`)")
     p.set_defaults(func=run)
 
 
@@ -167,10 +169,14 @@ def _has_column(path: str, name: str) -> bool:
 
 
 def run(args) -> int:
+    slo = None
+    if args.slo:
+        import reports
+        slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
     code = _run_child(run_dir)
-    _print_summary(run_dir)
+    _print_summary(run_dir, slo)
     return code
 
 
@@ -216,26 +222,12 @@ def _run_child(run_dir: Path) -> int:
     return rc
 
 
-def _print_summary(run_dir: Path) -> None:
+def _print_summary(run_dir: Path, slo=None) -> None:
+    """The reports summary table (also written as summary.json/.md and report.html)."""
+    import reports
     info = json.loads((run_dir / "run.json").read_text())
     counts = info.get("status_counts") or {}
-    print(f"run directory: {run_dir}")
+    if (run_dir / "records.parquet").exists():
+        print(reports.format_summary(reports.summarize_run(run_dir, slo=slo)), end="")
     print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in counts.items()))
-    print(_length_check(run_dir / "records.parquet"))
-
-
-def _length_check(path: Path) -> str:
-    """Requests whose server-reported lengths differ from the trace's (ok requests with usage)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    if not path.exists():
-        return "lengths: no records"
-    t = pq.read_table(path, columns=["status", "input_tokens", "output_tokens", "prompt_tokens",
-                                     "completion_tokens"])
-    t = t.filter(pc.equal(t["status"], "ok"))
-    out_diff = pc.sum(pc.not_equal(t["output_tokens"], t["completion_tokens"])).as_py() or 0
-    in_err = pc.abs(pc.subtract(t["prompt_tokens"], t["input_tokens"])).drop_null()
-    n_in = len(in_err)
-    mean_in = (pc.mean(in_err).as_py() or 0.0) if n_in else 0.0
-    return (f"lengths: {out_diff} ok requests got a different output length than the trace; "
-            f"input length error mean {mean_in:.1f} tokens over {n_in} requests with usage")
+    print(f"run directory: {run_dir}  (report.html, summary.json, summary.md)")

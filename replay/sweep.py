@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-runs", type=int, default=10, help="upper bound on replays (default 10)")
     p.add_argument("--max-requests", type=int, default=None, help="replay at most this many rows per run")
     p.add_argument("-o", "--output", default="runs/sweep", help="sweep directory")
+    p.add_argument("--engine-arg", action="append", default=[],
+                   help="without --target: extra argument for engine-stub serve (repeatable, "
+                        "e.g. --engine-arg=--max-num-seqs --engine-arg=8)")
     p.add_argument("run_args", nargs=argparse.REMAINDER,
                    help="after `--`: extra arguments for every `replay run`")
     p.set_defaults(func=run)
@@ -54,19 +57,20 @@ def native_rate(trace) -> float:
 
 
 def knee(rates: list[float], values: list[float]) -> float | None:
-    """Kneedle: the point farthest below the chord of the normalised (rate, value) curve."""
-    pts = [(r, v) for r, v in zip(rates, values) if v is not None and math.isfinite(v)]
+    """Kneedle: the point farthest below the chord of the normalised (log rate, value) curve.
+    Log rate because sweeps space their rates geometrically (doubling, geometric bisection)."""
+    pts = [(r, v) for r, v in zip(rates, values) if v is not None and math.isfinite(v) and r > 0]
     if len(pts) < 3:
         return None
     pts.sort()
-    x = np.array([p[0] for p in pts], float)
+    x = np.log(np.array([p[0] for p in pts], float))
     y = np.array([p[1] for p in pts], float)
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
     xn, yn = (x - x.min()) / np.ptp(x), (y - y.min()) / np.ptp(y)
     dist = xn - yn  # latency rises convexly: the knee is where the curve is furthest below the chord
     i = int(np.argmax(dist))
-    return float(x[i]) if dist[i] > 0 else None
+    return float(f"{np.exp(x[i]):.6g}") if dist[i] > 0 else None
 
 
 class Sweeper:
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     engine = None
     target = args.target
     if target is None:
-        engine = start_engine()
+        engine = start_engine(*args.engine_arg)
         target = engine.url
         print(f"sweep: no --target, started engine-stub at {target}")
     try:

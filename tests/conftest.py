@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from replay.local_engine import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
+
 REPO = Path(__file__).resolve().parents[1]
 
 

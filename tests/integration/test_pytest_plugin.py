@@ -1,0 +1,66 @@
+"""The pytest plugin, run by pytester in a child pytest against the SSE test server: a passing
+SLO, a failing marker that shows the gate table, metrics and JUnit properties."""
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+from tests.conftest import REPO, repo_env
+from tests.replay.runkit import sse_server, write_trace
+
+pytest_plugins = ["pytester"]
+
+TEST_FILE = """
+import pytest
+
+def test_passes(replay):
+    r = replay(TRACE, no_check=True, no_progress=True)
+    assert r.metrics["requests"] == 12 and r.metrics["ok"] == 12
+    r.assert_slo({"objectives": ["error_rate <= 0.01", "ttft_ms.p50 <= 60000"]})
+
+@pytest.mark.slo("ttft_ms.p50 <= 0.000001")
+def test_marker_fails(replay):
+    replay(TRACE, no_check=True, no_progress=True)
+
+@pytest.mark.slo("error_rate <= 0.01")
+def test_marker_passes(replay):
+    replay(TRACE, no_check=True, no_progress=True)
+"""
+
+
+def _plugin_args() -> list[str]:
+    # installed: the pytest11 entry point loads it; from a plain checkout, name it
+    eps = importlib.metadata.entry_points(group="pytest11")
+    return [] if any(ep.value == "replay.pytest_plugin" for ep in eps) else ["-p", "replay.pytest_plugin"]
+
+
+def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):
+    trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
+    pytester.makepyfile(test_slo=TEST_FILE.replace("TRACE", repr(str(trace))))
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    with sse_server() as url:
+        res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", url, "-p", "no:cacheprovider",
+                                            f"--junitxml={tmp_path / 'junit.xml'}", timeout=240)
+    res.assert_outcomes(passed=2, failed=1)
+    out = res.stdout.str()
+    assert "SLO not met" in out and "ttft_ms.p50 <= 0.000001" in out  # the gate table is shown
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'name="replay.0.ttft_ms_p99"' in junit and 'name="slo.run-0" value="pass"' in junit
+
+
+def test_plugin_rejects_a_marker_without_a_run(pytester: pytest.Pytester, monkeypatch):
+    pytester.makepyfile(test_x="""
+import pytest
+@pytest.mark.slo("error_rate <= 0.01")
+def test_no_run(replay):
+    pass
+""")
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", "http://127.0.0.1:9",
+                                        "-p", "no:cacheprovider", timeout=120)
+    res.assert_outcomes(failed=1)
+    assert "made no replay run to gate" in res.stdout.str()
+    assert REPO.exists()
