@@ -23,15 +23,19 @@ objectives:
 """
 
 
+# engine-stub presets behind the multi-model preset's labels
+DEMO_PRESETS = {"small": "micro", "medium": "tiny", "large": "tiny-wide"}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="engine-stub + synthetic trace + replay + report, end to end",
                        description="Start the bundled engine, generate a short bursty multi-model "
                                    "trace, replay it and write the report.")
     p.add_argument("--preset", default="multi-model", help="trace preset (default: multi-model)")
     p.add_argument("--duration", type=float, default=45.0, help="trace seconds (default: 45)")
-    p.add_argument("--rate", type=float, default=2.0, help="mean requests/s (default: 2)")
-    p.add_argument("--length-scale", type=float, default=0.35,
-                   help="scale the preset's lengths for the tiny CPU engine (default: 0.35)")
+    p.add_argument("--rate", type=float, default=3.0, help="mean requests/s (default: 3)")
+    p.add_argument("--length-scale", type=float, default=0.5,
+                   help="scale the preset's lengths for the tiny CPU engine (default: 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", default=None, help="run directory (default: runs/demo-<time>)")
     p.add_argument("--slo", default=None, help="SLO file (default: a demo SLO for the tiny engine)")
@@ -65,10 +69,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"trace: {trace_path} ({trace.num_rows} requests over {trace.duration_s:.0f} s, "
           f"preset {args.preset!r}, seed {args.seed})")
     print("starting engine-stub ...", flush=True)
-    with start_engine(*args.engine_arg) as engine:
-        print(f"engine-stub: {engine.url}", flush=True)
-        outcome = replay_run(trace_path, engine.url, run_dir, echo=True,
-                             extra=["--scrape", f"{engine.url}/metrics", "--slo", str(slo_path)])
+    models = sorted(set(trace.table.column("model").to_pylist())) if "model" in trace.table.column_names else []
+    # one engine core per trace model (stepped round-robin, as a multi-model server would)
+    engine_args = args.engine_arg or [a for m in models for a in ("--model", f"{m}={DEMO_PRESETS.get(m, 'tiny')}")]
+    with start_engine(*engine_args) as engine:
+        print(f"engine-stub: {engine.url} serving {', '.join(models) or 'tiny'}", flush=True)
+        extra = ["--scrape", f"{engine.url}/metrics", "--slo", str(slo_path)]
+        if not args.engine_arg:
+            extra += [a for m in models for a in ("--model-map", f"{m}={m}")]
+        outcome = replay_run(trace_path, engine.url, run_dir, echo=True, extra=extra)
     if not (run_dir / "records.parquet").exists():
         print(f"replay run failed (exit {outcome.returncode})")
         return outcome.returncode or 1

@@ -140,5 +140,9 @@ def server_series(server: pa.Table, edges: np.ndarray) -> dict:
             cnt = np.bincount(wi, minlength=nwin)[:nwin]
             with np.errstate(invalid="ignore"):
                 series = np.bincount(wi, weights=v, minlength=nwin)[:nwin] / cnt
+            # A gauge holds its value until the next scrape: windows shorter than the scrape
+            # interval would otherwise alternate with gaps and draw no line at all.
+            filled = np.maximum.accumulate(np.where(cnt > 0, np.arange(nwin), -1))
+            series = np.where(filled >= 0, series[np.maximum(filled, 0)], np.nan)
         out[key] = _clean(series)
     return out

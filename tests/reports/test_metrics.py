@@ -123,3 +123,20 @@ def test_steady_state_window_drops_ramp():
     an = analyze(records(ramp + busy), steady_state=0.5)
     assert an.mask[:5].sum() == 0 and an.mask[5:].sum() >= 15
     assert an.window["steady_state"]["start_s"] >= 10
+
+
+def test_scraped_gauges_hold_between_scrapes_and_counters_add_up():
+    import json as _json
+
+    import pyarrow as _pa
+
+    from reports.breakdown import server_series
+    from reports.schema import SERVER_METRICS_SCHEMA
+    times = [0.2, 1.2, 2.2, 3.2]
+    rows = [(t, "vllm:kv_cache_usage_perc", _json.dumps({"model_name": m}), v * k)
+            for t, v in zip(times, [0.1, 0.2, 0.3, 0.4]) for m, k in (("a", 1), ("b", 3))]
+    rows += [(t, "vllm:num_preemptions_total", "{}", c) for t, c in zip(times, [0, 2, 2, 5])]
+    table = _pa.Table.from_pylist([dict(zip(SERVER_METRICS_SCHEMA.names, r)) for r in rows], SERVER_METRICS_SCHEMA)
+    out = server_series(table, np.arange(0, 4.01, 0.5))  # windows shorter than the scrape interval
+    assert out["kv_cache_usage"] == pytest.approx([0.2, 0.2, 0.4, 0.4, 0.6, 0.6, 0.8, 0.8])  # mean over models
+    assert out["preemptions"] == [0, 0, 2, 0, 0, 0, 3, 0]
