@@ -1,5 +1,5 @@
 """`summarize_run`: the full report of a run, as summary.json (versioned schema, see
-docs/readme/reports.md), summary.md and report.html in the run directory."""
+the README, section summary.json), summary.md and report.html in the run directory."""
 from __future__ import annotations
 
 import datetime as _dt

@@ -1,5 +1,5 @@
 """Named generator specs (`replay trace generate --preset NAME`), each stressing one side of
-a serving system; docs/readme/synthesis.md says which. A preset is just a spec dict: dump it
+a serving system; the README (Synthetic traces) says which. A preset is just a spec dict: dump it
 with `--dump-spec`, edit it, generate from the file.
 
 `preset_spec(name, duration, rate)` is the API `replay demo` uses: `rate` is the total mean

@@ -3,7 +3,7 @@
 so a person can fix the file.
 
 The dict form is the contract (it is what `generate` embeds in the trace metadata);
-docs/readme/synthesis.md documents every field.
+The README (Synthetic traces: The spec) documents every field.
 """
 from __future__ import annotations
 
