@@ -53,11 +53,12 @@ def mean_rate(table: Any) -> float | None:
 
 def peak_rate(table: Any, window_s: float = 60.0) -> float | None:
     """Highest request count in any aligned window of `window_s` seconds (windows start at the
-    first arrival), divided by `window_s`: the peak rate in req/s. None for an empty table."""
+    first arrival), divided by `window_s`: the peak rate in req/s. None for an empty table or
+    one shorter than a window (a partial window would understate the peak)."""
     a = arrivals_ns(table)
-    if len(a) == 0:
-        return None
     w = max(int(round(window_s * 1e9)), 1)
+    if len(a) == 0 or a[-1] - a[0] < w:
+        return None
     counts = np.bincount((a - a[0]) // w)
     return float(counts.max()) / window_s
 

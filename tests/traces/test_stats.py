@@ -49,6 +49,13 @@ def test_bursty_trace_has_high_cv_and_dispersion():
     idc = stats.index_of_dispersion(t)
     assert idc["10s"] > 50 and idc["1s"] > 5
     assert stats.peak_rate(t, 1.0) > 100
+    assert 1000 / 60 <= stats.peak_rate(t, 60.0) < 1100 / 60  # about one burst per minute
+
+
+def test_peak_rate_needs_a_whole_window():
+    t = _trace((np.arange(90) * 1e9 / 3).astype(np.int64))  # 3 req/s for 30 s
+    assert stats.peak_rate(t, 60.0) is None  # a partial minute would report 1.5 req/s
+    assert stats.peak_rate(t, 10.0) == 3.0
 
 
 def test_index_of_dispersion_uses_complete_windows_only():
