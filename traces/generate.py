@@ -8,7 +8,6 @@ so `replay trace generate --spec T.parquet` re-creates T.
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ import pyarrow.compute as pc
 
 from .arrivals import arrival_times
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
+from .pages import reused_pages
 from .schema import schema_for
 from .spec import parse_spec
 from .spec_types import Client, Spec
@@ -220,25 +220,9 @@ def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.nda
     return col, order
 
 
-@contextmanager
-def _small_pages():
-    """NumPy's transparent-huge-page advice off while generating, restored afterwards: the
-    generator makes many short-lived 10-80 MB arrays, and on VMs with THP defrag=madvise the
-    kernel's zeroing of huge pages cost as much as the work (10M rows, 4M measured: system time
-    2.3-2.6 s -> 0.7-0.9 s)."""
-    core = np._core if hasattr(np, "_core") else np.core      # NumPy 2 / NumPy 1
-    toggle = getattr(core.multiarray, "_set_madvise_hugepage", None)
-    previous = toggle(False) if toggle else None
-    try:
-        yield
-    finally:
-        if toggle:
-            toggle(previous)
-
-
 def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
-    with _small_pages():
+    with reused_pages():  # pages.py: 10M rows fault far less memory in
         return _generate(spec, seed)
 
 

@@ -180,8 +180,10 @@ class Trace:
         # ranges): both cost write time on the id strings and the 70M-element hash_ids lists
         # for nothing (10M rows: write CPU -20%, same size)
         low = [c for c in ("model", "slo_class", "api", "client_id") if c in table.column_names]
-        pq.write_table(table, path, row_group_size=1 << 20, compression="zstd",
-                       use_dictionary=low, write_statistics=["arrival_ns"])
+        from .pages import reused_pages
+        with reused_pages():
+            pq.write_table(table, path, row_group_size=1 << 20, compression="zstd",
+                           use_dictionary=low, write_statistics=["arrival_ns"])
 
     @staticmethod
     def read_metadata(path: str | Path) -> dict[str, Any]:
