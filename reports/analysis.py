@@ -4,6 +4,8 @@ Summary, gate and compare all read a run through `analyze`, so they agree on eve
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -16,25 +18,47 @@ from .stats import PERCENTILES
 from .window import select
 
 
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                 # glibc mallopt parameters (malloc.h)
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except OSError:                                   # not glibc (musl, macOS): leave it alone
+        return None
+
+
 @contextmanager
 def plain_pages():
     """Allocation settings for the analysis, restored afterwards. The analysis makes many
-    short-lived multi-megabyte buffers; on VMs that fault memory in slowly two defaults cost more
-    kernel time than the work itself (measured, 10M records): NumPy's transparent-huge-page
-    advice (THP defrag=madvise: ~2.4x the system time) and pyarrow's mimalloc pool under its
+    short-lived multi-megabyte buffers; on VMs that fault memory in slowly three defaults cost
+    more kernel time than the work itself (measured, 10M records): NumPy's transparent-huge-page
+    advice (THP defrag=madvise: ~2.4x the system time), pyarrow's mimalloc pool under its
     reader threads (Parquet read 10 s -> 3.7 s wall, system time 6.9 s -> 1.1 s with the
-    system allocator)."""
+    system allocator), and glibc returning every freed block over 32 MB to the kernel, so that
+    the next 80 MB column faults its pages in again (kept in the heap here: summary
+    24 s -> 21 s wall). traces/pages.py does the same for the generator (no shared module:
+    reports and traces do not import each other)."""
     core = np._core if hasattr(np, "_core") else np.core      # NumPy 2 / NumPy 1
     toggle = getattr(core.multiarray, "_set_madvise_hugepage", None)
     previous = toggle(False) if toggle else None
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
+    libc = _glibc()
+    if libc:
+        libc.mallopt(M_MMAP_MAX, 0)
+        libc.mallopt(M_TRIM_THRESHOLD, 2**30)
     try:
         yield
     finally:
         pa.set_memory_pool(pool)
         if toggle:
             toggle(previous)
+        if libc:
+            libc.mallopt(M_MMAP_MAX, 65536)           # glibc's defaults
+            libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+            libc.malloc_trim(0)                       # give the kept memory back now
 
 
 def stat_value(x: np.ndarray, stat: str) -> float:

@@ -136,15 +136,22 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np
     """ICL (every gap between consecutive content chunks, pooled over requests, ms) and ITL per
     token (a gap divided by the tokens of the chunk that ends it, once per token) where the
     records carry chunk_tokens of the same length as token_times. `rows` selects the requests."""
-    tv, tl = _flat(table.column("token_times"))
-    gaps, keep = _gaps(tv, tl)
-    if rows is not None and (~rows & (tl > 1)).any():   # failed requests usually have no chunks
-        keep &= np.repeat(rows, tl)[1:]      # gap i ends at chunk i+1, owned by that request
-    icl = gaps[keep]
+    tt = table.column("token_times")
+    parts, lo = [], 0
+    for chunk in tt.chunks:  # chunk by chunk (rows never span chunks): one whole-size copy, the result
+        tv, tl = _flat(pa.chunked_array([chunk], tt.type))
+        gaps, keep = _gaps(tv, tl)
+        r = None if rows is None else rows[lo:lo + len(chunk)]
+        if r is not None and (~r & (tl > 1)).any():   # failed requests usually have no chunks
+            keep &= np.repeat(r, tl)[1:]      # gap i ends at chunk i+1, owned by that request
+        parts.append(gaps[keep])
+        lo += len(chunk)
+    icl = np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
     icl *= np.float32(1e3)
     itl = np.empty(0, dtype=np.float32)
     ct = table.column("chunk_tokens")
     if ct.null_count < len(ct):
+        tv, tl = _flat(tt)
         kv, kl = _flat(ct)
         have = (kl == tl) & (kl > 0) & (True if rows is None else rows)
         if have.any():

@@ -46,10 +46,17 @@ class BitHistogram:
         return ngroups * (int(b[1] - b[0]) + 2) <= MAX_BINS
 
     def _chunks(self):
+        # Clearing the sign bit maps -0.0 to 0.0 and -NaN to NaN; every NaN bit pattern then lies
+        # above every finite value's, so clipping to the last bin puts NaN there (no isnan pass).
+        sign_off, top = np.iinfo(self._ibits).max, self.nb - 1
         for s in range(0, len(self.x), self.chunk):
-            xc = self.x[s:s + self.chunk] + 0.0
-            b = (xc.view(self._ibits) >> self._shift).astype(np.int64) - self._lo
-            b[np.isnan(xc)] = self.nb - 1
+            xc = self.x[s:s + self.chunk]
+            b = xc.view(self._ibits) & sign_off
+            b >>= self._shift
+            if b.dtype != np.int64:
+                b = b.astype(np.int64)
+            b -= self._lo
+            np.minimum(b, top, out=b)
             if self.codes is not None:
                 b += self.codes[s:s + self.chunk] * self.nb
             yield b, xc
@@ -66,8 +73,8 @@ class BitHistogram:
         flat = np.arange(self.ngroups)[:, None] * self.nb + bins
         lut = np.zeros(self.ngroups * self.nb, dtype=bool)
         lut[flat[live].ravel()] = True
-        picked = [(xc[lut[idx]], idx[lut[idx]]) for idx, xc in self._chunks()]
-        sv = np.concatenate([p[0] for p in picked])
+        picked = [(xc[sel], idx[sel]) for idx, xc in self._chunks() for sel in (lut[idx],)]
+        sv = np.concatenate([p[0] for p in picked]) + 0.0         # + 0.0: -0.0 reads as 0.0
         si = np.concatenate([p[1] for p in picked])
         order = np.lexsort((sv, si))                      # by (group, bin), then value
         sv, si = sv[order], si[order]

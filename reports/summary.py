@@ -5,8 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,6 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
-from .metrics import POOLED
 from .records import Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -121,19 +118,12 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     okm = m & rm.ok
     n_usage = int(rm.n_out_from_usage[okm].sum())
     n_chunks = int((okm & ~rm.n_out_from_usage & ~np.isnan(rm.n_out)).sum())
-    # Independent sorts and group-bys run on a few threads: NumPy releases the GIL in them.
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as ex:
-        pooled = ex.submit(an.pooled)
-        latency = {k: ex.submit(lambda k=k: describe(an.column(k))) for k in REPORTED if k not in POOLED}
-        breakdowns = {"model": ex.submit(groups, an, *rm.model),
-                      "slo_class": ex.submit(groups, an, *rm.slo_class),
-                      "input_length": ex.submit(groups, an, *length_buckets(rm.input_len, length_edges))}
-        series = ex.submit(timeseries, an, run.server_metrics, window_s)
-        pooled.result()
-        latency.update({k: ex.submit(lambda k=k: describe(an.column(k))) for k in POOLED})
-        latency = {k: latency[k].result() for k in REPORTED}
-        breakdowns = {k: f.result() for k, f in breakdowns.items()}
-        series = series.result()
+    # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
+    # with two workers, 10-11 s alone), their page faults and allocations contend.
+    latency = {k: describe(an.column(k)) for k in REPORTED}
+    breakdowns = {"model": groups(an, *rm.model), "slo_class": groups(an, *rm.slo_class),
+                  "input_length": groups(an, *length_buckets(rm.input_len, length_edges))}
+    series = timeseries(an, run.server_metrics, window_s)
     slo: SloSpec | None = an.slo
     summary = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
