@@ -25,6 +25,7 @@ from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
 from . import plan
+from .alarm import Alarm
 from .client import ConnectionPool, StreamResult, stream_post
 from .prompts import PromptBuilder
 from .recorder import Recorder, record, unsent
@@ -46,7 +47,7 @@ class Job:
         self.prompts = PromptBuilder(config)
         self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
         self.stopping = False
-        self.wake = Event()
+        self.alarm = Alarm()
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
         self.lags: deque = deque(maxlen=4096)
@@ -67,9 +68,7 @@ class Job:
     def _dispatch(self, row: tuple) -> None:
         prepared = self._prepare(row)
         due = self.t0 + row[plan.SCHED]
-        delay = due - time.perf_counter() - self.c.spin_s
-        if delay > 0:
-            self.wake.wait(delay)
+        self.alarm.sleep_until(due - self.c.spin_s)
         while time.perf_counter() < due and not self.stopping:
             gevent.sleep(0)  # --spin-ms: the hub's timers are ~1 ms coarse; finish yielding to I/O
         if self.stopping:
@@ -102,7 +101,7 @@ class Job:
     def stop(self) -> None:
         """Stop dispatching now (the rest of the feed is recorded `not_sent`)."""
         self.stopping = True
-        self.wake.set()
+        self.alarm.ring()
 
     # --- one request --------------------------------------------------------------
     def _send(self, row: tuple, prepared, due: float | None = None) -> None:
@@ -174,6 +173,7 @@ class Job:
 
     def close(self) -> None:
         self.pool.close()
+        self.alarm.close()
 
 
 class Dispatcher(FastHttpUser):

@@ -19,6 +19,7 @@ monkey.patch_all()
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -130,8 +131,11 @@ def run_local(config: plan.RunConfig, out: Output) -> str:
     runner = env.create_local_runner()
     job = start_local(env, config, out)
     install_stop(lambda now: stop_job(job, now))
+    cpu0 = _cpu_s()
     runner.start(1, spawn_rate=1)
     job.finished.wait()
+    # the client's own CPU over the run (T0 lead included, start-up and finalising not)
+    update_run_json(config.run_dir, client_cpu_s=round(_cpu_s() - cpu0, 3))
     runner.quit()
     job.close()
     return "interrupted" if job.stopping else "completed"
@@ -145,6 +149,11 @@ def start_master(env, config: plan.RunConfig, out: Output) -> Master:
     out.start(t0_wall, perf_at(t0_wall))
     master.start(t0_wall)
     return master
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _free_port() -> int:

@@ -1,0 +1,89 @@
+"""A precise "sleep until perf_counter() == t" for the dispatcher greenlet.
+
+gevent's own timers live in libev, whose epoll backend rounds every wait up to a whole
+millisecond (and never waits less than 1 ms): a row due at t is sent 0-1 ms late even on an
+idle hub, which is most of the dispatch lag at p50. A Linux timerfd armed at the absolute
+CLOCK_MONOTONIC time (what `time.perf_counter` reads) becomes readable within tens of
+microseconds of t, and the hub wakes the waiting greenlet from its I/O watcher like any
+socket. Elsewhere (no timerfd, or perf_counter on another clock) `Alarm` falls back to an
+Event wait. `ring()` wakes the sleeper now (used by stop()).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+
+from gevent.event import Event
+from gevent.hub import get_hub
+
+_CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, os.O_NONBLOCK, os.O_CLOEXEC, 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def _timerfd():
+    """(libc, fd) or None where timerfd cannot serve perf_counter deadlines."""
+    if not sys.platform.startswith("linux") or "CLOCK_MONOTONIC)" not in time.get_clock_info("perf_counter").implementation:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+    except (OSError, AttributeError):
+        return None
+    return (libc, fd) if fd >= 0 else None
+
+
+class Alarm:
+    """One sleeper at a time (the dispatcher); `sleep_until` returns at `due` or on `ring()`."""
+
+    def __init__(self) -> None:
+        tfd = _timerfd()
+        self.event = Event()
+        self.fd = -1
+        if tfd is not None:
+            self.libc, self.fd = tfd
+            self.spec = _Itimerspec()
+            self.watcher = get_hub().loop.io(self.fd, 1)
+        self.rung = False
+
+    def sleep_until(self, due: float) -> None:
+        if self.rung:
+            return
+        delay = due - time.perf_counter()
+        if delay <= 0:
+            return
+        if self.fd < 0:
+            self.event.wait(delay)
+            return
+        self._arm(due)
+        get_hub().wait(self.watcher)
+        try:
+            os.read(self.fd, 8)  # consume the expiry (absent when ring() or a re-arm raced it)
+        except BlockingIOError:
+            pass
+
+    def _arm(self, due: float) -> None:
+        sec = int(due)
+        self.spec.it_value.tv_sec, self.spec.it_value.tv_nsec = sec, max(1, int((due - sec) * 1e9))
+        if self.libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(self.spec), None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+    def ring(self) -> None:
+        self.rung = True
+        self.event.set()
+        if self.fd >= 0:
+            self._arm(1e-9)  # an absolute time in the past: readable now
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.watcher.close()
+            os.close(self.fd)
+            self.fd = -1
