@@ -38,8 +38,8 @@ class LocalEngine:
         self.stop()
 
 
-def _env() -> dict[str, str]:
-    # Make this checkout importable in the child even when the package is not installed.
+def child_env() -> dict[str, str]:
+    """Environment for our child processes: this checkout importable even when not installed."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -50,7 +50,7 @@ def _env() -> dict[str, str]:
 def start_engine(*args: str, timeout: float = 90) -> LocalEngine:
     """Start `python -m engine_stub serve --port 0 ARGS` and wait for `engine-stub ready: URL`."""
     cmd = [sys.executable, "-m", "engine_stub", "serve", "--port", "0", *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
     log: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:

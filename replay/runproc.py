@@ -6,12 +6,13 @@ its own `python -m replay run ...` child.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .local_engine import child_env
 
 
 @dataclass
@@ -46,10 +47,7 @@ def run_args(options: dict[str, Any]) -> list[str]:
 def replay_run(trace: Path, target: str, run_dir: Path, *, extra: list[str] | None = None,
                timeout: float | None = None, echo: bool = False) -> RunOutcome:
     """Replay `trace` against `target` into `run_dir` in a child process."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = child_env()
     cmd = [sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", target,
            "-o", str(run_dir), *(extra or [])]
     if echo:  # the child's live progress goes straight to our terminal

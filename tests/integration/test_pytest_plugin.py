@@ -6,7 +6,7 @@ import importlib.metadata
 
 import pytest
 
-from tests.conftest import REPO, repo_env
+from tests.conftest import repo_env
 from tests.replay.runkit import sse_server, write_trace
 
 pytest_plugins = ["pytester"]
@@ -63,4 +63,3 @@ def test_no_run(replay):
                                         "-p", "no:cacheprovider", timeout=120)
     res.assert_outcomes(failed=1)
     assert "made no replay run to gate" in res.stdout.str()
-    assert REPO.exists()
