@@ -93,30 +93,18 @@ class ResponseParser:
         self._sse = b""                # unparsed SSE bytes (an incomplete event)
         self._left = 0                 # bytes left in the current chunk / Content-Length body
         self._fast = False             # content events may skip the JSON parse (after the first)
+        self._pre: bytes | None = None  # template of a plain content chunk (see _learn)
+        self._post = b""
+        self._relearn = 0 if keep_text else 4   # templates learned at most this often per stream
 
     # -- framing ----------------------------------------------------------------------------
     def feed(self, data: bytes, t: float) -> bool:
         """Consume bytes read at perf_counter time `t`; True once the response is complete."""
-        if self._fast and self.state == CHUNK_SIZE and not self._buf and not self._sse:
-            # The common read: exactly one chunk holding one single-line `data: {...}` event that
-            # plain_content() would accept; inlined with start offsets because each call and
-            # slice costs here (one read per token).
-            n = len(data)
-            i = data.find(b"\r\n", 0, 10)
-            if i > 0 and data.find(b"\n", i + 2) == n - 4 and data[n - 5:] == b"}\n\n\r\n":
-                k = data.find(b'"text":"', i)
-                k = k + 8 if k >= 0 else data.find(b'"content":"', i) + 11   # > 10 when found
-                if (k > 10 and data[k] != 34 and data.startswith(b"data: {", i + 2)
-                        and data.find(b"\r", i + 2, n - 4) < 0 and data.find(b'"usage"', i) < 0
-                        and data.count(b"{", i) == data.count(b"}", i)):
-                    try:
-                        size = int(data[:i], 16)
-                    except ValueError:
-                        size = -1
-                    if size == n - i - 4:
-                        self.token_times.append(t)
-                        self.chunk_tokens = None
-                        return False
+        if self._pre is not None and self.state == CHUNK_SIZE and not self._buf and not self._sse:
+            pos = self._plain_chunks(data, t)
+            if pos == len(data):
+                return False
+            data = data[pos:] if pos else data
         buf = self._buf + data if self._buf else data
         self._buf = b""
         pos, n = 0, len(buf)
@@ -187,6 +175,44 @@ class ResponseParser:
         elif self.state == COMPLETE and self._sse:
             self._finish_sse(t)
         return self.state == COMPLETE or self.stream_error is not None
+
+    def _plain_chunks(self, data: bytes, t: float) -> int:
+        """The common read: whole chunks each holding one content event that differs from a
+        learned one (`_learn`) only in its text. Counts them without parsing; returns the offset
+        of the first byte it did not consume (the general path takes it from there)."""
+        pre, post = self._pre, self._post
+        lo, lq, n, pos, hit = len(pre), len(post), len(data), 0, False
+        while pos < n:
+            i = data.find(b"\r\n", pos, pos + 10)
+            if i < 0:
+                break
+            try:
+                size = int(data[pos:i], 16)
+            except ValueError:
+                break
+            a = i + 2
+            b = a + size + 2 - lq           # where the text's closing quote must be
+            if (b <= a + lo or b + lq > n or not data.startswith(pre, a) or not data.startswith(post, b)
+                    or data.find(b'"', a + lo, b) >= 0 or data[b - 1] == 92):
+                break   # not plain: empty/escaped text, other fields, or a partial chunk
+            self.token_times.append(t)
+            hit, pos = True, b + lq
+        if hit:
+            self.chunk_tokens = None
+        return pos
+
+    def _learn(self, payload: bytes) -> None:
+        """Remember a validated content event (one choice, no usage) as the template that
+        `_plain_chunks` matches: its bytes before and after the text. Its JSON string cannot
+        contain an unescaped quote, so bytes equal outside a quote-free text are the same event."""
+        self._relearn -= 1
+        k = payload.find(b'"text":"')
+        k = k + 8 if k >= 0 else payload.find(b'"content":"') + 11
+        q = payload.find(b'"', k) if k > 10 else -1
+        if (q <= k or payload[q - 1] == 92 or payload.find(b'"text":"', q) >= 0
+                or payload.find(b'"content":"', q) >= 0):
+            return   # escapes in the text, or a second choice: keep parsing these
+        self._pre, self._post = b"data: " + payload[:k], payload[q:] + b"\n\n\r\n"
 
     def eof(self, t: float) -> bool:
         """The peer closed the connection; True when that ends the response normally."""
@@ -286,6 +312,8 @@ class ResponseParser:
             if plain_content(payload):
                 self.token_times.append(t)           # no JSON parse
                 self.chunk_tokens = None
+                if self._relearn > 0:
+                    self._learn(payload)
                 return
             if (payload.find(b'"finish_reason":"') > 0 and payload.find(b'"usage"') < 0
                     and payload.find(b'"error"') < 0 and (b'"text":""' in payload or b'"delta":{}' in payload)
@@ -316,6 +344,8 @@ class ResponseParser:
                 self.completion_tokens = usage["completion_tokens"]
         if text:
             self.token_times.append(t)
+            if self._relearn > 0 and usage is None and len(obj["choices"]) == 1:
+                self._learn(payload)
             if self.text is not None:
                 self.text.append(text)
             if self.chunk_tokens is not None:

@@ -178,3 +178,51 @@ def test_finish_event_with_text_counts():
     p = ResponseParser()
     assert p.feed(HEAD + chunk(body + b"data: [DONE]\n\n") + b"0\r\n\r\n", 1.0)
     assert len(p.token_times) == 2
+
+
+def vllm_event(text: str, created: int = 100) -> bytes:
+    # vLLM's completions chunks carry "usage":null on every event
+    obj = {"id": "cmpl-1", "object": "text_completion", "created": created, "model": "m",
+           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None, "stop_reason": None}],
+           "usage": None}
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("per_read", [1, 3])
+def test_learned_chunks_count_tricky_texts_once(per_read):
+    texts = [" a", " b", 'q"uote', "back\\", "\\", " c", "", " d", "}{", '"text":"x', " e"]
+    evs = [vllm_event(x, created=100 + i // 6) for i, x in enumerate(texts)]   # `created` changes mid-stream
+    evs.append(b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":10}}\n\n')
+    pieces = [HEAD] + [chunk(e) for e in evs] + [chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"]
+    p, t = ResponseParser(), 0.0
+    for k in range(0, len(pieces), per_read):
+        t += 1.0
+        done = p.feed(b"".join(pieces[k:k + per_read]), t)
+    assert done and len(p.token_times) == 10 and p.completion_tokens == 10
+    assert p._pre is not None and p._pre.startswith(b'data: {"id":"cmpl-1"')   # the no-parse path is in use
+    if per_read == 1:   # one read per event: each token keeps its own read's time
+        assert list(p.token_times) == [float(i + 2) for i, x in enumerate(texts) if x]
+
+
+def test_learned_template_never_counts_a_changed_event():
+    # same bytes around the text, but a usage or finish event must still be parsed
+    p = ResponseParser()
+    p.feed(HEAD + chunk(vllm_event(" a")) + chunk(vllm_event(" b")), 1.0)
+    assert p._pre is not None
+    fin = vllm_event(" c").replace(b'"finish_reason":null', b'"finish_reason":"length"')
+    use = vllm_event("").replace(b'"usage":null', b'"usage":{"prompt_tokens":1,"completion_tokens":3}')
+    assert p.feed(chunk(fin) + chunk(use) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n", 2.0)
+    assert len(p.token_times) == 3 and p.completion_tokens == 3
+
+
+def test_learned_template_rejects_quotes_and_trailing_backslash():
+    p = ResponseParser()
+    p.feed(HEAD + chunk(vllm_event(" a")), 1.0)
+    # a raw quote in the "text": same bytes around it, yet an empty text and another field
+    sneaky = vllm_event("").replace(b'"text":""', b'"text":"","x":""')
+    assert not p.feed(chunk(sneaky), 2.0)
+    assert len(p.token_times) == 1
+    # a text ending in a lone backslash escapes the closing quote: malformed, not a token
+    broken = vllm_event("zz").replace(b'"text":"zz"', b'"text":"zz\\"')
+    with pytest.raises(ProtocolError):
+        p.feed(chunk(broken), 3.0)
