@@ -9,9 +9,11 @@ On a distributed worker the sink ships the batch to the master instead.
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -20,23 +22,24 @@ from reports.schema import RECORD_SCHEMA
 from . import plan
 
 FIELDS = RECORD_SCHEMA.names
+TOKEN_TIMES, CHUNK_TOKENS = FIELDS.index("token_times"), FIELDS.index("chunk_tokens")
 ERROR_MAX = 400
 RECORDS_STREAM = "records.arrows"
 RECORDS_FILE = "records.parquet"
 
 
 def record(row: tuple, target_model: str | None, worker: int, t0: float, res) -> tuple:
-    """A record from a `replay.client.StreamResult` (perf_counter times) and its row."""
+    """A record from a `replay.client.StreamResult` (perf_counter times) and its row.
+    token_times stays (perf_counter stamps, sent) until `to_batch` turns a whole batch into
+    offsets from sent at once: this runs in the hub once per request, the batch once a flush."""
     sent = res.sent
-    tt = res.token_times
-    ct = res.chunk_tokens
     return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED],
             None if sent is None else sent - t0,
             None if res.first_token is None else res.first_token - t0,
             None if res.last_token is None else res.last_token - t0,
-            None if sent is None else [t - sent for t in tt],
-            None if ct is None else [min(c, 32767) for c in ct],
+            None if sent is None else (res.token_times, sent),
+            res.chunk_tokens,
             row[plan.IN], row[plan.OUT], res.prompt_tokens, res.completion_tokens,
             res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX])
 
@@ -49,10 +52,34 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
             None, None, status, None, error)
 
 
+def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:
+    """One list column from per-record sequences (None = null) through one flat NumPy array.
+    `relative`: items are (stamps, base) and the values become stamps - base; else token
+    counts per chunk, clamped to int16."""
+    n = len(items)
+    counts, bases, flat = np.zeros(n, np.int32), np.zeros(n), array("d")
+    for i, x in enumerate(items):
+        if x is not None:
+            if relative:
+                x, bases[i] = x
+            counts[i] = len(x)
+            flat.extend(x)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    values = np.frombuffer(flat, np.float64) if flat else np.zeros(0)
+    if relative:
+        values = values - np.repeat(bases, counts)
+    else:
+        values = np.minimum(values, 32767)   # chunk_tokens is int16
+    mask = np.array([x is None for x in items] + [False])
+    return pa.ListArray.from_arrays(pa.array(offsets, mask=mask), pa.array(values, type=typ.value_type, safe=False))
+
+
 def to_batch(rows: list[tuple]) -> pa.RecordBatch:
-    cols = list(zip(*rows)) if rows else [[] for _ in FIELDS]
-    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, RECORD_SCHEMA)],
-                                      schema=RECORD_SCHEMA)
+    cols = list(zip(*rows)) if rows else [() for _ in FIELDS]
+    arrays = [_lists(c, f.type, relative=i == TOKEN_TIMES) if i in (TOKEN_TIMES, CHUNK_TOKENS)
+              else pa.array(c, type=f.type) for i, (c, f) in enumerate(zip(cols, RECORD_SCHEMA))]
+    return pa.RecordBatch.from_arrays(arrays, schema=RECORD_SCHEMA)
 
 
 class Recorder:
@@ -67,10 +94,16 @@ class Recorder:
         self.buf.append(rec)
         self.count += 1
 
-    def flush(self) -> None:
-        if self.buf:
-            buf, self.buf = self.buf, []
-            self.sink(to_batch(buf))
+    def flush(self, max_rows: int | None = None, pause=None) -> None:
+        """Everything buffered, as batches of at most `max_rows`, calling `pause()` between
+        them (the runner yields to the hub there: a flush must not delay a due send by more
+        than one small batch)."""
+        while self.buf:
+            k = len(self.buf) if max_rows is None else max_rows
+            batch, self.buf = self.buf[:k], self.buf[k:]
+            self.sink(to_batch(batch))
+            if pause is not None and self.buf:
+                pause()
 
 
 class IpcFile:

@@ -98,9 +98,10 @@ class WorkerSide:
 
     def _flusher(self) -> None:
         import gevent
+        from .output import FLUSH_EVERY_S, FLUSH_ROWS
         while not self.job.finished.is_set():
-            gevent.sleep(0.5)
-            self.recorder.flush()
+            gevent.sleep(FLUSH_EVERY_S)
+            self.recorder.flush(FLUSH_ROWS, gevent.sleep)
 
     def _stats(self) -> list[int]:
         return [self.job.sent, self.job.in_flight]
