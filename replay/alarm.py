@@ -51,7 +51,8 @@ class Alarm:
         if tfd is not None:
             self.libc, self.fd = tfd
             self.spec = _Itimerspec()
-            self.watcher = get_hub().loop.io(self.fd, 1)
+            # the highest priority: when it and many sockets are ready together, dispatch first
+            self.watcher = get_hub().loop.io(self.fd, 1, priority=2)
         self.rung = False
 
     def sleep_until(self, due: float) -> None:

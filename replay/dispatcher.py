@@ -18,7 +18,9 @@ import time
 from collections import deque
 
 import gevent
+from gevent import getcurrent
 from gevent.event import Event
+from gevent.hub import get_hub
 from gevent.pool import Group
 from greenlet import GreenletExit
 from locust import task
@@ -74,8 +76,15 @@ class Job:
         if self.stopping:
             self._unsent(row)
         else:
-            self.group.spawn(self._send, row, prepared)
-            gevent.sleep(0)  # let it write its request now, not after the next row's preparation
+            self._start_now(gevent.Greenlet(self._send, row, prepared))
+
+    def _start_now(self, g: gevent.Greenlet) -> None:
+        """Run `g` at once (it writes its request, then waits in the hub) and resume dispatching
+        after it. `spawn` + `sleep(0)` would send only after the hub has run every other watcher
+        that was ready in this loop iteration: a burst of streamed tokens would delay the send."""
+        self.group.add(g)
+        get_hub().loop.run_callback(getcurrent().switch)
+        g.switch()
 
     def _prepare(self, row: tuple):
         api = row[plan.API] or self.c.api
