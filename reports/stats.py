@@ -49,16 +49,26 @@ def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = SELE
     return np.sort(x)[ranks]
 
 
-def _bootstrap(n: int, lookup, qs: list[float], n_boot: int, seed: int) -> np.ndarray:
+def _draw_bootstrap(n: int, qs: list[float], n_boot: int, seed: int) -> tuple[list, np.ndarray]:
+    """The order statistics each bootstrap replicate needs, and the distinct ranks among them."""
     rng = np.random.default_rng(seed)
     draws = [_draw_order_stats(n, q, n_boot, rng) for q in qs]
-    ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]]))
-    values = lookup(ranks)
-    out = np.empty((len(qs), n_boot))
+    ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]])) if draws else np.empty(0, np.int64)
+    return draws, ranks
+
+
+def _replicates(draws: list, ranks: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Replicates [len(qs), n_boot] from `values` = sorted sample at `ranks`."""
+    out = np.empty((len(draws), len(draws[0][0]) if draws else 0))
     for i, (j1, j2, frac) in enumerate(draws):
         v1, v2 = values[np.searchsorted(ranks, j1)], values[np.searchsorted(ranks, j2)]
         out[i] = v1 + frac * (v2 - v1)
     return out
+
+
+def _bootstrap(n: int, lookup, qs: list[float], n_boot: int, seed: int) -> np.ndarray:
+    draws, ranks = _draw_bootstrap(n, qs, n_boot, seed)
+    return _replicates(draws, ranks, lookup(ranks))
 
 
 def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
@@ -131,14 +141,16 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     h = _virtual_index(n, list(PERCENTILES.values()))
     lo = np.floor(h).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
-    ranks = np.unique(np.concatenate([lo, hi, [n - 1]]))
+    qs = [PERCENTILES[k] for k in ci]
+    draws, boot_ranks = _draw_bootstrap(n, qs, N_BOOT, seed) if n >= 2 and qs else ([], np.empty(0, np.int64))
+    # One lookup for the reported percentiles and every bootstrap replicate: one selection pass.
+    ranks = np.unique(np.concatenate([lo, hi, [n - 1], boot_ranks]))
     vals = lookup(ranks)
     at = lambda r: vals[np.searchsorted(ranks, r)]  # noqa: E731
     out["mean"] = total / n
     out.update({k: float(v) for k, v in zip(PERCENTILES, _lerp(at(lo), at(hi), h - lo))})
     out["max"] = float(at(n - 1))
-    qs = [PERCENTILES[k] for k in ci]
-    cis = _intervals(_bootstrap(n, lookup, qs, N_BOOT, seed), 0.95) if n >= 2 and qs else [None] * len(qs)
+    cis = _intervals(_replicates(draws, boot_ranks, at(boot_ranks)), 0.95) if draws else [None] * len(qs)
     out["ci"] = {k: (list(c) if c else None) for k, c in zip(ci, cis)}
     thin = [k for k, p in PERCENTILES.items() if n * (1 - p / 100) < MIN_TAIL]
     out["warnings"] = [f"n={n}: fewer than {MIN_TAIL} samples beyond {', '.join(thin)}; "
