@@ -76,7 +76,7 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
 
 def _mismatch(an: Analysis, want: str, got: str) -> dict:
     rows = an.mask & an.rm.ok
-    a, b = an.rm.lengths[want][rows], an.rm.lengths[got][rows]
+    a, b = an.rm.length(want)[rows], an.rm.length(got)[rows]
     both = ~(np.isnan(a) | np.isnan(b))
     diff = (b - a)[both]
     bad = diff != 0
