@@ -77,16 +77,21 @@ def good_requests(rm: RequestMetrics, slo: SloSpec | None) -> np.ndarray:
     first, then slo_class overrides (the more specific). No thresholds: every success is good."""
     if slo is None or not slo.has_per_request:
         return rm.ok.copy()
-    thr = {k: np.full(rm.n, slo.per_request.get(k, np.inf)) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    thr: dict[str, float | np.ndarray] = {k: float(slo.per_request.get(k, np.inf))
+                                          for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
     for codes, labels in (rm.model, rm.slo_class):
         for name, cls in slo.classes.items():
             if name in labels and cls.per_request:
                 rows = codes == labels.index(name)
                 for key, value in cls.per_request.items():
+                    if np.ndim(thr[key]) == 0:        # per-row thresholds only where overridden
+                        thr[key] = np.full(rm.n, thr[key])
                     thr[key][rows] = value
     good = rm.ok.copy()
     with np.errstate(invalid="ignore"):
         for key, t in thr.items():
+            if np.ndim(t) == 0 and np.isinf(t):
+                continue
             v = rm.columns[key]
             met = np.isinf(t) | (v <= t)
             if key == "tpot_ms":          # fewer than two tokens: no TPOT to violate
