@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
-from .records import Run, load_run
+from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
 from .stats import describe
@@ -74,7 +74,7 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
     return out
 
 
-def _mismatch(an: Analysis, want: str, got: str) -> dict:
+def _mismatch(an: Analysis, run: Run, want: str, got: str) -> dict:
     rows = an.mask & an.rm.ok
     a, b = an.rm.length(want)[rows], an.rm.length(got)[rows]
     both = ~(np.isnan(a) | np.isnan(b))
@@ -85,7 +85,7 @@ def _mismatch(an: Analysis, want: str, got: str) -> dict:
            "mean_diff": float(diff[bad].mean()) if bad.any() else None, "examples": []}
     if bad.any():
         idx = np.flatnonzero(rows)[np.flatnonzero(both)[np.flatnonzero(bad)[:5]]]
-        out["examples"] = an.table.column("request_id").take(pa.array(idx)).to_pylist()
+        out["examples"] = run.column("request_id").take(pa.array(idx)).to_pylist()
     return out
 
 
@@ -143,8 +143,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
         "dispatch_lag": _dispatch_lag(an, run.config),
-        "length_mismatch": {"output": _mismatch(an, "output_tokens", "completion_tokens"),
-                            "input": _mismatch(an, "input_tokens", "prompt_tokens")},
+        "length_mismatch": {"output": _mismatch(an, run, "output_tokens", "completion_tokens"),
+                            "input": _mismatch(an, run, "input_tokens", "prompt_tokens")},
         "breakdowns": breakdowns,
         "timeseries": series,
     }
@@ -181,7 +181,7 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
     report.html into the run directory (next to the records file when given a file)."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
-        run = load_run(run_dir)
+        run = load_run(run_dir, columns=ANALYSIS_COLUMNS)
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s)
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)

@@ -95,6 +95,8 @@ def test_client_bottleneck_and_length_mismatch_are_flagged(make_run):
     assert any("client was the bottleneck" in w for w in s["warnings"])
     mm = s["length_mismatch"]["output"]
     assert mm["mismatched"] == pytest.approx(s["counts"]["ok"] / 10, rel=0.2) and mm["mean_diff"] == 3
+    ok = table.column("status").to_numpy(zero_copy_only=False) == "ok"
+    assert mm["examples"] == [f"r{i}" for i in np.flatnonzero(ok & (np.arange(1000) % 10 == 0))[:5]]
     assert any("output length" in w for w in s["warnings"])
     assert s["length_mismatch"]["input"]["mismatched"] == 0
 
