@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from .analysis import Analysis
-from .stats import grouped_percentiles
+from .stats import grouped_percentiles, regrouped_percentiles
 from .window import inflight
 
 LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -31,36 +31,65 @@ def _clean(x) -> list:
             (x.tolist() if hasattr(x, "tolist") else x)]
 
 
+MAX_CELLS = 1 << 16   # beyond this many label combinations, each grouping is counted on its own
+
+
 def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
     """One row per non-empty group of the measured requests: counts, rates, latency percentiles."""
-    g, rm, m = len(labels), an.rm, an.mask
-    d = an.duration_s
-    issued = np.bincount(codes[m], minlength=g)
-    ok = np.bincount(codes[m & rm.ok], minlength=g)
-    good = np.bincount(codes[m & an.good], minlength=g)
+    return breakdowns(an, {"key": (codes, labels)})["key"]
+
+
+def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> dict[str, list[dict]]:
+    """groups() for several groupings at once: requests are counted and their latencies
+    histogrammed once per fine cell (the combination of every grouping's label), and each
+    grouping's rows are sums of cells, so the work over requests does not grow with groupings."""
+    sizes = [max(len(labels), 1) for _, labels in kinds.values()]
+    if len(kinds) > 1 and math.prod(sizes) > MAX_CELLS:
+        return {k: groups(an, *v) for k, v in kinds.items()}
+    ncells, rm, m = math.prod(sizes), an.rm, an.mask
+    cells = np.zeros(rm.n, dtype=np.int64)
+    for (codes, _), size in zip(kinds.values(), sizes):
+        cells *= size
+        cells += codes
+    maps = np.unravel_index(np.arange(ncells), sizes)      # cell -> group, per grouping
+    everything = m.all()
+    state = cells * 4                                     # + 1 ok, + 2 good (good implies ok)
+    state += rm.ok
+    state += 2 * an.good
+    per = np.bincount(state if everything else state[m], minlength=4 * ncells).reshape(ncells, 4)
+    del state
     okm = m & rm.ok
     n_out = rm.n_out[okm]
-    out_tok = np.bincount(codes[okm], weights=np.where(np.isnan(n_out), 0.0, n_out), minlength=g)
+    out_tok = np.bincount(cells[okm], weights=np.where(np.isnan(n_out), 0.0, n_out), minlength=ncells)
     lat = {}
     for name in GROUP_LATENCIES:
         vals = rm.columns[name]
-        lat[name] = grouped_percentiles(vals, codes, g, [50, 90, 99]) if m.all() else \
-            grouped_percentiles(vals[m], codes[m], g, [50, 90, 99])
-    rows = []
-    for i, label in enumerate(labels):
-        if issued[i] == 0:
-            continue
-        row = {"key": label, "issued": int(issued[i]), "ok": int(ok[i]),
-               "error_rate": float(1 - ok[i] / issued[i]), "attainment": float(good[i] / issued[i]),
-               "requests_per_s": float(ok[i] / d) if d else None,
-               "goodput_rps": float(good[i] / d) if d else None,
-               "output_tokens_per_s": float(out_tok[i] / d) if d else None}
-        for name, (counts, pct) in lat.items():
-            row[name] = {"n": int(counts[i]), "p50": pct[i, 0], "p90": pct[i, 1], "p99": pct[i, 2]}
-            row[name] = {k: (None if isinstance(v, float) and math.isnan(v) else v)
-                         for k, v in row[name].items()}
-        rows.append(row)
-    return rows
+        lat[name] = regrouped_percentiles(vals if everything else vals[m], cells if everything else cells[m],
+                                          ncells, list(zip(maps, sizes)), [50, 90, 99])
+    d = an.duration_s
+    out = {}
+    for k, ((_, labels), to, size) in enumerate(zip(kinds.values(), maps, sizes)):
+        def total(x):
+            return np.bincount(to, weights=x, minlength=size)[:size]
+        issued, ok, good = total(per.sum(axis=1)), total(per[:, 1] + per[:, 3]), total(per[:, 3])
+        tok = total(out_tok)
+        rows = []
+        for i, label in enumerate(labels):
+            if issued[i] == 0:
+                continue
+            row = {"key": label, "issued": int(issued[i]), "ok": int(ok[i]),
+                   "error_rate": float(1 - ok[i] / issued[i]), "attainment": float(good[i] / issued[i]),
+                   "requests_per_s": float(ok[i] / d) if d else None,
+                   "goodput_rps": float(good[i] / d) if d else None,
+                   "output_tokens_per_s": float(tok[i] / d) if d else None}
+            for name, per_grouping in lat.items():
+                counts, pct = per_grouping[k]
+                row[name] = {"n": int(counts[i]), "p50": pct[i, 0], "p90": pct[i, 1], "p99": pct[i, 2]}
+                row[name] = {key: (None if isinstance(v, float) and math.isnan(v) else v)
+                             for key, v in row[name].items()}
+            rows.append(row)
+        out[list(kinds)[k]] = rows
+    return out
 
 
 def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarray, list[str]]:

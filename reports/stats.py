@@ -179,3 +179,24 @@ def grouped_percentiles(values: np.ndarray, codes: np.ndarray, ngroups: int, qs:
     for g in np.flatnonzero(counts):   # loops over groups, never over requests
         res[g] = sorted_quantiles(np.sort(v[bounds[g]:bounds[g + 1]]), qs)
     return counts, res
+
+
+def regrouped_percentiles(values: np.ndarray, cells: np.ndarray, ncells: int, groupings: list, qs: list[float], *,
+                          select_min: int = 100_000) -> list[tuple[np.ndarray, np.ndarray]]:
+    """grouped_percentiles for several groupings at once: `cells` are fine codes and each
+    grouping is (to, ngroups) with `to` mapping a cell to its group. Large samples take one
+    histogram pass and one collection pass for all of them (not one of each per grouping)."""
+    if not (len(values) >= select_min and BitHistogram.applies(values, ncells)):
+        return [grouped_percentiles(values, to[cells], ngroups, qs, select_min=select_min)
+                for to, ngroups in groupings]
+    bh = BitHistogram(values, cells.astype(np.int64, copy=False), ncells)
+    plans, hs = [], []
+    for to, ngroups in groupings:
+        counts = bh.regrouped_hist(to, ngroups)[:, :-1].sum(axis=1)
+        h = np.maximum(_virtual_index(counts[:, None], np.asarray(qs)[None, :]), 0)
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, np.maximum(counts[:, None] - 1, 0))
+        plans.append((to, ngroups, np.concatenate([lo, hi], axis=1)))
+        hs.append((counts, h, lo))
+    vals = bh.values_at_regrouped(plans)
+    return [(counts, _lerp(v[:, :len(qs)], v[:, len(qs):], h - lo)) for (counts, h, lo), v in zip(hs, vals)]

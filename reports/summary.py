@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
-from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
+from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -121,8 +121,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
     # with two workers, 10-11 s alone), their page faults and allocations contend.
     latency = {k: describe(an.column(k)) for k in REPORTED}
-    breakdowns = {"model": groups(an, *rm.model), "slo_class": groups(an, *rm.slo_class),
-                  "input_length": groups(an, *length_buckets(rm.input_len, length_edges))}
+    by = breakdowns(an, {"model": rm.model, "slo_class": rm.slo_class,
+                         "input_length": length_buckets(rm.input_len, length_edges)})
     series = timeseries(an, run.server_metrics, window_s)
     slo: SloSpec | None = an.slo
     summary = {
@@ -145,7 +145,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "dispatch_lag": _dispatch_lag(an, run.config),
         "length_mismatch": {"output": _mismatch(an, run, "output_tokens", "completion_tokens"),
                             "input": _mismatch(an, run, "input_tokens", "prompt_tokens")},
-        "breakdowns": breakdowns,
+        "breakdowns": by,
         "timeseries": series,
     }
     summary["warnings"] = _warnings(summary)
