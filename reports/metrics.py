@@ -174,17 +174,27 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np
     token (a gap divided by the tokens of the chunk that ends it, once per token) where the
     records carry chunk_tokens of the same length as token_times. `rows` selects the requests."""
     tt = table.column("token_times")
-    parts, lo = [], 0
-    for chunk in tt.chunks:  # chunk by chunk (rows never span chunks): one whole-size copy, the result
-        tv, tl = _flat(pa.chunked_array([chunk], tt.type))
-        gaps, keep = _gaps(tv, tl)
+    # Two passes over the chunks (rows never span chunks): the list lengths say how many gaps
+    # there are, so each chunk's gaps go straight into one array allocated once (no per-chunk
+    # parts and no concatenation: at 10M records that was 2 x 280 MB of fresh pages).
+    per_chunk, lo, n_icl = [], 0, 0
+    for chunk in tt.chunks:
+        tl = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy().astype(np.int64)
         r = None if rows is None else rows[lo:lo + len(chunk)]
+        n_gaps = np.maximum(tl - 1, 0)
+        n_icl += int(n_gaps.sum() if r is None else n_gaps[r].sum())
+        per_chunk.append((chunk, tl, r))
+        lo += len(chunk)
+    icl, at = np.empty(n_icl, dtype=np.float32), 0
+    for chunk, tl, r in per_chunk:
+        tv = chunk.flatten().to_numpy(zero_copy_only=False)
+        gaps, keep = _gaps(tv, tl)
         if r is not None and (~r & (tl > 1)).any():   # failed requests usually have no chunks
             keep &= np.repeat(r, tl)[1:]      # gap i ends at chunk i+1, owned by that request
-        parts.append(gaps[keep])
-        lo += len(chunk)
-    icl = np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
-    icl *= np.float32(1e3)
+        out = icl[at:at + np.count_nonzero(keep)]
+        np.compress(keep, gaps, out=out)
+        out *= np.float32(1e3)
+        at += len(out)
     itl = np.empty(0, dtype=np.float32)
     ct = table.column("chunk_tokens")
     if ct.null_count < len(ct):
