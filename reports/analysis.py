@@ -162,8 +162,10 @@ class Analysis:
 
 
 def analyze(table: pa.Table, *, warmup=None, cooldown=None, steady_state: float | None = None,
-            slo: SloSpec | None = None, bin_s: float = 1.0) -> Analysis:
-    rm = request_metrics(table)
+            slo: SloSpec | None = None, bin_s: float = 1.0, rm: RequestMetrics | None = None) -> Analysis:
+    """`rm`: the request metrics of `table` when already computed (summary.py streams the time
+    columns into them, so `table` need not hold those)."""
+    rm = request_metrics(table) if rm is None else rm
     mask, window = select(rm, warmup=warmup, cooldown=cooldown, steady_state=steady_state, bin_s=bin_s)
     duration = None
     if mask.any() and not np.isnan(rm.sent[mask]).all():

@@ -82,16 +82,20 @@ class RequestMetrics:
         return _f64(self.table.column(name))
 
 
-METRIC_INPUTS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "token_times", "input_tokens",
-                 "prompt_tokens", "completion_tokens")
+TIME_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s")   # used here only
+METRIC_INPUTS = (*TIME_COLUMNS, "token_times", "input_tokens", "prompt_tokens", "completion_tokens")
 OUTPUTS = ("scheduled", "sent", "end", "n_out", "input_len", "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms",
            "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
 
 
-def request_metrics(table: pa.Table) -> RequestMetrics:
+def request_metrics(table: pa.Table, times=None) -> RequestMetrics:
     """Every per-request array, computed BATCH rows at a time into arrays allocated once: the
     float64 results are the only whole-size memory (at 10M records each temporary of a
-    whole-column formula cost a fresh 80 MB; page faults were most of the time)."""
+    whole-column formula cost a fresh 80 MB; page faults were most of the time).
+
+    `times`: the TIME_COLUMNS as consecutive tables/batches covering the rows in order (say
+    streamed from the records file) when `table` does not hold them; they are needed only
+    here, so they never have to be in memory whole."""
     n = table.num_rows
     scodes, slabels = encode(table.column("status"), np.int16)
     lut = np.array([STATUSES.index(s) if s in STATUSES else len(STATUSES) for s in slabels] or [0], np.int8)
@@ -101,13 +105,17 @@ def request_metrics(table: pa.Table) -> RequestMetrics:
     usage = np.empty(n, dtype=bool)
     out = {k: np.empty(n) for k in OUTPUTS}
     lo = 0
-    for batch in table.select(list(METRIC_INPUTS)).to_batches(max_chunksize=BATCH):
-        sl = slice(lo, lo + batch.num_rows)
-        lo += batch.num_rows
+    if times is None:
+        times = table.select(list(TIME_COLUMNS)).to_batches(max_chunksize=BATCH)
+    rest = table.select([c for c in METRIC_INPUTS if c not in TIME_COLUMNS])
+    for tb in times:
+        sl = slice(lo, lo + tb.num_rows)
+        batch = rest.slice(lo, tb.num_rows)
+        lo += tb.num_rows
         o = {k: v[sl] for k, v in out.items()}
         sched, sent = o["scheduled"], o["sent"]
-        sched[:], sent[:] = _f64(batch.column("scheduled_s")), _f64(batch.column("sent_s"))
-        first, last = _f64(batch.column("first_token_s")), _f64(batch.column("last_token_s"))
+        sched[:], sent[:] = _f64(tb.column("scheduled_s")), _f64(tb.column("sent_s"))
+        first, last = _f64(tb.column("first_token_s")), _f64(tb.column("last_token_s"))
         completion = _f64(batch.column("completion_tokens"))
         n_chunks = _f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
@@ -142,10 +150,12 @@ def request_metrics(table: pa.Table) -> RequestMetrics:
         gap = np.isnan(end)
         end[gap] = sent[gap]
         ms(sent, sched, o["lag_ms"], blank=False)
+    if lo != n:
+        raise ValueError(f"the time columns cover {lo} rows, the records {n}")
     cols = {k: out[k] for k in OUTPUTS[5:]}
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
-                          usage & ok, out["input_len"], cols, encode(table.column("model")),
-                          encode(table.column("slo_class")), table)
+                          usage & ok, out["input_len"], cols, encode(table.column("model"), np.int32),
+                          encode(table.column("slo_class"), np.int32), table)
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

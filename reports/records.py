@@ -6,6 +6,7 @@ just a records file (Parquet, or the Arrow IPC stream a killed run leaves behind
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from .errors import ReportError
 from .schema import RECORD_SCHEMA, SERVER_METRICS_SCHEMA, STATUSES
 
 RECORD_FILES = ("records.parquet", "records.arrow", "records.arrows")
+IPC_SUFFIXES = (".arrow", ".arrows", ".ipc")
 REQUIRED = ("request_id", "status")
 DICTIONARY_COLUMNS = ("model", "target_model", "slo_class", "status")
 # What the analysis (metrics, summary, gate, compare) reads. request_id is only shown in a few
@@ -41,6 +43,22 @@ class Run:
         table = _read_table(self.records_path, columns=[name])
         return conform_records(table, file=self.records_path, columns=[name]).column(name)
 
+    def batches(self, columns, rows: int) -> Iterator[pa.Table]:
+        """`columns` of the records, validated, about `rows` rows at a time in file order, read
+        from the file as they are asked for (never whole in memory)."""
+        path, names = self.records_path, list(columns)
+        try:
+            if path.suffix in IPC_SUFFIXES:        # memory-mapped: slices cost nothing
+                parts = _read_table(path, columns=names).to_batches(max_chunksize=rows)
+            else:
+                import pyarrow.parquet as pq
+                pf = pq.ParquetFile(path, pre_buffer=False)
+                parts = pf.iter_batches(batch_size=rows, columns=[c for c in names if c in pf.schema_arrow.names])
+            for part in parts:
+                yield conform_records(pa.Table.from_batches([part]), file=path, columns=names)
+        except (pa.ArrowException, OSError) as e:
+            raise ReportError(f"cannot read records: {e}", file=path) from None
+
 
 def _records_path(path: Path) -> Path:
     if path.is_dir():
@@ -59,7 +77,7 @@ def _read_table(path: Path, dictionary: bool = False, columns=None) -> pa.Table:
     low-cardinality string columns come back dictionary-encoded (several times faster to
     decode, and already integer codes)."""
     try:
-        if path.suffix in (".arrow", ".arrows", ".ipc"):
+        if path.suffix in IPC_SUFFIXES:
             with pa.memory_map(str(path)) as src:
                 try:
                     table = pa.ipc.open_file(src).read_all()
@@ -81,7 +99,7 @@ def _read_table(path: Path, dictionary: bool = False, columns=None) -> pa.Table:
 
 def _proven_non_null(path: Path, name: str) -> bool:
     """The Parquet file has column `name` and its statistics say no row group holds a null."""
-    if path.suffix in (".arrow", ".arrows", ".ipc"):
+    if path.suffix in IPC_SUFFIXES:
         return False
     import pyarrow.parquet as pq
     try:

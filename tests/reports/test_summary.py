@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reports import SERVER_METRICS_SCHEMA, format_summary, summarize_run
+from reports import SERVER_METRICS_SCHEMA, ReportError, format_summary, summarize_run
 from tests.conftest import run_cli
 from tests.reports.synth import synth_records
 
@@ -108,3 +108,30 @@ def test_all_failed_and_empty_window_still_summarise(make_run):
     s = summarize_run(make_run("late", synth_records(40, seed=1)), warmup="1000s", write=False)
     assert s["counts"]["measured"] == 0 and "no requests in the measured window" in s["warnings"]
     json.dumps(s, allow_nan=False)
+
+
+def test_streamed_time_columns_give_the_same_summary_from_parquet_and_arrow(make_run, tmp_path):
+    """summarize_run streams the time columns batch by batch (metrics.BATCH rows): a run over
+    several batches and file chunks gives what request_metrics on the whole table gives."""
+    import pyarrow.parquet as pq
+    from reports.analysis import analyze
+    from reports.metrics import BATCH
+    from reports.stats import describe
+    table = synth_records(BATCH + 3000, seed=4)
+    run = make_run("run", table)
+    pq.write_table(table, run / "records.parquet", row_group_size=70_000)   # batches and row groups misaligned
+    s = summarize_run(run, write=False)
+    an = analyze(table)
+    for k in ("ttft_ms", "e2e_sched_ms", "tpot_ms", "icl_ms"):
+        want = describe(an.column(k))
+        assert [s["latency"][k][q] for q in ("n", "mean", "p50", "p99", "max")] == \
+            [want[q] for q in ("n", "mean", "p50", "p99", "max")]
+    with pa.OSFile(str(tmp_path / "records.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    a = summarize_run(tmp_path / "records.arrow", write=False)
+    assert a["latency"] == s["latency"] and a["breakdowns"] == s["breakdowns"]
+    bad = table.set_column(table.schema.get_field_index("sent_s"), "sent_s",
+                           pa.array(["x"] * table.num_rows))
+    pq.write_table(bad, run / "records.parquet")
+    with pytest.raises(ReportError, match="field 'sent_s': has type string"):
+        summarize_run(run, write=False)
