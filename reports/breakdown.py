@@ -114,29 +114,34 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
     basis = np.where(np.isnan(rm.scheduled), rm.sent, rm.scheduled)
     if rm.n == 0 or np.isnan(basis).all():
         return {}
-    t0 = float(np.nanmin(np.concatenate([basis, rm.sent[~np.isnan(rm.sent)]])))
+    t0 = float(np.nanmin(basis))
+    first_sent = np.fmin.reduce(rm.sent) if rm.n else np.nan     # NaN only when nothing was sent
+    if not np.isnan(first_sent):
+        t0 = min(t0, float(first_sent))
     t1 = float(np.nanmax(rm.end)) if not np.isnan(rm.end).all() else float(np.nanmax(basis))
     w = window_s or nice_window(t1 - t0)
     nwin = max(int(math.ceil((t1 - t0) / w)), 1)
     edges = t0 + w * np.arange(nwin + 1)
 
     def idx(t: np.ndarray) -> np.ndarray:
-        k = np.floor((t - t0) / w)
+        k = np.subtract(t, t0)
+        k /= w
+        np.floor(k, out=k)
         k[np.isnan(k)] = 0
         return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)
 
     widths = np.diff(edges)
     widths[-1] = max(t1 - edges[-2], w / 100)     # the last window is partial
 
-    def per_window(t: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        return np.bincount(idx(t[rows]), minlength=nwin)[:nwin] / widths
+    def per_window(window: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return np.bincount(window[rows], minlength=nwin)[:nwin] / widths
 
-    sent_w = idx(rm.sent)
+    sent_w, end_w = idx(rm.sent), idx(rm.end)      # each time's window, computed once
     out: dict = {"window_s": w, "t_s": _clean(edges[:-1] - t0 + 0.0), "t0_s": t0,
-                 "offered_rps": _clean(per_window(basis, ~np.isnan(basis))),
-                 "achieved_rps": _clean(per_window(rm.end, rm.ok)),
-                 "goodput_rps": _clean(per_window(rm.end, an.good)),
-                 "errors_per_s": _clean(per_window(rm.end, ~rm.ok & ~np.isnan(rm.sent))),
+                 "offered_rps": _clean(per_window(idx(basis), ~np.isnan(basis))),
+                 "achieved_rps": _clean(per_window(end_w, rm.ok)),
+                 "goodput_rps": _clean(per_window(end_w, an.good)),
+                 "errors_per_s": _clean(per_window(end_w, ~rm.ok & ~np.isnan(rm.sent))),
                  "inflight": _clean(inflight(rm.sent, rm.end, np.append(edges[:-1], edges[-2] + widths[-1])))}
     for name in ("ttft_ms", "tpot_ms", "lag_ms"):
         vals = rm.columns[name]
