@@ -55,12 +55,14 @@ def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> 
     everything = m.all()
     state = cells * 4                                     # + 1 ok, + 2 good (good implies ok)
     state += rm.ok
-    state += 2 * an.good
+    state += an.good
+    state += an.good
     per = np.bincount(state if everything else state[m], minlength=4 * ncells).reshape(ncells, 4)
     del state
     okm = m & rm.ok
-    n_out = rm.n_out[okm]
-    out_tok = np.bincount(cells[okm], weights=np.where(np.isnan(n_out), 0.0, n_out), minlength=ncells)
+    okm &= ~np.isnan(rm.n_out)
+    # Output tokens of the measured successes; other rows add 0.0 (sums of whole numbers: exact).
+    out_tok = np.bincount(cells, weights=np.where(okm, rm.n_out, 0.0), minlength=ncells)
     lat = {}
     for name in GROUP_LATENCIES:
         vals = rm.columns[name]
@@ -98,7 +100,7 @@ def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarra
     codes = np.searchsorted(e, input_len, side="right") - 1     # NaN sorts last: fixed below
     labels = [f"{int(a)}-{int(b) - 1}" for a, b in zip(e[:-1], e[1:])] + [f">={int(e[-1])}"]
     codes[np.isnan(input_len) | (codes < 0)] = len(labels)
-    return codes.astype(np.int64), labels + ["(unknown)"]
+    return codes.astype(np.int64, copy=False), labels + ["(unknown)"]
 
 
 def nice_window(span: float, target: int = 100) -> float:
