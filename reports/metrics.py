@@ -24,7 +24,7 @@ POOLED = ("icl_ms", "itl_ms")
 BATCH = 1 << 18   # rows per step: temporaries stay a few MB and are reused, never fresh pages
 
 
-def _f64(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+def as_f64(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """float64 values, NaN where null (no copy for a float64 chunk without nulls)."""
     return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
 
@@ -71,31 +71,27 @@ class RequestMetrics:
     columns: dict[str, np.ndarray]  # ttft_ms, tpot_ms, e2e_ms, ntpot_ms, *_sched_ms, lag_ms
     model: tuple[np.ndarray, list[str]]
     slo_class: tuple[np.ndarray, list[str]]
-    table: pa.Table | None = None   # the records, for the columns read on demand (length())
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
 
-    def length(self, name: str) -> np.ndarray:
-        """input_tokens, output_tokens, prompt_tokens or completion_tokens as float64 (NaN where
-        null); read when asked (only the length-mismatch check needs them whole)."""
-        return _f64(self.table.column(name))
 
-
-TIME_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s")   # used here only
-METRIC_INPUTS = (*TIME_COLUMNS, "token_times", "input_tokens", "prompt_tokens", "completion_tokens")
+# Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
+STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "input_tokens", "prompt_tokens",
+                    "completion_tokens")
+METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
 OUTPUTS = ("scheduled", "sent", "end", "n_out", "input_len", "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms",
            "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
 
 
-def request_metrics(table: pa.Table, times=None) -> RequestMetrics:
+def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     """Every per-request array, computed BATCH rows at a time into arrays allocated once: the
     float64 results are the only whole-size memory (at 10M records each temporary of a
     whole-column formula cost a fresh 80 MB; page faults were most of the time).
 
-    `times`: the TIME_COLUMNS as consecutive tables/batches covering the rows in order (say
-    streamed from the records file) when `table` does not hold them; they are needed only
-    here, so they never have to be in memory whole."""
+    `stream`: the STREAMED_COLUMNS as consecutive tables/batches covering the rows in order
+    (say read from the records file as they are needed) when `table` does not hold them; they
+    are needed only here, so they never have to be in memory whole."""
     n = table.num_rows
     scodes, slabels = encode(table.column("status"), np.int16)
     lut = np.array([STATUSES.index(s) if s in STATUSES else len(STATUSES) for s in slabels] or [0], np.int8)
@@ -105,24 +101,24 @@ def request_metrics(table: pa.Table, times=None) -> RequestMetrics:
     usage = np.empty(n, dtype=bool)
     out = {k: np.empty(n) for k in OUTPUTS}
     lo = 0
-    if times is None:
-        times = table.select(list(TIME_COLUMNS)).to_batches(max_chunksize=BATCH)
-    rest = table.select([c for c in METRIC_INPUTS if c not in TIME_COLUMNS])
-    for tb in times:
+    if stream is None:
+        stream = table.select(list(STREAMED_COLUMNS)).to_batches(max_chunksize=BATCH)
+    rest = table.select([c for c in METRIC_INPUTS if c not in STREAMED_COLUMNS])
+    for tb in stream:
         sl = slice(lo, lo + tb.num_rows)
         batch = rest.slice(lo, tb.num_rows)
         lo += tb.num_rows
         o = {k: v[sl] for k, v in out.items()}
         sched, sent = o["scheduled"], o["sent"]
-        sched[:], sent[:] = _f64(tb.column("scheduled_s")), _f64(tb.column("sent_s"))
-        first, last = _f64(tb.column("first_token_s")), _f64(tb.column("last_token_s"))
-        completion = _f64(batch.column("completion_tokens"))
-        n_chunks = _f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
+        sched[:], sent[:] = as_f64(tb.column("scheduled_s")), as_f64(tb.column("sent_s"))
+        first, last = as_f64(tb.column("first_token_s")), as_f64(tb.column("last_token_s"))
+        completion = as_f64(tb.column("completion_tokens"))
+        n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
-        prompt = _f64(batch.column("prompt_tokens"))
-        np.copyto(o["input_len"], np.where(np.isnan(prompt), _f64(batch.column("input_tokens")), prompt))
+        prompt = as_f64(tb.column("prompt_tokens"))
+        np.copyto(o["input_len"], np.where(np.isnan(prompt), as_f64(tb.column("input_tokens")), prompt))
         okf = np.where(ok[sl], 1.0, np.nan)     # multiplying by it blanks failed requests
 
         def ms(a: np.ndarray, b: np.ndarray, dst: np.ndarray, blank: bool = True) -> np.ndarray:
@@ -151,11 +147,11 @@ def request_metrics(table: pa.Table, times=None) -> RequestMetrics:
         end[gap] = sent[gap]
         ms(sent, sched, o["lag_ms"], blank=False)
     if lo != n:
-        raise ValueError(f"the time columns cover {lo} rows, the records {n}")
+        raise ValueError(f"the streamed columns cover {lo} rows, the records {n}")
     cols = {k: out[k] for k in OUTPUTS[5:]}
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
                           usage & ok, out["input_len"], cols, encode(table.column("model"), np.int32),
-                          encode(table.column("slo_class"), np.int32), table)
+                          encode(table.column("slo_class"), np.int32))
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

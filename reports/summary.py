@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
-from .metrics import BATCH, TIME_COLUMNS, request_metrics
+from .metrics import BATCH, STREAMED_COLUMNS, as_f64, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -25,6 +25,7 @@ REPORTED = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms",
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
 BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
 PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
+LENGTHS_AND_TIMES = (*STREAMED_COLUMNS, "output_tokens")   # read a batch at a time, never kept
 
 
 def jsonable(obj):
@@ -76,17 +77,28 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
 
 
 def _mismatch(an: Analysis, run: Run, want: str, got: str) -> dict:
+    """Requested vs reported lengths of the measured successes, read from the records file a
+    batch at a time (the analysis does not keep the token counts; sums of whole numbers, so
+    the mean is exact whatever the order)."""
     rows = an.mask & an.rm.ok
-    a, b = an.rm.length(want)[rows], an.rm.length(got)[rows]
-    both = ~(np.isnan(a) | np.isnan(b))
-    diff = (b - a)[both]
-    bad = diff != 0
-    out = {"requested": want, "reported": got, "checked": int(both.sum()), "mismatched": int(bad.sum()),
-           "share": float(bad.mean()) if len(diff) else None,
-           "mean_diff": float(diff[bad].mean()) if bad.any() else None, "examples": []}
-    if bad.any():
-        idx = np.flatnonzero(rows)[np.flatnonzero(both)[np.flatnonzero(bad)[:5]]]
-        out["examples"] = run.column("request_id").take(pa.array(idx)).to_pylist()
+    checked = mismatched = lo = 0
+    diff_sum, examples = 0.0, []
+    for part in run.batches([want, got], BATCH):
+        r = rows[lo:lo + part.num_rows]
+        a, b = as_f64(part.column(want))[r], as_f64(part.column(got))[r]
+        both = ~(np.isnan(a) | np.isnan(b))
+        diff = (b - a)[both]
+        bad = diff != 0
+        checked, mismatched = checked + int(both.sum()), mismatched + int(bad.sum())
+        diff_sum += float(diff[bad].sum())
+        if len(examples) < 5 and bad.any():
+            examples += (lo + np.flatnonzero(r)[np.flatnonzero(both)[np.flatnonzero(bad)]])[:5 - len(examples)].tolist()
+        lo += part.num_rows
+    out = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
+           "share": mismatched / checked if checked else None,
+           "mean_diff": diff_sum / mismatched if mismatched else None, "examples": []}
+    if examples:
+        out["examples"] = run.column("request_id").take(pa.array(examples)).to_pylist()
     return out
 
 
@@ -182,10 +194,10 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
     report.html into the run directory (next to the records file when given a file)."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
-        # The time columns are used only for the per-request metrics: streamed into them, they
-        # are never in memory whole (10M records: 320 MB less, and fewer fresh pages).
-        run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in TIME_COLUMNS])
-        rm = request_metrics(run.records, times=run.batches(TIME_COLUMNS, BATCH))
+        # Times and token counts are used only for the per-request metrics (and the length check):
+        # streamed into them, they are never in memory whole (10M records: ~0.5 GB less).
+        run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in LENGTHS_AND_TIMES])
+        rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
