@@ -76,29 +76,38 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
     return out
 
 
-def _mismatch(an: Analysis, run: Run, want: str, got: str) -> dict:
-    """Requested vs reported lengths of the measured successes, read from the records file a
-    batch at a time (the analysis does not keep the token counts; sums of whole numbers, so
-    the mean is exact whatever the order)."""
+MISMATCH_CHECKS = {"output": ("output_tokens", "completion_tokens"), "input": ("input_tokens", "prompt_tokens")}
+
+
+def _mismatches(an: Analysis, run: Run) -> dict:
+    """Requested vs reported lengths of the measured successes (MISMATCH_CHECKS), read from the
+    records file a batch at a time, one pass for both checks (the analysis keeps no token
+    counts). Sums of whole numbers: the mean is exact whatever the order."""
     rows = an.mask & an.rm.ok
-    checked = mismatched = lo = 0
-    diff_sum, examples = 0.0, []
-    for part in run.batches([want, got], BATCH):
+    acc = {k: {"checked": 0, "mismatched": 0, "sum": 0.0, "examples": []} for k in MISMATCH_CHECKS}
+    lo = 0
+    for part in run.batches([c for pair in MISMATCH_CHECKS.values() for c in pair], BATCH):
         r = rows[lo:lo + part.num_rows]
-        a, b = as_f64(part.column(want))[r], as_f64(part.column(got))[r]
-        both = ~(np.isnan(a) | np.isnan(b))
-        diff = (b - a)[both]
-        bad = diff != 0
-        checked, mismatched = checked + int(both.sum()), mismatched + int(bad.sum())
-        diff_sum += float(diff[bad].sum())
-        if len(examples) < 5 and bad.any():
-            examples += (lo + np.flatnonzero(r)[np.flatnonzero(both)[np.flatnonzero(bad)]])[:5 - len(examples)].tolist()
+        for kind, (want, got) in MISMATCH_CHECKS.items():
+            a, b = as_f64(part.column(want))[r], as_f64(part.column(got))[r]
+            both = ~(np.isnan(a) | np.isnan(b))
+            diff = (b - a)[both]
+            bad = diff != 0
+            m = acc[kind]
+            m["checked"] += int(both.sum())
+            m["mismatched"] += int(bad.sum())
+            m["sum"] += float(diff[bad].sum())
+            if len(m["examples"]) < 5 and bad.any():
+                m["examples"] += (lo + np.flatnonzero(r)[np.flatnonzero(both)[np.flatnonzero(bad)]])[:5 - len(m["examples"])].tolist()
         lo += part.num_rows
-    out = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
-           "share": mismatched / checked if checked else None,
-           "mean_diff": diff_sum / mismatched if mismatched else None, "examples": []}
-    if examples:
-        out["examples"] = run.column("request_id").take(pa.array(examples)).to_pylist()
+    out = {}
+    for kind, (want, got) in MISMATCH_CHECKS.items():
+        m = acc[kind]
+        out[kind] = {"requested": want, "reported": got, "checked": m["checked"], "mismatched": m["mismatched"],
+                     "share": m["mismatched"] / m["checked"] if m["checked"] else None,
+                     "mean_diff": m["sum"] / m["mismatched"] if m["mismatched"] else None, "examples": []}
+        if m["examples"]:
+            out[kind]["examples"] = run.column("request_id").take(pa.array(m["examples"])).to_pylist()
     return out
 
 
@@ -156,8 +165,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
         "dispatch_lag": _dispatch_lag(an, run.config),
-        "length_mismatch": {"output": _mismatch(an, run, "output_tokens", "completion_tokens"),
-                            "input": _mismatch(an, run, "input_tokens", "prompt_tokens")},
+        "length_mismatch": _mismatches(an, run),
         "breakdowns": by,
         "timeseries": series,
     }
