@@ -56,6 +56,17 @@ def encode(col: pa.ChunkedArray, dtype=np.int64) -> tuple[np.ndarray, list[str]]
     return codes, labels
 
 
+LENGTH_CHECKS = {"output": ("output_tokens", "completion_tokens"), "input": ("input_tokens", "prompt_tokens")}
+
+
+@dataclass
+class LengthCheck:
+    """A requested length (the trace's) against the reported one (the server's usage)."""
+    both: np.ndarray        # bool per request: both known
+    bad_rows: np.ndarray    # ascending rows where they differ
+    bad_diff: np.ndarray    # reported - requested at those rows
+
+
 @dataclass
 class RequestMetrics:
     """Column arrays, one entry per record (all rows of the run, measured or not)."""
@@ -71,14 +82,15 @@ class RequestMetrics:
     columns: dict[str, np.ndarray]  # ttft_ms, tpot_ms, e2e_ms, ntpot_ms, *_sched_ms, lag_ms
     model: tuple[np.ndarray, list[str]]
     slo_class: tuple[np.ndarray, list[str]]
+    length_checks: dict[str, LengthCheck]   # LENGTH_CHECKS
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
 
 
 # Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
-STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "input_tokens", "prompt_tokens",
-                    "completion_tokens")
+STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "input_tokens", "output_tokens",
+                    "prompt_tokens", "completion_tokens")
 METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
 OUTPUTS = ("scheduled", "sent", "end", "n_out", "input_len", "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms",
            "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
@@ -100,6 +112,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     ok = status_codes == 0
     usage = np.empty(n, dtype=bool)
     out = {k: np.empty(n) for k in OUTPUTS}
+    checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
     lo = 0
     if stream is None:
         stream = table.select(list(STREAMED_COLUMNS)).to_batches(max_chunksize=BATCH)
@@ -112,13 +125,22 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         sched, sent = o["scheduled"], o["sent"]
         sched[:], sent[:] = as_f64(tb.column("scheduled_s")), as_f64(tb.column("sent_s"))
         first, last = as_f64(tb.column("first_token_s")), as_f64(tb.column("last_token_s"))
-        completion = as_f64(tb.column("completion_tokens"))
+        lengths = {k: as_f64(tb.column(k)) for k in ("input_tokens", "output_tokens", "prompt_tokens",
+                                                      "completion_tokens")}
+        for kind, (want, got) in LENGTH_CHECKS.items():
+            both, rows, diffs = checks[kind]
+            a, b = lengths[want], lengths[got]
+            np.logical_not(np.isnan(a) | np.isnan(b), out=both[sl])
+            bad = np.flatnonzero(both[sl] & (a != b))
+            rows.append(bad + sl.start)
+            diffs.append(b[bad] - a[bad])
+        completion = lengths["completion_tokens"]
         n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
-        prompt = as_f64(tb.column("prompt_tokens"))
-        np.copyto(o["input_len"], np.where(np.isnan(prompt), as_f64(tb.column("input_tokens")), prompt))
+        prompt = lengths["prompt_tokens"]
+        np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
         okf = np.where(ok[sl], 1.0, np.nan)     # multiplying by it blanks failed requests
 
         def ms(a: np.ndarray, b: np.ndarray, dst: np.ndarray, blank: bool = True) -> np.ndarray:
@@ -151,7 +173,10 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     cols = {k: out[k] for k in OUTPUTS[5:]}
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
                           usage & ok, out["input_len"], cols, encode(table.column("model"), np.int32),
-                          encode(table.column("slo_class"), np.int32))
+                          encode(table.column("slo_class"), np.int32),
+                          {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
+                                          np.concatenate(diffs or [np.empty(0)]))
+                           for k, (both, rows, diffs) in checks.items()})
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

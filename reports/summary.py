@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
-from .metrics import BATCH, STREAMED_COLUMNS, as_f64, request_metrics
+from .metrics import BATCH, LENGTH_CHECKS, STREAMED_COLUMNS, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -25,7 +25,6 @@ REPORTED = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms",
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
 BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
 PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
-LENGTHS_AND_TIMES = (*STREAMED_COLUMNS, "output_tokens")   # read a batch at a time, never kept
 
 
 def jsonable(obj):
@@ -76,38 +75,20 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
     return out
 
 
-MISMATCH_CHECKS = {"output": ("output_tokens", "completion_tokens"), "input": ("input_tokens", "prompt_tokens")}
-
-
 def _mismatches(an: Analysis, run: Run) -> dict:
-    """Requested vs reported lengths of the measured successes (MISMATCH_CHECKS), read from the
-    records file a batch at a time, one pass for both checks (the analysis keeps no token
-    counts). Sums of whole numbers: the mean is exact whatever the order."""
-    rows = an.mask & an.rm.ok
-    acc = {k: {"checked": 0, "mismatched": 0, "sum": 0.0, "examples": []} for k in MISMATCH_CHECKS}
-    lo = 0
-    for part in run.batches([c for pair in MISMATCH_CHECKS.values() for c in pair], BATCH):
-        r = rows[lo:lo + part.num_rows]
-        for kind, (want, got) in MISMATCH_CHECKS.items():
-            a, b = as_f64(part.column(want))[r], as_f64(part.column(got))[r]
-            both = ~(np.isnan(a) | np.isnan(b))
-            diff = (b - a)[both]
-            bad = diff != 0
-            m = acc[kind]
-            m["checked"] += int(both.sum())
-            m["mismatched"] += int(bad.sum())
-            m["sum"] += float(diff[bad].sum())
-            if len(m["examples"]) < 5 and bad.any():
-                m["examples"] += (lo + np.flatnonzero(r)[np.flatnonzero(both)[np.flatnonzero(bad)]])[:5 - len(m["examples"])].tolist()
-        lo += part.num_rows
-    out = {}
-    for kind, (want, got) in MISMATCH_CHECKS.items():
-        m = acc[kind]
-        out[kind] = {"requested": want, "reported": got, "checked": m["checked"], "mismatched": m["mismatched"],
-                     "share": m["mismatched"] / m["checked"] if m["checked"] else None,
-                     "mean_diff": m["sum"] / m["mismatched"] if m["mismatched"] else None, "examples": []}
-        if m["examples"]:
-            out[kind]["examples"] = run.column("request_id").take(pa.array(m["examples"])).to_pylist()
+    """Requested vs reported lengths of the measured successes (metrics.LENGTH_CHECKS)."""
+    rows, out = an.mask & an.rm.ok, {}
+    for kind, (want, got) in LENGTH_CHECKS.items():
+        lc = an.rm.length_checks[kind]
+        checked = int(np.count_nonzero(lc.both & rows))
+        sel = rows[lc.bad_rows]
+        bad_rows, diff = lc.bad_rows[sel], lc.bad_diff[sel]
+        mismatched = len(bad_rows)
+        out[kind] = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
+                     "share": mismatched / checked if checked else None,    # sums of whole numbers:
+                     "mean_diff": float(diff.sum()) / mismatched if mismatched else None,   # exact
+                     "examples": run.column("request_id").take(pa.array(bad_rows[:5])).to_pylist()
+                     if mismatched else []}
     return out
 
 
@@ -202,9 +183,9 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
     report.html into the run directory (next to the records file when given a file)."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
-        # Times and token counts are used only for the per-request metrics (and the length check):
+        # Times and token counts are used only for the per-request metrics (and length checks):
         # streamed into them, they are never in memory whole (10M records: ~0.5 GB less).
-        run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in LENGTHS_AND_TIMES])
+        run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in STREAMED_COLUMNS])
         rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)
