@@ -16,14 +16,20 @@ CHUNK = 1 << 20
 MAX_BINS = 20_000_000
 
 
+def _bounds(values: np.ndarray) -> tuple[float, float]:
+    """nanmin and nanmax (NaN when every value is NaN)."""
+    return np.fmin.reduce(values), np.fmax.reduce(values)
+
+
 class BitHistogram:
     """Per-group histogram of `values` (float32/float64, NaN allowed) over integer `codes`."""
 
     def __init__(self, values: np.ndarray, codes: np.ndarray | None = None, ngroups: int = 1, *,
-                 chunk: int = CHUNK) -> None:
+                 chunk: int = CHUNK, bounds: tuple[float, float] | None = None) -> None:
         self.x, self.codes, self.ngroups, self.chunk = values, codes, ngroups, chunk
         ibits, shift = BITS[values.dtype]
-        lo, hi = np.nanmin(values) + 0.0, np.nanmax(values) + 0.0   # + 0.0 turns -0.0 into 0.0
+        lo, hi = _bounds(values) if bounds is None else bounds
+        lo, hi = lo + 0.0, hi + 0.0                            # + 0.0 turns -0.0 into 0.0
         self._ibits, self._shift = ibits, shift
         self._lo = int(np.array([lo], values.dtype).view(ibits)[0] >> shift)
         self.nb = int(np.array([hi], values.dtype).view(ibits)[0] >> shift) - self._lo + 2  # + NaN bin
@@ -33,12 +39,21 @@ class BitHistogram:
         self.hist = hist.reshape(ngroups, self.nb)
         self.counts = self.hist[:, :-1].sum(axis=1)      # non-NaN values per group
 
+    @classmethod
+    def of(cls, values: np.ndarray, codes: np.ndarray | None = None, ngroups: int = 1):
+        """The histogram, or None where it does not apply (see applies); the value range is
+        computed once for both."""
+        if values.dtype not in BITS or len(values) == 0:
+            return None
+        bounds = _bounds(values)
+        return cls(values, codes, ngroups, bounds=bounds) if cls.applies(values, ngroups, bounds) else None
+
     @staticmethod
-    def applies(values: np.ndarray, ngroups: int = 1) -> bool:
+    def applies(values: np.ndarray, ngroups: int = 1, bounds: tuple[float, float] | None = None) -> bool:
         """Float values, none negative, not all NaN, and a histogram of a sane size."""
         if values.dtype not in BITS or len(values) == 0:
             return False
-        lo, hi = np.nanmin(values), np.nanmax(values)
+        lo, hi = _bounds(values) if bounds is None else bounds
         if not (lo >= 0 and np.isfinite(hi)):
             return False
         ibits, shift = BITS[values.dtype]
@@ -114,5 +129,7 @@ class BitHistogram:
         return out
 
     def nansum(self) -> float:
-        return float(sum(np.nansum(self.x[s:s + self.chunk], dtype=np.float64)
+        # Without NaN, np.sum is what np.nansum computes (same pairwise sums), minus its copy.
+        total = np.sum if not self.hist[:, -1].any() else np.nansum
+        return float(sum(total(self.x[s:s + self.chunk], dtype=np.float64)
                          for s in range(0, len(self.x), self.chunk)))

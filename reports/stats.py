@@ -44,8 +44,9 @@ SELECT_MIN = 200_000   # from this many samples on, order statistics are selecte
 def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = SELECT_MIN) -> np.ndarray:
     """sorted(x)[ranks] of a NaN-free sample, exactly; selected without a full sort when large."""
     ranks = np.asarray(ranks, dtype=np.int64)
-    if len(x) >= select_min and BitHistogram.applies(x):
-        return BitHistogram(x).values_at(ranks[None, :])[0]
+    bh = BitHistogram.of(x) if len(x) >= select_min else None
+    if bh is not None:
+        return bh.values_at(ranks[None, :])[0]
     return np.sort(x)[ranks]
 
 
@@ -125,8 +126,8 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings.
     NaN values are ignored. Large samples are never sorted whole (select.py)."""
     x = np.asarray(values)
-    if len(x) >= SELECT_MIN and BitHistogram.applies(x):
-        bh = BitHistogram(x)
+    bh = BitHistogram.of(x) if len(x) >= SELECT_MIN else None
+    if bh is not None:
         n, total = int(bh.counts[0]), bh.nansum()
         lookup = lambda r: bh.values_at(np.asarray(r)[None, :])[0]  # noqa: E731
     else:
@@ -163,8 +164,8 @@ def grouped_percentiles(values: np.ndarray, codes: np.ndarray, ngroups: int, qs:
                         select_min: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
     """Per-group sample counts and type-7 percentiles (NaN values ignored; empty group = NaN).
     From `select_min` samples on, order statistics are selected per group (select.py)."""
-    if len(values) >= select_min and BitHistogram.applies(values, ngroups):
-        bh = BitHistogram(values, codes.astype(np.int64, copy=False), ngroups)
+    bh = BitHistogram.of(values, codes.astype(np.int64, copy=False), ngroups) if len(values) >= select_min else None
+    if bh is not None:
         h = np.maximum(_virtual_index(bh.counts[:, None], np.asarray(qs)[None, :]), 0)
         lo = np.floor(h).astype(np.int64)
         hi = np.minimum(lo + 1, np.maximum(bh.counts[:, None] - 1, 0))
@@ -186,10 +187,10 @@ def regrouped_percentiles(values: np.ndarray, cells: np.ndarray, ncells: int, gr
     """grouped_percentiles for several groupings at once: `cells` are fine codes and each
     grouping is (to, ngroups) with `to` mapping a cell to its group. Large samples take one
     histogram pass and one collection pass for all of them (not one of each per grouping)."""
-    if not (len(values) >= select_min and BitHistogram.applies(values, ncells)):
+    bh = BitHistogram.of(values, cells.astype(np.int64, copy=False), ncells) if len(values) >= select_min else None
+    if bh is None:
         return [grouped_percentiles(values, to[cells], ngroups, qs, select_min=select_min)
                 for to, ngroups in groupings]
-    bh = BitHistogram(values, cells.astype(np.int64, copy=False), ncells)
     plans, hs = [], []
     for to, ngroups in groupings:
         counts = bh.regrouped_hist(to, ngroups)[:, :-1].sum(axis=1)
