@@ -149,8 +149,10 @@ class Analysis:
         ok = rows & rm.ok
         good = rows & self.good
         n_ok, n_good = int(ok.sum()), int(good.sum())
-        out_tok = float(np.nansum(rm.n_out[ok]))
-        in_tok = float(np.nansum(rm.input_len[ok]))
+        # Token counts are whole numbers: their float sums are exact in any order (no copies).
+        have_out = ~np.isnan(rm.n_out)
+        out_tok = float(np.sum(rm.n_out, where=ok & have_out))
+        in_tok = float(np.sum(rm.input_len, where=ok & ~np.isnan(rm.input_len)))
         rate = (lambda x: x / d) if d else (lambda x: None)
         return {"issued": issued, "ok": n_ok, "failed": issued - n_ok, "good": n_good,
                 "requests_per_s": rate(n_ok), "input_tokens_per_s": rate(in_tok),
@@ -158,7 +160,7 @@ class Analysis:
                 "error_rate": (issued - n_ok) / issued if issued else None,
                 "attainment": n_good / issued if issued else None,
                 "goodput_rps": rate(n_good),
-                "token_goodput_per_s": rate(float(np.nansum(rm.n_out[good])))}
+                "token_goodput_per_s": rate(float(np.sum(rm.n_out, where=good & have_out)))}
 
 
 def analyze(table: pa.Table, *, warmup=None, cooldown=None, steady_state: float | None = None,
