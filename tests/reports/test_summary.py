@@ -135,3 +135,13 @@ def test_streamed_time_columns_give_the_same_summary_from_parquet_and_arrow(make
     pq.write_table(bad, run / "records.parquet")
     with pytest.raises(ReportError, match="field 'sent_s': has type string"):
         summarize_run(run, write=False)
+
+
+def test_length_buckets_count_the_edges_below_each_length():
+    from reports.breakdown import LENGTH_EDGES, length_buckets
+    x = np.array([0, 1, 127, 128, 129, 131071, 131072, 10**7, -5, np.nan, 4096, 4095.5])
+    for edges in (LENGTH_EDGES, (10, 100, 1000)):
+        codes, labels = length_buckets(x, edges)
+        want = np.searchsorted(np.asarray(edges, float), x, side="right") - 1
+        want[np.isnan(x) | (want < 0)] = len(edges)
+        assert codes.tolist() == want.tolist() and labels[-1] == "(unknown)" and len(labels) == len(edges) + 1
