@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .analysis import Analysis, analyze, plain_pages, stat_value
-from .records import load_run
+from .records import ANALYSIS_COLUMNS, load_run
 from .slo import load_slo
 from .stats import PERCENTILES, bootstrap_quantiles
 from .text import markdown_table, render_table
@@ -171,7 +171,7 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
 
 
 def _load(run, **kw) -> Analysis:
-    return run if isinstance(run, Analysis) else analyze(load_run(run).records, **kw)
+    return run if isinstance(run, Analysis) else analyze(load_run(run, columns=ANALYSIS_COLUMNS).records, **kw)
 
 
 def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min_effect_pct: float = 1.0,

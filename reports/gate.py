@@ -150,7 +150,7 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
             from .records import conform_records
             table = conform_records(run_dir_or_records)
         else:
-            from .records import load_run
-            table = load_run(run_dir_or_records).records
+            from .records import ANALYSIS_COLUMNS, load_run
+            table = load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS).records
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
         return gate(an, spec)

@@ -21,25 +21,50 @@ SCHED_ALIAS = {"tpot_sched_ms": "tpot_ms", "icl_sched_ms": "icl_ms", "itl_sched_
 POOLED = ("icl_ms", "itl_ms")
 
 
-def _f64(table: pa.Table, name: str) -> np.ndarray:
-    col = table.column(name)
-    return col.to_numpy().astype(np.float64, copy=False) if col.null_count == 0 else \
-        pc.fill_null(col.cast(pa.float64()), np.nan).to_numpy()
+BATCH = 1 << 18   # rows per step: temporaries stay a few MB and are reused, never fresh pages
 
 
-def encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+def as_f64(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """float64 values, NaN where null (no copy for a float64 chunk without nulls)."""
+    return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+
+
+def encode(col: pa.ChunkedArray, dtype=np.int64) -> tuple[np.ndarray, list[str]]:
     """Integer codes and labels of a (possibly dictionary-encoded) string column; null becomes
-    the label '(none)'."""
-    if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    col = col.unify_dictionaries()
-    labels = [str(x) for x in col.chunk(0).dictionary.to_pylist()] if col.num_chunks else []
-    parts = [c.indices for c in col.chunks]
-    codes = pa.chunked_array(parts, col.type.index_type) if parts else pa.chunked_array([], pa.int32())
-    if codes.null_count:
-        codes = pc.fill_null(codes, len(labels))
+    the label '(none)'. Labels in order of first appearance in the chunks' dictionaries (what
+    unify_dictionaries gives); each chunk's indices are mapped through a small lookup table
+    straight into the output, so no whole-column temporaries are made."""
+    codes = np.empty(len(col), dtype=dtype)
+    labels: list[str] = []
+    index: dict[str, int] = {}
+    nulls, lo = False, 0
+    for chunk in col.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_encode()
+        lut = np.array([index.setdefault(str(v), len(index)) for v in chunk.dictionary.to_pylist()] + [-1],
+                       dtype=dtype)
+        idx = chunk.indices
+        if idx.null_count:
+            nulls = True
+            idx = pc.fill_null(idx, len(lut) - 1)   # -> -1, relabelled below
+        np.take(lut, idx.to_numpy(), out=codes[lo:lo + len(chunk)])
+        lo += len(chunk)
+    labels = list(index)
+    if nulls:
+        codes[codes == -1] = len(labels)
         labels.append("(none)")
-    return codes.to_numpy().astype(np.int64, copy=False), labels
+    return codes, labels
+
+
+LENGTH_CHECKS = {"output": ("output_tokens", "completion_tokens"), "input": ("input_tokens", "prompt_tokens")}
+
+
+@dataclass
+class LengthCheck:
+    """A requested length (the trace's) against the reported one (the server's usage)."""
+    both: np.ndarray        # bool per request: both known
+    bad_rows: np.ndarray    # ascending rows where they differ
+    bad_diff: np.ndarray    # reported - requested at those rows
 
 
 @dataclass
@@ -55,60 +80,102 @@ class RequestMetrics:
     n_out_from_usage: np.ndarray    # bool
     input_len: np.ndarray           # prompt_tokens if reported, else input_tokens
     columns: dict[str, np.ndarray]  # ttft_ms, tpot_ms, e2e_ms, ntpot_ms, *_sched_ms, lag_ms
-    lengths: dict[str, np.ndarray]  # input_tokens, output_tokens, prompt_tokens, completion_tokens
     model: tuple[np.ndarray, list[str]]
     slo_class: tuple[np.ndarray, list[str]]
+    length_checks: dict[str, LengthCheck]   # LENGTH_CHECKS
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
 
 
-def request_metrics(table: pa.Table) -> RequestMetrics:
+# Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
+STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "input_tokens", "output_tokens",
+                    "prompt_tokens", "completion_tokens")
+METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
+OUTPUTS = ("scheduled", "sent", "end", "n_out", "input_len", "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms",
+           "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
+
+
+def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
+    """Every per-request array, computed BATCH rows at a time into arrays allocated once: the
+    float64 results are the only whole-size memory (at 10M records each temporary of a
+    whole-column formula cost a fresh 80 MB; page faults were most of the time).
+
+    `stream`: the STREAMED_COLUMNS as consecutive tables/batches covering the rows in order
+    (say read from the records file as they are needed) when `table` does not hold them; they
+    are needed only here, so they never have to be in memory whole."""
     n = table.num_rows
-    scodes, slabels = encode(table.column("status"))
-    lut = np.array([STATUSES.index(s) if s in STATUSES else len(STATUSES) for s in slabels] or [0])
-    status_codes = lut[scodes].astype(np.int8)
+    scodes, slabels = encode(table.column("status"), np.int16)
+    lut = np.array([STATUSES.index(s) if s in STATUSES else len(STATUSES) for s in slabels] or [0], np.int8)
+    status_codes = lut[scodes]
+    del scodes
     ok = status_codes == 0
-    sched, sent = _f64(table, "scheduled_s"), _f64(table, "sent_s")
-    first, last = _f64(table, "first_token_s"), _f64(table, "last_token_s")
-    lengths = {k: _f64(table, k) for k in ("input_tokens", "output_tokens", "prompt_tokens",
-                                           "completion_tokens")}
-    n_chunks = pc.fill_null(pc.list_value_length(table.column("token_times")), -1).to_numpy()
-    n_chunks = np.where(n_chunks < 0, np.nan, n_chunks.astype(np.float64))
-    usage = ~np.isnan(lengths["completion_tokens"])
-    n_out = np.where(usage, lengths["completion_tokens"], n_chunks)
-    input_len = np.where(np.isnan(lengths["prompt_tokens"]), lengths["input_tokens"],
-                         lengths["prompt_tokens"])
-    okf = np.where(ok, 1.0, np.nan)     # multiplying by it blanks failed requests
+    usage = np.empty(n, dtype=bool)
+    out = {k: np.empty(n) for k in OUTPUTS}
+    checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
+    lo = 0
+    if stream is None:
+        stream = table.select(list(STREAMED_COLUMNS)).to_batches(max_chunksize=BATCH)
+    rest = table.select([c for c in METRIC_INPUTS if c not in STREAMED_COLUMNS])
+    for tb in stream:
+        sl = slice(lo, lo + tb.num_rows)
+        batch = rest.slice(lo, tb.num_rows)
+        lo += tb.num_rows
+        o = {k: v[sl] for k, v in out.items()}
+        sched, sent = o["scheduled"], o["sent"]
+        sched[:], sent[:] = as_f64(tb.column("scheduled_s")), as_f64(tb.column("sent_s"))
+        first, last = as_f64(tb.column("first_token_s")), as_f64(tb.column("last_token_s"))
+        lengths = {k: as_f64(tb.column(k)) for k in ("input_tokens", "output_tokens", "prompt_tokens",
+                                                      "completion_tokens")}
+        for kind, (want, got) in LENGTH_CHECKS.items():
+            both, rows, diffs = checks[kind]
+            a, b = lengths[want], lengths[got]
+            np.logical_not(np.isnan(a) | np.isnan(b), out=both[sl])
+            bad = np.flatnonzero(both[sl] & (a != b))
+            rows.append(bad + sl.start)
+            diffs.append(b[bad] - a[bad])
+        completion = lengths["completion_tokens"]
+        n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
+        np.logical_not(np.isnan(completion), out=usage[sl])
+        n_out = o["n_out"]
+        np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
+        prompt = lengths["prompt_tokens"]
+        np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
+        # Seconds to ms, NaN for failed requests: one multiply (x * 1e3 is what x * 1e3 * 1.0 was).
+        ok_ms = np.where(ok[sl], 1e3, np.nan)
 
-    def ms(a: np.ndarray, b: np.ndarray, blank: bool = True) -> np.ndarray:
-        out = np.subtract(a, b)         # in place from here: one allocation per column
-        out *= 1e3
-        if blank:
-            out *= okf
-        return out
+        def ms(a: np.ndarray, b: np.ndarray, dst: np.ndarray, blank: bool = True) -> np.ndarray:
+            np.subtract(a, b, out=dst)
+            dst *= ok_ms if blank else 1e3
+            return dst
 
-    def per_token(num: np.ndarray, den: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        out = np.divide(num, den)
-        out[~valid] = np.nan
-        return out
+        def per_token(num: np.ndarray, den: np.ndarray, valid: np.ndarray, dst: np.ndarray) -> None:
+            np.divide(num, den, out=dst)
+            dst[~valid] = np.nan
 
-    ttft, e2e, ttft_s, e2e_s = ms(first, sent), ms(last, sent), ms(first, sched), ms(last, sched)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = per_token(ms(last, first), n_out - 1, n_out >= 2)
-        ntpot = per_token(e2e, n_out, n_out >= 1)
-        ntpot_s = per_token(e2e_s, n_out, n_out >= 1)
-    end = last.copy()                   # last token, else first token, else sent
-    gap = np.isnan(end)
-    end[gap] = first[gap]
-    gap = np.isnan(end)
-    end[gap] = sent[gap]
-    cols = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "ntpot_ms": ntpot,
-            "ttft_sched_ms": ttft_s, "e2e_sched_ms": e2e_s, "ntpot_sched_ms": ntpot_s,
-            "lag_ms": ms(sent, sched, blank=False)}
-    return RequestMetrics(n, status_codes, ok, sched, sent, end, n_out, usage & ok, input_len,
-                          cols, lengths, encode(table.column("model")),
-                          encode(table.column("slo_class")))
+        e2e, e2e_s = ms(last, sent, o["e2e_ms"]), ms(last, sched, o["e2e_sched_ms"])
+        ms(first, sent, o["ttft_ms"])
+        ms(first, sched, o["ttft_sched_ms"])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_token(ms(last, first, np.empty(len(last))), n_out - 1, n_out >= 2, o["tpot_ms"])
+            per_token(e2e, n_out, n_out >= 1, o["ntpot_ms"])
+            per_token(e2e_s, n_out, n_out >= 1, o["ntpot_sched_ms"])
+        end = o["end"]                    # last token, else first token, else sent
+        np.copyto(end, last)
+        gap = np.isnan(end)
+        end[gap] = first[gap]
+        gap = np.isnan(end)
+        end[gap] = sent[gap]
+        ms(sent, sched, o["lag_ms"], blank=False)
+    if lo != n:
+        raise ValueError(f"the streamed columns cover {lo} rows, the records {n}")
+    cols = {k: out[k] for k in OUTPUTS[5:]}
+    return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
+                          usage & ok, out["input_len"], cols, encode(table.column("model"), np.int32),
+                          encode(table.column("slo_class"), np.int32),
+                          {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
+                                          np.concatenate(diffs or [np.empty(0)]))
+                           for k, (both, rows, diffs) in checks.items()})
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,17 +204,27 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np
     token (a gap divided by the tokens of the chunk that ends it, once per token) where the
     records carry chunk_tokens of the same length as token_times. `rows` selects the requests."""
     tt = table.column("token_times")
-    parts, lo = [], 0
-    for chunk in tt.chunks:  # chunk by chunk (rows never span chunks): one whole-size copy, the result
-        tv, tl = _flat(pa.chunked_array([chunk], tt.type))
-        gaps, keep = _gaps(tv, tl)
+    # Two passes over the chunks (rows never span chunks): the list lengths say how many gaps
+    # there are, so each chunk's gaps go straight into one array allocated once (no per-chunk
+    # parts and no concatenation: at 10M records that was 2 x 280 MB of fresh pages).
+    per_chunk, lo, n_icl = [], 0, 0
+    for chunk in tt.chunks:
+        tl = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy().astype(np.int64)
         r = None if rows is None else rows[lo:lo + len(chunk)]
+        n_gaps = np.maximum(tl - 1, 0)
+        n_icl += int(n_gaps.sum() if r is None else n_gaps[r].sum())
+        per_chunk.append((chunk, tl, r))
+        lo += len(chunk)
+    icl, at = np.empty(n_icl, dtype=np.float32), 0
+    for chunk, tl, r in per_chunk:
+        tv = chunk.flatten().to_numpy(zero_copy_only=False)
+        gaps, keep = _gaps(tv, tl)
         if r is not None and (~r & (tl > 1)).any():   # failed requests usually have no chunks
             keep &= np.repeat(r, tl)[1:]      # gap i ends at chunk i+1, owned by that request
-        parts.append(gaps[keep])
-        lo += len(chunk)
-    icl = np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
-    icl *= np.float32(1e3)
+        out = icl[at:at + np.count_nonzero(keep)]
+        np.compress(keep, gaps, out=out)
+        out *= np.float32(1e3)
+        at += len(out)
     itl = np.empty(0, dtype=np.float32)
     ct = table.column("chunk_tokens")
     if ct.null_count < len(ct):

@@ -16,14 +16,20 @@ CHUNK = 1 << 20
 MAX_BINS = 20_000_000
 
 
+def _bounds(values: np.ndarray) -> tuple[float, float]:
+    """nanmin and nanmax (NaN when every value is NaN)."""
+    return np.fmin.reduce(values), np.fmax.reduce(values)
+
+
 class BitHistogram:
     """Per-group histogram of `values` (float32/float64, NaN allowed) over integer `codes`."""
 
     def __init__(self, values: np.ndarray, codes: np.ndarray | None = None, ngroups: int = 1, *,
-                 chunk: int = CHUNK) -> None:
+                 chunk: int = CHUNK, bounds: tuple[float, float] | None = None) -> None:
         self.x, self.codes, self.ngroups, self.chunk = values, codes, ngroups, chunk
         ibits, shift = BITS[values.dtype]
-        lo, hi = np.nanmin(values) + 0.0, np.nanmax(values) + 0.0   # + 0.0 turns -0.0 into 0.0
+        lo, hi = _bounds(values) if bounds is None else bounds
+        lo, hi = lo + 0.0, hi + 0.0                            # + 0.0 turns -0.0 into 0.0
         self._ibits, self._shift = ibits, shift
         self._lo = int(np.array([lo], values.dtype).view(ibits)[0] >> shift)
         self.nb = int(np.array([hi], values.dtype).view(ibits)[0] >> shift) - self._lo + 2  # + NaN bin
@@ -33,12 +39,21 @@ class BitHistogram:
         self.hist = hist.reshape(ngroups, self.nb)
         self.counts = self.hist[:, :-1].sum(axis=1)      # non-NaN values per group
 
+    @classmethod
+    def of(cls, values: np.ndarray, codes: np.ndarray | None = None, ngroups: int = 1):
+        """The histogram, or None where it does not apply (see applies); the value range is
+        computed once for both."""
+        if values.dtype not in BITS or len(values) == 0:
+            return None
+        bounds = _bounds(values)
+        return cls(values, codes, ngroups, bounds=bounds) if cls.applies(values, ngroups, bounds) else None
+
     @staticmethod
-    def applies(values: np.ndarray, ngroups: int = 1) -> bool:
+    def applies(values: np.ndarray, ngroups: int = 1, bounds: tuple[float, float] | None = None) -> bool:
         """Float values, none negative, not all NaN, and a histogram of a sane size."""
         if values.dtype not in BITS or len(values) == 0:
             return False
-        lo, hi = np.nanmin(values), np.nanmax(values)
+        lo, hi = _bounds(values) if bounds is None else bounds
         if not (lo >= 0 and np.isfinite(hi)):
             return False
         ibits, shift = BITS[values.dtype]
@@ -64,26 +79,57 @@ class BitHistogram:
     def values_at(self, ranks: np.ndarray) -> np.ndarray:
         """ranks: (ngroups, R) 0-based ranks among each group's non-NaN values; groups without
         values get NaN. Returns sorted(group values)[ranks] exactly, shape (ngroups, R)."""
-        ranks = np.asarray(ranks, dtype=np.int64)
-        live = self.counts > 0
-        cum = np.cumsum(self.hist, axis=1)
-        bins = np.zeros_like(ranks)
-        for g in np.flatnonzero(live):                    # loops over groups, never values
-            bins[g] = np.searchsorted(cum[g], ranks[g], side="right")
-        flat = np.arange(self.ngroups)[:, None] * self.nb + bins
-        lut = np.zeros(self.ngroups * self.nb, dtype=bool)
-        lut[flat[live].ravel()] = True
+        return self.values_at_regrouped([(np.arange(self.ngroups), self.ngroups, ranks)])[0]
+
+    def regrouped_hist(self, to: np.ndarray, ngroups: int) -> np.ndarray:
+        """The histogram of coarser groups: group `to[g]` holds this histogram's group g."""
+        if ngroups == self.ngroups and np.array_equal(to, np.arange(ngroups)):
+            return self.hist
+        hist = np.zeros((ngroups, self.nb), dtype=np.int64)
+        np.add.at(hist, to, self.hist)
+        return hist
+
+    def values_at_regrouped(self, plans: list) -> list[np.ndarray]:
+        """Order statistics of several coarser groupings in one collection pass. plans: (to,
+        ngroups, ranks) with `to` mapping this histogram's groups to a grouping's groups and
+        ranks (ngroups, R) as in values_at. So one histogram over fine cells (say model x
+        class x length bucket) serves every breakdown of a metric."""
+        nb, prepared = self.nb, []
+        need = np.zeros((self.ngroups, nb), dtype=bool)
+        for to, ngroups, ranks in plans:
+            ranks = np.asarray(ranks, dtype=np.int64)
+            hist = self.regrouped_hist(to, ngroups)
+            live = hist[:, :-1].sum(axis=1) > 0
+            cum = np.cumsum(hist, axis=1)
+            bins = np.zeros_like(ranks)
+            for g in np.flatnonzero(live):                # loops over groups, never values
+                bins[g] = np.searchsorted(cum[g], ranks[g], side="right")
+            want = np.zeros((ngroups, nb), dtype=bool)
+            want[np.nonzero(live)[0][:, None], bins[live]] = True
+            need |= want[to]
+            prepared.append((to, ngroups, ranks, hist, cum, bins, want, live))
+        lut = need.ravel()
         picked = [(xc[sel], idx[sel]) for idx, xc in self._chunks() for sel in (lut[idx],)]
         sv = np.concatenate([p[0] for p in picked]) + 0.0         # + 0.0: -0.0 reads as 0.0
         si = np.concatenate([p[1] for p in picked])
-        order = np.lexsort((sv, si))                      # by (group, bin), then value
-        sv, si = sv[order], si[order]
-        before = np.take_along_axis(cum, bins, 1) - np.take_along_axis(self.hist, bins, 1)
-        pos = np.searchsorted(si, flat, side="left") + (ranks - before)
-        out = sv[np.clip(pos, 0, max(len(sv) - 1, 0))].astype(np.float64) if len(sv) else \
-            np.zeros(ranks.shape)
-        return np.where(live[:, None], out, np.nan)
+        cell, b = np.divmod(si, nb)
+        out = []
+        for to, ngroups, ranks, hist, cum, bins, want, live in prepared:
+            g = to[cell]
+            keep = want[g, b]
+            v, key = sv[keep], g[keep] * nb + b[keep]
+            order = np.lexsort((v, key))                  # by (group, bin), then value
+            v, key = v[order], key[order]
+            flat = np.arange(ngroups)[:, None] * nb + bins
+            before = np.take_along_axis(cum, bins, 1) - np.take_along_axis(hist, bins, 1)
+            pos = np.searchsorted(key, flat, side="left") + (ranks - before)
+            vals = v[np.clip(pos, 0, max(len(v) - 1, 0))].astype(np.float64) if len(v) else \
+                np.zeros(ranks.shape)
+            out.append(np.where(live[:, None], vals, np.nan))
+        return out
 
     def nansum(self) -> float:
-        return float(sum(np.nansum(self.x[s:s + self.chunk], dtype=np.float64)
+        # Without NaN, np.sum is what np.nansum computes (same pairwise sums), minus its copy.
+        total = np.sum if not self.hist[:, -1].any() else np.nansum
+        return float(sum(total(self.x[s:s + self.chunk], dtype=np.float64)
                          for s in range(0, len(self.x), self.chunk)))

@@ -44,21 +44,32 @@ SELECT_MIN = 200_000   # from this many samples on, order statistics are selecte
 def order_statistics(x: np.ndarray, ranks: np.ndarray, *, select_min: int = SELECT_MIN) -> np.ndarray:
     """sorted(x)[ranks] of a NaN-free sample, exactly; selected without a full sort when large."""
     ranks = np.asarray(ranks, dtype=np.int64)
-    if len(x) >= select_min and BitHistogram.applies(x):
-        return BitHistogram(x).values_at(ranks[None, :])[0]
+    bh = BitHistogram.of(x) if len(x) >= select_min else None
+    if bh is not None:
+        return bh.values_at(ranks[None, :])[0]
     return np.sort(x)[ranks]
 
 
-def _bootstrap(n: int, lookup, qs: list[float], n_boot: int, seed: int) -> np.ndarray:
+def _draw_bootstrap(n: int, qs: list[float], n_boot: int, seed: int) -> tuple[list, np.ndarray]:
+    """The order statistics each bootstrap replicate needs, and the distinct ranks among them."""
     rng = np.random.default_rng(seed)
     draws = [_draw_order_stats(n, q, n_boot, rng) for q in qs]
-    ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]]))
-    values = lookup(ranks)
-    out = np.empty((len(qs), n_boot))
+    ranks = np.unique(np.concatenate([j for d in draws for j in d[:2]])) if draws else np.empty(0, np.int64)
+    return draws, ranks
+
+
+def _replicates(draws: list, ranks: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Replicates [len(qs), n_boot] from `values` = sorted sample at `ranks`."""
+    out = np.empty((len(draws), len(draws[0][0]) if draws else 0))
     for i, (j1, j2, frac) in enumerate(draws):
         v1, v2 = values[np.searchsorted(ranks, j1)], values[np.searchsorted(ranks, j2)]
         out[i] = v1 + frac * (v2 - v1)
     return out
+
+
+def _bootstrap(n: int, lookup, qs: list[float], n_boot: int, seed: int) -> np.ndarray:
+    draws, ranks = _draw_bootstrap(n, qs, n_boot, seed)
+    return _replicates(draws, ranks, lookup(ranks))
 
 
 def bootstrap_quantiles(x: np.ndarray, qs: list[float], *, n_boot: int = N_BOOT, seed: int = 0) -> np.ndarray:
@@ -115,8 +126,8 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings.
     NaN values are ignored. Large samples are never sorted whole (select.py)."""
     x = np.asarray(values)
-    if len(x) >= SELECT_MIN and BitHistogram.applies(x):
-        bh = BitHistogram(x)
+    bh = BitHistogram.of(x) if len(x) >= SELECT_MIN else None
+    if bh is not None:
         n, total = int(bh.counts[0]), bh.nansum()
         lookup = lambda r: bh.values_at(np.asarray(r)[None, :])[0]  # noqa: E731
     else:
@@ -131,14 +142,16 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     h = _virtual_index(n, list(PERCENTILES.values()))
     lo = np.floor(h).astype(np.int64)
     hi = np.minimum(lo + 1, n - 1)
-    ranks = np.unique(np.concatenate([lo, hi, [n - 1]]))
+    qs = [PERCENTILES[k] for k in ci]
+    draws, boot_ranks = _draw_bootstrap(n, qs, N_BOOT, seed) if n >= 2 and qs else ([], np.empty(0, np.int64))
+    # One lookup for the reported percentiles and every bootstrap replicate: one selection pass.
+    ranks = np.unique(np.concatenate([lo, hi, [n - 1], boot_ranks]))
     vals = lookup(ranks)
     at = lambda r: vals[np.searchsorted(ranks, r)]  # noqa: E731
     out["mean"] = total / n
     out.update({k: float(v) for k, v in zip(PERCENTILES, _lerp(at(lo), at(hi), h - lo))})
     out["max"] = float(at(n - 1))
-    qs = [PERCENTILES[k] for k in ci]
-    cis = _intervals(_bootstrap(n, lookup, qs, N_BOOT, seed), 0.95) if n >= 2 and qs else [None] * len(qs)
+    cis = _intervals(_replicates(draws, boot_ranks, at(boot_ranks)), 0.95) if draws else [None] * len(qs)
     out["ci"] = {k: (list(c) if c else None) for k, c in zip(ci, cis)}
     thin = [k for k, p in PERCENTILES.items() if n * (1 - p / 100) < MIN_TAIL]
     out["warnings"] = [f"n={n}: fewer than {MIN_TAIL} samples beyond {', '.join(thin)}; "
@@ -151,8 +164,8 @@ def grouped_percentiles(values: np.ndarray, codes: np.ndarray, ngroups: int, qs:
                         select_min: int = 100_000) -> tuple[np.ndarray, np.ndarray]:
     """Per-group sample counts and type-7 percentiles (NaN values ignored; empty group = NaN).
     From `select_min` samples on, order statistics are selected per group (select.py)."""
-    if len(values) >= select_min and BitHistogram.applies(values, ngroups):
-        bh = BitHistogram(values, codes.astype(np.int64, copy=False), ngroups)
+    bh = BitHistogram.of(values, codes.astype(np.int64, copy=False), ngroups) if len(values) >= select_min else None
+    if bh is not None:
         h = np.maximum(_virtual_index(bh.counts[:, None], np.asarray(qs)[None, :]), 0)
         lo = np.floor(h).astype(np.int64)
         hi = np.minimum(lo + 1, np.maximum(bh.counts[:, None] - 1, 0))
@@ -167,3 +180,24 @@ def grouped_percentiles(values: np.ndarray, codes: np.ndarray, ngroups: int, qs:
     for g in np.flatnonzero(counts):   # loops over groups, never over requests
         res[g] = sorted_quantiles(np.sort(v[bounds[g]:bounds[g + 1]]), qs)
     return counts, res
+
+
+def regrouped_percentiles(values: np.ndarray, cells: np.ndarray, ncells: int, groupings: list, qs: list[float], *,
+                          select_min: int = 100_000) -> list[tuple[np.ndarray, np.ndarray]]:
+    """grouped_percentiles for several groupings at once: `cells` are fine codes and each
+    grouping is (to, ngroups) with `to` mapping a cell to its group. Large samples take one
+    histogram pass and one collection pass for all of them (not one of each per grouping)."""
+    bh = BitHistogram.of(values, cells.astype(np.int64, copy=False), ncells) if len(values) >= select_min else None
+    if bh is None:
+        return [grouped_percentiles(values, to[cells], ngroups, qs, select_min=select_min)
+                for to, ngroups in groupings]
+    plans, hs = [], []
+    for to, ngroups in groupings:
+        counts = bh.regrouped_hist(to, ngroups)[:, :-1].sum(axis=1)
+        h = np.maximum(_virtual_index(counts[:, None], np.asarray(qs)[None, :]), 0)
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, np.maximum(counts[:, None] - 1, 0))
+        plans.append((to, ngroups, np.concatenate([lo, hi], axis=1)))
+        hs.append((counts, h, lo))
+    vals = bh.values_at_regrouped(plans)
+    return [(counts, _lerp(v[:, :len(qs)], v[:, len(qs):], h - lo)) for (counts, h, lo), v in zip(hs, vals)]

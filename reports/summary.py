@@ -12,8 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
-from .breakdown import LENGTH_EDGES, groups, length_buckets, timeseries
-from .records import Run, load_run
+from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
+from .metrics import BATCH, LENGTH_CHECKS, STREAMED_COLUMNS, request_metrics
+from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
 from .stats import describe
@@ -74,18 +75,20 @@ def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
     return out
 
 
-def _mismatch(an: Analysis, want: str, got: str) -> dict:
-    rows = an.mask & an.rm.ok
-    a, b = an.rm.lengths[want][rows], an.rm.lengths[got][rows]
-    both = ~(np.isnan(a) | np.isnan(b))
-    diff = (b - a)[both]
-    bad = diff != 0
-    out = {"requested": want, "reported": got, "checked": int(both.sum()), "mismatched": int(bad.sum()),
-           "share": float(bad.mean()) if len(diff) else None,
-           "mean_diff": float(diff[bad].mean()) if bad.any() else None, "examples": []}
-    if bad.any():
-        idx = np.flatnonzero(rows)[np.flatnonzero(both)[np.flatnonzero(bad)[:5]]]
-        out["examples"] = an.table.column("request_id").take(pa.array(idx)).to_pylist()
+def _mismatches(an: Analysis, run: Run) -> dict:
+    """Requested vs reported lengths of the measured successes (metrics.LENGTH_CHECKS)."""
+    rows, out = an.mask & an.rm.ok, {}
+    for kind, (want, got) in LENGTH_CHECKS.items():
+        lc = an.rm.length_checks[kind]
+        checked = int(np.count_nonzero(lc.both & rows))
+        sel = rows[lc.bad_rows]
+        bad_rows, diff = lc.bad_rows[sel], lc.bad_diff[sel]
+        mismatched = len(bad_rows)
+        out[kind] = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
+                     "share": mismatched / checked if checked else None,    # sums of whole numbers:
+                     "mean_diff": float(diff.sum()) / mismatched if mismatched else None,   # exact
+                     "examples": run.column("request_id").take(pa.array(bad_rows[:5])).to_pylist()
+                     if mismatched else []}
     return out
 
 
@@ -121,8 +124,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
     # with two workers, 10-11 s alone), their page faults and allocations contend.
     latency = {k: describe(an.column(k)) for k in REPORTED}
-    breakdowns = {"model": groups(an, *rm.model), "slo_class": groups(an, *rm.slo_class),
-                  "input_length": groups(an, *length_buckets(rm.input_len, length_edges))}
+    by = breakdowns(an, {"model": rm.model, "slo_class": rm.slo_class,
+                         "input_length": length_buckets(rm.input_len, length_edges)})
     series = timeseries(an, run.server_metrics, window_s)
     slo: SloSpec | None = an.slo
     summary = {
@@ -143,9 +146,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
         "dispatch_lag": _dispatch_lag(an, run.config),
-        "length_mismatch": {"output": _mismatch(an, "output_tokens", "completion_tokens"),
-                            "input": _mismatch(an, "input_tokens", "prompt_tokens")},
-        "breakdowns": breakdowns,
+        "length_mismatch": _mismatches(an, run),
+        "breakdowns": by,
         "timeseries": series,
     }
     summary["warnings"] = _warnings(summary)
@@ -181,9 +183,12 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
     report.html into the run directory (next to the records file when given a file)."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
-        run = load_run(run_dir)
+        # Times and token counts are used only for the per-request metrics (and length checks):
+        # streamed into them, they are never in memory whole (10M records: ~0.5 GB less).
+        run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in STREAMED_COLUMNS])
+        rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
-                     bin_s=bin_s)
+                     bin_s=bin_s, rm=rm)
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
         if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
             from .gate import gate

@@ -42,15 +42,19 @@ def parse_bound(spec: object, name: str) -> tuple[str, float] | None:
 def inflight(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Time-weighted mean number of requests in flight in each bin [edges[i], edges[i+1])."""
     keep = ~(np.isnan(start) | np.isnan(end))
-    s, e = np.sort(start[keep]), np.sort(end[keep])
-    cs = np.concatenate([[0.0], np.cumsum(s)])
-    ce = np.concatenate([[0.0], np.cumsum(e)])
 
-    def integral(t: np.ndarray) -> np.ndarray:  # integral of concurrency from -inf to t
-        ks, ke = np.searchsorted(s, t, "right"), np.searchsorted(e, t, "right")
-        return (ks * t - cs[ks]) - (ke * t - ce[ke])
+    def counts_and_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How many of x are <= each edge, and their sum (the sequential cumsum of sorted x):
+        one copy, sorted and then summed in place."""
+        v = x[keep]
+        v.sort()
+        k = np.searchsorted(v, edges, "right")
+        np.cumsum(v, out=v)
+        return k, np.where(k > 0, v[np.maximum(k - 1, 0)], 0.0) if len(v) else np.zeros(len(edges))
 
-    return np.diff(integral(edges)) / np.diff(edges)
+    ks, cs = counts_and_sums(start)   # integral of concurrency from -inf to t:
+    ke, ce = counts_and_sums(end)     # sum over started of (t - s) minus over ended of (t - e)
+    return np.diff((ks * edges - cs) - (ke * edges - ce)) / np.diff(edges)
 
 
 def _time_basis(rm: RequestMetrics) -> np.ndarray:

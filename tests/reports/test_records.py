@@ -5,7 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reports import RECORD_SCHEMA, ReportError, load_records
+from reports import RECORD_SCHEMA, ReportError, load_records, load_run
+from reports.records import ANALYSIS_COLUMNS
 from tests.conftest import run_cli
 from tests.reports.conftest import records
 from tests.reports.test_metrics import HAND
@@ -47,3 +48,21 @@ def test_truncated_arrow_stream_from_a_killed_run_keeps_complete_batches(tmp_pat
     data = path.read_bytes()
     path.write_bytes(data[:-60])                       # cut into the last batch
     assert load_records(tmp_path).num_rows == 2
+
+
+def test_analysis_columns_leave_request_id_unread_only_where_statistics_prove_it_non_null(tmp_path):
+    t = records(HAND)
+    pq.write_table(t, tmp_path / "records.parquet")
+    run = load_run(tmp_path, columns=ANALYSIS_COLUMNS)
+    assert "request_id" not in run.records.column_names and "token_times" in run.records.column_names
+    assert run.column("request_id").to_pylist() == ["a", "b", "c"]
+    pq.write_table(t, tmp_path / "records.parquet", write_statistics=False)   # cannot tell: read it
+    assert "request_id" in load_run(tmp_path, columns=ANALYSIS_COLUMNS).records.column_names
+    bad = pa.table({"request_id": ["a", None], "status": ["ok", "ok"]})
+    for stats in (True, False):
+        pq.write_table(bad, tmp_path / "records.parquet", write_statistics=stats)
+        with pytest.raises(ReportError, match="field 'request_id': must not be null: rows 1"):
+            load_run(tmp_path, columns=ANALYSIS_COLUMNS)
+    pq.write_table(pa.table({"status": ["ok"]}), tmp_path / "records.parquet")
+    with pytest.raises(ReportError, match="missing required column"):
+        load_run(tmp_path, columns=ANALYSIS_COLUMNS)

@@ -6,7 +6,7 @@ import pytest
 
 from reports.select import BitHistogram
 from reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
-                           quantile_cis)
+                           quantile_cis, regrouped_percentiles)
 
 
 def test_describe_matches_numpy_linear_and_warns_on_thin_tails():
@@ -94,3 +94,21 @@ def test_grouped_percentiles_match_per_group_numpy():
         assert counts[4] == 0 and np.isnan(pct[4]).all()
     one = grouped_percentiles(np.array([5.0, 7.0, np.nan]), np.array([1, 1, 0]), 2, [50], select_min=0)
     assert one[0].tolist() == [0, 2] and np.isnan(one[1][0, 0]) and one[1][1, 0] == 6.0
+
+
+def test_regrouped_percentiles_equal_each_grouping_alone():
+    rng = np.random.default_rng(6)
+    v = rng.lognormal(3, 1.5, 8000)
+    v[::9] = np.nan
+    v[::13] = np.round(v[::13])            # ties
+    a, b = rng.integers(0, 3, 8000), rng.integers(0, 4, 8000)
+    cells = a * 5 + b                       # 15 cells, b never 4: empty groups and cells
+    cell = np.arange(15)
+    groupings = [(cell // 5, 3), (cell % 5, 5), (np.zeros(15, dtype=np.int64), 1)]
+    qs = [0, 50, 90, 99, 100]
+    for select_min in (0, 10**9):
+        got = regrouped_percentiles(v, cells, 15, groupings, qs, select_min=select_min)
+        for (to, ng), (counts, pct) in zip(groupings, got):
+            want_counts, want_pct = grouped_percentiles(v, to[cells], ng, qs, select_min=10**9)
+            assert counts.tolist() == want_counts.tolist()
+            assert np.array_equal(pct, want_pct, equal_nan=True)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reports import SERVER_METRICS_SCHEMA, format_summary, summarize_run
+from reports import SERVER_METRICS_SCHEMA, ReportError, format_summary, summarize_run
 from tests.conftest import run_cli
 from tests.reports.synth import synth_records
 
@@ -95,6 +95,8 @@ def test_client_bottleneck_and_length_mismatch_are_flagged(make_run):
     assert any("client was the bottleneck" in w for w in s["warnings"])
     mm = s["length_mismatch"]["output"]
     assert mm["mismatched"] == pytest.approx(s["counts"]["ok"] / 10, rel=0.2) and mm["mean_diff"] == 3
+    ok = table.column("status").to_numpy(zero_copy_only=False) == "ok"
+    assert mm["examples"] == [f"r{i}" for i in np.flatnonzero(ok & (np.arange(1000) % 10 == 0))[:5]]
     assert any("output length" in w for w in s["warnings"])
     assert s["length_mismatch"]["input"]["mismatched"] == 0
 
@@ -106,3 +108,40 @@ def test_all_failed_and_empty_window_still_summarise(make_run):
     s = summarize_run(make_run("late", synth_records(40, seed=1)), warmup="1000s", write=False)
     assert s["counts"]["measured"] == 0 and "no requests in the measured window" in s["warnings"]
     json.dumps(s, allow_nan=False)
+
+
+def test_streamed_time_columns_give_the_same_summary_from_parquet_and_arrow(make_run, tmp_path):
+    """summarize_run streams the time columns batch by batch (metrics.BATCH rows): a run over
+    several batches and file chunks gives what request_metrics on the whole table gives."""
+    import pyarrow.parquet as pq
+    from reports.analysis import analyze
+    from reports.metrics import BATCH
+    from reports.stats import describe
+    table = synth_records(BATCH + 3000, seed=4)
+    run = make_run("run", table)
+    pq.write_table(table, run / "records.parquet", row_group_size=70_000)   # batches and row groups misaligned
+    s = summarize_run(run, write=False)
+    an = analyze(table)
+    for k in ("ttft_ms", "e2e_sched_ms", "tpot_ms", "icl_ms"):
+        want = describe(an.column(k))
+        assert [s["latency"][k][q] for q in ("n", "mean", "p50", "p99", "max")] == \
+            [want[q] for q in ("n", "mean", "p50", "p99", "max")]
+    with pa.OSFile(str(tmp_path / "records.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    a = summarize_run(tmp_path / "records.arrow", write=False)
+    assert a["latency"] == s["latency"] and a["breakdowns"] == s["breakdowns"]
+    bad = table.set_column(table.schema.get_field_index("sent_s"), "sent_s",
+                           pa.array(["x"] * table.num_rows))
+    pq.write_table(bad, run / "records.parquet")
+    with pytest.raises(ReportError, match="field 'sent_s': has type string"):
+        summarize_run(run, write=False)
+
+
+def test_length_buckets_count_the_edges_below_each_length():
+    from reports.breakdown import LENGTH_EDGES, length_buckets
+    x = np.array([0, 1, 127, 128, 129, 131071, 131072, 10**7, -5, np.nan, 4096, 4095.5])
+    for edges in (LENGTH_EDGES, (10, 100, 1000)):
+        codes, labels = length_buckets(x, edges)
+        want = np.searchsorted(np.asarray(edges, float), x, side="right") - 1
+        want[np.isnan(x) | (want < 0)] = len(edges)
+        assert codes.tolist() == want.tolist() and labels[-1] == "(unknown)" and len(labels) == len(edges) + 1
