@@ -72,7 +72,7 @@ class PromptBuilder:
         self.blocks: dict[int, object] = {}
         self.cal = dict(config.calibration or {})
         self.drift: dict[str, float] = {}
-        self.tok = _load_tokenizer(config.tokenizer) if config.tokenizer else None
+        self.tok = load_tokenizer(config.tokenizer) if config.tokenizer else None
 
     # --- token ids ----------------------------------------------------------------
     def _block(self, h: int, text_chars: int = 0):
@@ -125,10 +125,19 @@ class PromptBuilder:
         self.drift[api] = 0.8 * self.drift.get(api, 1.0) + 0.2 * f
 
     def _exact_text(self, row: tuple, n: int) -> str:
+        """The row's blocks then its own tail, cut at the end of token n (special tokens are
+        not counted, as in the importer). 8 chars per token is enough for real tokenizers on
+        this corpus (~6); one with longer tokens gets a longer tail, never a short prompt."""
         blocks = "".join(self._block(h, self.bs * 8) for h in (row[plan.HASH] or ()))
-        text = blocks + corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, n * 8 + 16)
-        enc = self.tok.encode(text, add_special_tokens=False)
-        return text[:enc.offsets[min(n, len(enc.offsets)) - 1][1]]
+        chars = n * 8 + 16
+        for _ in range(4):
+            text = blocks + corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, chars)
+            offsets = self.tok.encode(text, add_special_tokens=False).offsets
+            if len(offsets) >= n:
+                return text[:offsets[n - 1][1]]
+            chars *= 4
+        raise PromptError(f"the tokenizer makes only {len(offsets)} tokens of {len(text)} characters; "
+                          f"a prompt needs {n}")
 
     # --- bodies -------------------------------------------------------------------
     def body(self, row: tuple, model: str | None, api: str,
@@ -153,7 +162,7 @@ class PromptBuilder:
         return path, json.dumps(req, separators=(",", ":")).encode(), len(text or ""), text
 
 
-def _load_tokenizer(path: str):
+def load_tokenizer(path: str):
     try:
         from tokenizers import Tokenizer
     except ImportError:

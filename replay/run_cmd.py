@@ -156,11 +156,29 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     apis = ({"completions"} if c.prompt_mode == "text" else set()) | ({"chat"} if c.api == "chat" else set())
     if _has_column(c.trace, "api"):
         apis.add("chat")
+    if apis and c.tokenizer:
+        notes["tokenizer"] = _check_tokenizer(c.tokenizer)
+        print(f"replay: text prompts cut to exact token counts with {c.tokenizer} "
+              f"(vocab {notes['tokenizer']['vocab_size']}; no calibration)", file=sys.stderr)
+    elif c.tokenizer:
+        print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
     if apis and not c.tokenizer:
         from .prompts import calibrate
         c.calibration = {api: calibrate(lambda p, b: http_json(c.target, p, b, key), api, c.default_model, c.seed)
                          for api in sorted(apis)}
     return c, notes
+
+
+def _check_tokenizer(path: str) -> dict:
+    """Load the tokenizer once here, so a bad file is an error before the run; run.json
+    records which one made the prompts."""
+    from .prompts import PromptError, load_tokenizer
+    try:
+        tok = load_tokenizer(path)
+    except PromptError as e:
+        raise RunError(str(e)) from None
+    return {"path": str(Path(path).resolve()), "sha256": plan.sha256_file(path),
+            "vocab_size": tok.get_vocab_size()}
 
 
 def _has_column(path: str, name: str) -> bool:

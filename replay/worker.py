@@ -116,6 +116,9 @@ class WorkerSide:
     def _done(self) -> None:
         self.recorder.flush()
         self.job.close()
+        # Locust's statistics of every request go before replay_done (same socket, in order):
+        # the master quits when all workers are done and waits only 0.5 s for final reports.
+        self.runner._send_stats()
         self.runner.send_message("replay_done", {"stats": self._stats()})
 
 

@@ -1,14 +1,18 @@
 """replay's locustfile under Locust's own CLI (headless): same records as `replay run`."""
 from __future__ import annotations
 
+import csv
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import free_port, repo_env, run_cli
 from tests.replay.runkit import assert_well_formed, records, run_info, sse_server, write_trace
 
 LOCUSTFILE = str(Path(__file__).resolve().parents[2] / "replay" / "locustfile.py")
@@ -34,3 +38,62 @@ def test_locust_cli_headless_run_and_run_time_limit(tmp_path):
     final = (proc.stdout + proc.stderr).split("Shutting down")[-1]
     # one Locust request event per request and type (E2E, TTFT), never one per token
     assert re.search(rf"E2E\s+all\s+{n}\s", final) and re.search(rf"TTFT\s+all\s+{n}\s", final), final
+
+
+SLOW_QUIT = """
+import time
+from locust import events
+from replay.locustfile import *  # noqa: F401,F403  (the same listeners and user class)
+
+@events.test_stop.add_listener
+def _slow(environment, **kw):
+    time.sleep(1.0)  # a loaded worker: its quit handling outlasts the master's 0.5 s wait
+"""
+
+
+@pytest.mark.parametrize("worker", ["locustfile", "slow-quit"])
+def test_locust_cli_distributed_master_and_one_worker(tmp_path, worker):
+    """`locust --master` + `locust --worker` processes on the locustfile: the master shards and
+    ships the rows, the worker replays them; one record per row, and the master's Locust stats
+    (--csv) hold one E2E and one TTFT request per row, even from a worker slow to quit."""
+    n = 200
+    worker_file = LOCUSTFILE
+    if worker == "slow-quit":
+        worker_file = tmp_path / "slow_quit.py"
+        worker_file.write_text(SLOW_QUIT)
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.005, output_tokens=5)
+    port = free_port()
+    procs = []
+    try:
+        with sse_server("--interval", "0.001") as url:
+            procs.append(_locust(tmp_path / "master.log", "--headless", "--master", "--expect-workers", "1",
+                                 "--master-bind-host", "127.0.0.1", "--master-bind-port", port, "-u", "1", "-r", "1",
+                                 "--host", url, "--trace", trace, "--run-dir", tmp_path / "run", "--no-check",
+                                 "--no-progress", "--model-map", "*=m", "--csv", tmp_path / "locust"))
+            procs.append(_locust(tmp_path / "worker.log", "--worker", "--master-host", "127.0.0.1",
+                                 "--master-port", port, locustfile=worker_file))
+            master, worker = procs
+            assert master.wait(60) == 0, (tmp_path / "master.log").read_text()[-3000:]
+            assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-3000:]  # it leaves with the master
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+    df = records(tmp_path / "run")
+    assert len(df) == n and set(df.request_id) == {str(i) for i in range(n)}
+    assert (df.status == "ok").all(), df.status.value_counts()
+    assert_well_formed(df)
+    assert (df.worker == 0).all() and (df.completion_tokens == 5).all()
+    info = run_info(tmp_path / "run")
+    assert info["status"] == "completed" and info["status_counts"] == {"ok": n} and info["workers"] == 1
+    with open(tmp_path / "locust_stats.csv") as f:
+        stats = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
+    for kind in ("E2E", "TTFT"):
+        assert int(stats[kind, "all"]["Request Count"]) == n and int(stats[kind, "all"]["Failure Count"]) == 0, stats
+
+
+def _locust(log: Path, *args, locustfile=LOCUSTFILE) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "locust", "-f", str(locustfile), *map(str, args)],
+                                env=repo_env(), stdout=f, stderr=subprocess.STDOUT)

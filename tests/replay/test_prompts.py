@@ -7,7 +7,7 @@ import pytest
 
 from replay import plan
 from replay.prompts import ID_HIGH, ID_LOW, PromptBuilder, PromptError, corpus_text
-from tests.replay.runkit import assert_well_formed, records, replay_run, sse_server, write_trace
+from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server, write_trace
 
 
 def row(idx, n_in, hash_ids=None, n_out=8, prompt=None):
@@ -93,3 +93,113 @@ def test_sessions_timestamps_mode_history_and_user_tokens():
     assert [m["role"] for m in history] == ["user", "assistant"] and user_tokens == 80 - 55
     s.completed(r1, "x", None, False, None, None, 2.0)  # a failed turn adds no history
     assert len(s.context(r1)[0]) == 2
+
+
+# --- --tokenizer: exact text prompts ------------------------------------------------------
+# Tokenizers are trained here, on replay's own corpus, with the `tokenizers` library (no hub
+# downloads). Each is saved with a BOS post-processor: special tokens must not be counted.
+
+def _tokenizer_file(path, kind: str) -> str:
+    tk = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+    corpus = [corpus_text(1, i, 2000) for i in range(40)]
+    if kind == "words":  # one token per corpus word: the SSE test server's count
+        from replay.prompts import _WORDS
+        tok = tk.Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<s>", *dict.fromkeys(_WORDS)])},
+                                            unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    elif kind == "wordpiece":  # BERT style: greedy longest-match subwords
+        tok = tk.Tokenizer(models.WordPiece(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=150, special_tokens=["<unk>", "<s>"]))
+    elif kind == "long-tokens":  # BPE merged across words: ~10 chars per token, more than budgeted
+        tok = tk.Tokenizer(models.BPE())
+        tok.train_from_iterator([corpus_text(1, i, 4000) for i in range(400)],
+                                trainers.BpeTrainer(vocab_size=20000, special_tokens=["<s>"]))
+    else:  # BPE with few merges (words split into pieces): byte-level (GPT-2/Llama-3) or metaspace (SentencePiece)
+        tok = tk.Tokenizer(models.BPE())
+        tok.pre_tokenizer = (pre_tokenizers.ByteLevel(add_prefix_space=False) if kind == "bytelevel"
+                             else pre_tokenizers.Metaspace())
+        alphabet = pre_tokenizers.ByteLevel.alphabet() if kind == "bytelevel" else []
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>"],
+                                                            initial_alphabet=alphabet))
+    bos = ("<s>", tok.token_to_id("<s>"))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[bos])
+    out = str(path / f"{kind}.json")
+    tok.save(out)
+    return out
+
+
+LENGTHS = (1, 2, 7, 15, 16, 17, 100, 1000, 3000)
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "wordpiece", "long-tokens"])
+def test_tokenizer_text_prompts_have_exact_lengths_and_shared_block_prefixes(tmp_path, kind):
+    from tokenizers import Tokenizer
+    path = _tokenizer_file(tmp_path, kind)
+    tok = Tokenizer.from_file(path)
+    b = builder(prompt_mode="text", tokenizer=path, seed=3)  # block_size 4
+    count = lambda text, special=False: len(tok.encode(text, add_special_tokens=special).ids)  # noqa: E731
+    for i, n in enumerate(LENGTHS):
+        for api, hash_ids in (("completions", None), ("chat", [1]), ("completions", [1, 2, 3])):
+            text = b.text(row(i, n, hash_ids), api)
+            assert count(text) == n, (kind, n, hash_ids, count(text))
+            assert count(text, special=True) == n + 1  # the BOS is the server's, not the prompt's
+    if kind == "long-tokens":  # the case stays meaningful: more characters per token than budgeted
+        assert len(b.text(row(40, 3000), "completions")) > 8 * 3000 + 16
+    # sessions pass the user turn's own token count
+    assert count(b.text(row(50, 900, [1, 2]), "chat", tokens=40)) == 40
+
+    blocks = corpus_text(3, 1, 4 * 8) + corpus_text(3, 2, 4 * 8)  # blocks of bs * 8 characters
+    long_a, long_b = b.text(row(60, 1000, [1, 2, 3]), "completions"), b.text(row(61, 1000, [1, 2, 9]), "completions")
+    assert long_a.startswith(blocks) and long_b.startswith(blocks) and len(blocks) > 50
+    assert long_a[len(blocks):len(blocks) + 20] != long_b[len(blocks):len(blocks) + 20], "block 3 is not block 9"
+    short = b.text(row(62, 3, [1, 2]), "completions")  # cut inside the first block
+    assert count(short) == 3 and blocks.startswith(short)
+    no_blocks = [b.text(row(k, 100), "completions") for k in (70, 71)]
+    assert no_blocks[0][:30] != no_blocks[1][:30], "rows without blocks share nothing"
+    again = builder(prompt_mode="text", tokenizer=path, seed=3)
+    assert again.text(row(60, 1000, [1, 2, 3]), "completions") == long_a  # deterministic
+
+
+def test_replay_run_with_tokenizer_sends_exact_text_prompts(tmp_path):
+    """End to end: a word-level tokenizer counts what the SSE test server counts (words), so the
+    server's usage.prompt_tokens must equal every row's input_tokens."""
+    import numpy as np
+    import pyarrow as pa
+
+    from traces.trace import Trace
+    path = _tokenizer_file(tmp_path, "words")
+    n = 60
+    lengths = [LENGTHS[i % len(LENGTHS)] for i in range(n)]
+    hash_ids = [list(range(i % 3, i % 3 + min(3, -(-k // 16)))) if i % 2 else None for i, k in enumerate(lengths)]
+    table = pa.table({"arrival_ns": pa.array(np.arange(n, dtype=np.int64) * 2_000_000),
+                      "input_tokens": pa.array(lengths, pa.int32()),
+                      "output_tokens": pa.array([3] * n, pa.int32()),
+                      "api": ["chat" if i % 4 == 0 else None for i in range(n)],
+                      "hash_ids": pa.array(hash_ids, pa.list_(pa.int64()))})
+    trace = tmp_path / "t.parquet"
+    Trace(table, {"block_size": 16}).write(trace)
+    with sse_server("--interval", "0.001") as url:
+        proc = replay_run(trace, url, tmp_path / "run", "--prompt-mode", "text", "--tokenizer", path,
+                          "--model-map", "*=m")
+    df = records(tmp_path / "run")
+    assert len(df) == n and set(df.request_id) == {str(i) for i in range(n)}
+    assert (df.status == "ok").all(), df.status.value_counts()
+    assert_well_formed(df)
+    assert (df.prompt_tokens == df.input_tokens).all(), df[df.prompt_tokens != df.input_tokens]
+    info = run_info(tmp_path / "run")
+    assert info["tokenizer"]["path"] == path and info["tokenizer"]["vocab_size"] > 200
+    assert info["config"]["prompt_mode"] == "text" and not info["config"]["calibration"]  # no probes
+    assert f"exact token counts with {path}" in proc.stderr
+
+
+def test_bad_tokenizer_file_is_a_one_line_error(tmp_path):
+    pytest.importorskip("tokenizers")
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    trace = write_trace(tmp_path / "t.parquet", 5)
+    with sse_server() as url:
+        p = replay_run(trace, url, tmp_path / "run", "--prompt-mode", "text", "--tokenizer", bad, check=False)
+    assert p.returncode == 2 and "cannot load tokenizer.json" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists()
