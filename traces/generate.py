@@ -8,6 +8,9 @@ so `replay trace generate --spec T.parquet` re-creates T.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +23,7 @@ from .pages import reused_pages
 from .schema import schema_for
 from .spec import parse_spec
 from .spec_types import Client, Spec
-from .trace import Trace
+from .trace import ROW_GROUP, Trace, is_text_path, parquet_writer, with_schema_version
 
 GENERATOR_VERSION = 1
 NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) marks partial blocks
@@ -161,8 +164,9 @@ def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarr
             "content_base": content_base[sess] - n_sys - n_app}
 
 
-def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> pa.Array:
-    """Build the list<int64> column from the per-row layout (rows already in final order).
+def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray, row0: int) -> pa.Array:
+    """Build the list<int64> column from the per-row layout of trace rows row0.. (rows already
+    in final order).
 
     Content blocks are a per-row base plus the position; the few system and application
     positions are then overwritten one position index at a time. Rows go in slices of 1M so
@@ -188,7 +192,7 @@ def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> 
             rows = np.flatnonzero(n_app > j)
             seg[start[rows] + n_sys[rows] + j] = r["app_base"][lo:hi][rows] + j
         last = np.flatnonzero(r["partial"][lo:hi] & has[lo:hi] & (n > 0))  # unfinished last block: unique
-        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + lo + last
+        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + row0 + lo + last
     mask = None if has.all() else pa.array(~has)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids), mask=mask)
 
@@ -223,10 +227,60 @@ def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.nda
 def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     with reused_pages():  # pages.py: 10M rows fault far less memory in
-        return _generate(spec, seed)
+        rows = _sorted_rows(spec, seed)
+        col, rows.col = rows.col, {}  # handed over whole: freed column by column as it is used
+        return Trace(_rows_table(rows, col, 0), rows.meta, validate=False)
 
 
-def _generate(spec: dict[str, Any], seed: int | None) -> Trace:
+def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None) -> tuple[int, int]:
+    """Generate a trace straight into a file; returns (rows, seed). The same file as
+    `generate(spec, seed).write(path)`, but Parquet is written one row group at a time on a
+    second thread while the next row group is built (pyarrow releases the GIL while it
+    encodes), and only two row groups of Arrow columns exist at any moment."""
+    path = Path(path)
+    if is_text_path(path):
+        trace = generate(spec, seed)
+        trace.write(path)
+        return trace.num_rows, trace.metadata["generator"]["seed"]
+    with reused_pages():
+        rows = _sorted_rows(spec, seed)
+        n, writer, pending = rows.n, None, None
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                for lo in range(0, max(n, 1), ROW_GROUP):  # an empty trace still gets its schema
+                    hi = min(lo + ROW_GROUP, n)
+                    chunk = _rows_table(rows, {key: v[lo:hi] for key, v in rows.col.items()}, lo)
+                    if writer is None:
+                        writer = parquet_writer(path, chunk.schema, with_schema_version(rows.meta))
+                    if pending is not None:
+                        pending.result()
+                    pending = pool.submit(writer.write_table, chunk, ROW_GROUP)
+                    del chunk
+                pending.result()
+            finally:
+                if writer is not None:
+                    if pending is not None:
+                        pending.exception()  # never close the file under a running write
+                    writer.close()
+    return n, rows.meta["generator"]["seed"]
+
+
+@dataclass
+class _Rows:
+    """Every row of the trace in arrival order, as NumPy columns, before Arrow assembly."""
+    col: dict[str, np.ndarray]
+    clients: list[Client]
+    names: list[str]                 # the model dictionary
+    classes: list[str]               # the SLO class dictionary
+    sessions: bool                   # whether session_id / turn / parent_id are columns
+    meta: dict[str, Any]
+
+    @property
+    def n(self) -> int:
+        return len(self.col["arrival_ns"])
+
+
+def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     parsed = parse_spec(spec)
     seed = parsed.seed if seed is None else int(seed)
     clients = parsed.clients
@@ -240,45 +294,55 @@ def _generate(spec: dict[str, Any], seed: int | None) -> Trace:
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
     col, order = _concat_sorted(parts)
-    client, n = col.pop("client"), len(order)
-    per_client = lambda values: np.array(values)[client]  # noqa: E731
-    cols: dict[str, Any] = {
-        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
-        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(names))}
-    in_session = per_client([c.sessions is not None for c in clients])
-    if in_session.any():
+    n = len(order)
+    in_session = np.array([c.sessions is not None for c in clients])[col["client"]]
+    sessions = bool(in_session.any())
+    if sessions:
         # before sorting, a turn's parent is the row just before it (rows are session-major)
         new_index = np.empty(n, np.int64)
         new_index[order] = np.arange(n)
-        no_parent = ~(in_session & col.pop("parent_ok").astype(bool))
-        parent = np.where(no_parent, 0, new_index[np.maximum(order - 1, 0)])
+        col["no_parent"] = ~(in_session & col.pop("parent_ok").astype(bool))
+        col["parent"] = np.where(col["no_parent"], 0, new_index[np.maximum(order - 1, 0)])
         del new_index
-        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
-    del order
-    if "nb" in col:  # the list column first, while few other big arrays are alive
-        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client)
-        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
-            del col[key]
-    if classes:
-        cols["slo_class"] = pa.DictionaryArray.from_arrays(
-            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
-            pa.array(classes)).cast(pa.string())
-    if any(c.failures > 0 for c in clients):
-        cols["failed_in_source"] = col.pop("failed").astype(bool)
-    cols["request_id"] = _id_strings(np.arange(n))
-    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
-    if in_session.any():
-        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
-        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
-        pid = _id_strings(parent)
-        cols["parent_id"] = pc.if_else(pa.array(no_parent), None, pid)
-    cols["client_id"] = client_str
-    schema = schema_for(list(cols))
-    table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
+    del order, in_session
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
     embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
     meta = {"source": {"format": "synthetic", "file": spec.get("name", "generator spec"),
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return Trace(table, meta, validate=False)
+    return _Rows(col, clients, names, classes, sessions, meta)
+
+
+def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
+    """The trace rows row0.. (NumPy columns `col`) as a table in the canonical schema. Pops
+    each array from `col` once used, so that a whole-trace call frees them as it goes."""
+    clients = rows.clients
+    client, n = col.pop("client"), len(col["arrival_ns"])
+    per_client = lambda values: np.array(values)[client]  # noqa: E731
+    cols: dict[str, Any] = {
+        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
+        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(rows.names))}
+    if rows.sessions:
+        in_session = per_client([c.sessions is not None for c in clients])
+        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
+    if "nb" in col:  # the list column first, while few other big arrays are alive
+        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client, row0)
+        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
+            del col[key]
+    if rows.classes:
+        cols["slo_class"] = pa.DictionaryArray.from_arrays(
+            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
+            pa.array(rows.classes)).cast(pa.string())
+    if any(c.failures > 0 for c in clients):
+        cols["failed_in_source"] = col.pop("failed").astype(bool)
+    cols["request_id"] = _id_strings(np.arange(row0, row0 + n))
+    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
+    if rows.sessions:
+        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
+        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
+        pid = _id_strings(col.pop("parent"))
+        cols["parent_id"] = pc.if_else(pa.array(col.pop("no_parent")), None, pid)
+    cols["client_id"] = client_str
+    schema = schema_for(list(cols))
+    return pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
