@@ -45,52 +45,73 @@ def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
 
 
+def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarray, sess: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Each turn's arrival: its session's start plus the think times of the turns before it."""
+    think = sample(c.sessions.think_s, rng, len(sess), integer=False)
+    think[first] = 0.0
+    t = _segmented_cumsum(think, first, k)
+    del think
+    t += starts[sess]
+    return t
+
+
+def _arrival_order(t: np.ndarray, duration: float) -> dict[str, np.ndarray]:
+    """Arrival in ns, and `order`: the indices of the rows in [0, duration) by arrival (a
+    stable sort: equal arrivals keep their draw order); `keep` marks those rows if not all."""
+    rows = {"arrival_ns": np.rint(t * 1e9).astype(np.int64)}
+    keep = (t >= 0) & (t < duration)
+    if keep.all():
+        rows["order"] = np.argsort(rows["arrival_ns"], kind="stable")
+    else:
+        rows["keep"] = keep
+        idx = np.flatnonzero(keep)
+        rows["order"] = idx[np.argsort(rows["arrival_ns"][idx], kind="stable")]
+    return rows
+
+
 def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
-    """One client's rows as NumPy columns, session-major (a session's turns are adjacent)."""
+    """One client's rows as NumPy columns, session-major (a session's turns are adjacent),
+    including the turns that fall outside [0, duration); `order` lists the others by arrival."""
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
     T = spec.duration
-    if c.sessions:
-        mean_turns = discrete_mean(c.sessions.turns)
-        # sessions start before 0 so that conversations are already in progress at t=0
-        long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
-        warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
-        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
-        k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
-        n = int(k.sum())
-        first = np.cumsum(k) - k
-        think = sample(c.sessions.think_s, r_sess, n, integer=False)
-        think[first] = 0.0
-        t = _segmented_cumsum(think, first, k)
-        del think
-        t += np.repeat(starts, k)
-        turn = (np.arange(n) - np.repeat(first, k)).astype(np.int32)
-    else:
-        starts = t = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
-        n = len(t)
-        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
-    sess = np.repeat(np.arange(len(starts)), k)
+    with ThreadPoolExecutor(1) as pool:
+        if c.sessions:
+            mean_turns = discrete_mean(c.sessions.turns)
+            # sessions start before 0 so that conversations are already in progress at t=0
+            long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
+            warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
+            starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
+            k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
+            n = int(k.sum())
+            first = np.cumsum(k) - k
+            sess = np.repeat(np.arange(len(starts)), k)
+            # the times (and their sort) and the sizes come from separate streams: two cores
+            times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
+            turn = (np.arange(n) - first[sess]).astype(np.int32)
+        else:
+            starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+            n, times = len(starts), pool.submit(_arrival_order, starts, T)
+            k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
+            sess = np.arange(n)
 
-    # model per session, from the weights of the mix window its first turn falls in
-    w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
-    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = np.repeat(_pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts))), k)
+        # model per session, from the weights of the mix window its first turn falls in
+        w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
+        win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
+        model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
 
-    failed = r_fail.random(n) < c.failures
-    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
-    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+        failed = r_fail.random(n) < c.failures
+        inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
+        slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
-    rows = {"t": t, "input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
-            "sess": sess, "parent_ok": turn > 0, "slo": slo}
-    if c.prefix:
-        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+        rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
+                "sess": sess, "parent_ok": turn > 0, "slo": slo}
+        if c.prefix:
+            rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+        rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
-    keep = (t >= 0) & (t < T)
-    if keep.all():
-        return rows
-    # a turn whose parent fell before t=0 has no parent row in the trace
-    rows["parent_ok"] &= np.concatenate([[False], keep[:-1]])
-    for key in rows:  # one column at a time: a single extra copy at any moment
-        rows[key] = rows[key][keep]
+    if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
+        rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
     return rows
 
 
@@ -206,10 +227,13 @@ def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None,
     return pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), digits, "-")
 
 
-def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Concatenate the clients' rows and sort them by arrival, one column at a time, so that a
-    10M-row trace keeps a single copy of each column; also returns the sort order."""
-    lens = [len(p["t"]) for p in parts]
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
+    """Concatenate the clients' rows (one column at a time, dropping each client's copy; no
+    copy at all for one client); also returns the sort order, the indices of the trace's rows
+    by arrival, and each client's count of them. Rows are gathered in that order only when a
+    table is built."""
+    lens = [len(p["arrival_ns"]) for p in parts]
+    orders = [p.pop("order") for p in parts]
     col: dict[str, np.ndarray] = {"client": np.repeat(np.arange(len(parts), dtype=np.int32), lens)}
     for key in sorted(set().union(*parts)):
         arrs = [p.pop(key, None) for p in parts]
@@ -217,26 +241,26 @@ def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.nda
         arrs = [np.zeros(m, dtype) if a is None else a for a, m in zip(arrs, lens)]
         col[key] = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
         del arrs
-    col["arrival_ns"] = np.rint(col.pop("t") * 1e9).astype(np.int64)
-    order = np.argsort(col["arrival_ns"], kind="stable")
-    for key in list(col):
-        col[key] = col[key][order]
-    return col, order
+    kept = [len(o) for o in orders]
+    if len(parts) == 1:
+        return col, orders[0], kept
+    # merge the clients' sorted runs; a stable sort breaks ties by client, then draw order
+    rows = np.concatenate([o + start for o, start in zip(orders, np.cumsum([0] + lens[:-1]))])
+    return col, rows[np.argsort(col["arrival_ns"][rows], kind="stable")], kept
 
 
 def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     with reused_pages():  # pages.py: 10M rows fault far less memory in
         rows = _sorted_rows(spec, seed)
-        col, rows.col = rows.col, {}  # handed over whole: freed column by column as it is used
-        return Trace(_rows_table(rows, col, 0), rows.meta, validate=False)
+        return Trace(_rows_table(rows, rows.take(0, rows.n, consume=True), 0), rows.meta, validate=False)
 
 
 def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None) -> tuple[int, int]:
     """Generate a trace straight into a file; returns (rows, seed). The same file as
     `generate(spec, seed).write(path)`, but Parquet is written one row group at a time on a
-    second thread while the next row group is built (pyarrow releases the GIL while it
-    encodes), and only two row groups of Arrow columns exist at any moment."""
+    second thread while the next row group is gathered and built (pyarrow releases the GIL
+    while it encodes), and only two row groups of Arrow columns exist at any moment."""
     path = Path(path)
     if is_text_path(path):
         trace = generate(spec, seed)
@@ -248,8 +272,7 @@ def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None)
         with ThreadPoolExecutor(1) as pool:
             try:
                 for lo in range(0, max(n, 1), ROW_GROUP):  # an empty trace still gets its schema
-                    hi = min(lo + ROW_GROUP, n)
-                    chunk = _rows_table(rows, {key: v[lo:hi] for key, v in rows.col.items()}, lo)
+                    chunk = _rows_table(rows, rows.take(lo, min(lo + ROW_GROUP, n)), lo)
                     if writer is None:
                         writer = parquet_writer(path, chunk.schema, with_schema_version(rows.meta))
                     if pending is not None:
@@ -267,8 +290,11 @@ def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None)
 
 @dataclass
 class _Rows:
-    """Every row of the trace in arrival order, as NumPy columns, before Arrow assembly."""
+    """Every row the clients drew, as NumPy columns in draw order (session-major), and the
+    order of the trace's rows by arrival: `take` gathers a range of trace rows."""
     col: dict[str, np.ndarray]
+    order: np.ndarray
+    new_index: np.ndarray | None     # draw index -> trace row (parents)
     clients: list[Client]
     names: list[str]                 # the model dictionary
     classes: list[str]               # the SLO class dictionary
@@ -277,7 +303,25 @@ class _Rows:
 
     @property
     def n(self) -> int:
-        return len(self.col["arrival_ns"])
+        return len(self.order)
+
+    def take(self, lo: int, hi: int, consume: bool = False) -> dict[str, np.ndarray]:
+        """NumPy columns of trace rows lo..hi-1 (with sessions: `parent` and `no_parent` in
+        place of `parent_ok`). consume=True pops each column of `col` once gathered, so
+        that a whole-trace take holds a single extra copy at any moment."""
+        src = self.order[lo:hi]
+        get = self.col.pop if consume else self.col.__getitem__
+        out = {}
+        if self.sessions:
+            # a turn's parent is the row drawn just before it (rows are session-major)
+            in_session = np.array([c.sessions is not None for c in self.clients])[self.col["client"][src]]
+            out["no_parent"] = ~(in_session & get("parent_ok")[src])
+            out["parent"] = np.where(out["no_parent"], 0, self.new_index[np.maximum(src - 1, 0)])
+            if consume:
+                self.new_index = None
+        for key in [key for key in self.col if key != "parent_ok"]:
+            out[key] = get(key)[src]
+        return out
 
 
 def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
@@ -293,25 +337,19 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
         p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
-    col, order = _concat_sorted(parts)
-    n = len(order)
-    in_session = np.array([c.sessions is not None for c in clients])[col["client"]]
-    sessions = bool(in_session.any())
+    col, order, kept = _concat_sorted(parts)
+    sessions = any(c.sessions is not None and m > 0 for c, m in zip(clients, kept))
+    new_index = None
     if sessions:
-        # before sorting, a turn's parent is the row just before it (rows are session-major)
-        new_index = np.empty(n, np.int64)
-        new_index[order] = np.arange(n)
-        col["no_parent"] = ~(in_session & col.pop("parent_ok").astype(bool))
-        col["parent"] = np.where(col["no_parent"], 0, new_index[np.maximum(order - 1, 0)])
-        del new_index
-    del order, in_session
+        new_index = np.empty(len(col["client"]), np.int64)
+        new_index[order] = np.arange(len(order))
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
     embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
     meta = {"source": {"format": "synthetic", "file": spec.get("name", "generator spec"),
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return _Rows(col, clients, names, classes, sessions, meta)
+    return _Rows(col, order, new_index, clients, names, classes, sessions, meta)
 
 
 def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
