@@ -100,14 +100,15 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
         win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
         model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
 
-        failed = r_fail.random(n) < c.failures
+        # (no draws when nothing uses them: the stream is only ever read from the start)
+        failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
         inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
         slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
         rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
                 "sess": sess, "parent_ok": turn > 0, "slo": slo}
         if c.prefix:
-            rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+            rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
         rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
@@ -145,13 +146,17 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
         m = c.models[mis[0]]
         in_d, out_d = m.input or c.input, m.output or c.output
         rho = c.rho if m.rho is None else m.rho
-        rows = np.arange(n) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
+        every = len(mis) == len(c.models)
+        rows = slice(None) if every else np.flatnonzero(np.isin(model, mis))
         groups = [(rows, in_d)]
         if c.sessions and c.sessions.user_tokens is not None:
-            later = turn[rows] > 0
-            groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+            if every:  # (no index array over all rows to gather from)
+                groups = [(np.flatnonzero(turn == 0), in_d), (np.flatnonzero(turn > 0), c.sessions.user_tokens)]
+            else:
+                later = turn[rows] > 0
+                groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
         for idx, d in groups:
-            x, o = sample_pair(d, out_d, rho, rng, len(idx))
+            x, o = sample_pair(d, out_d, rho, rng, n if isinstance(idx, slice) else len(idx))
             new[idx] = finish(x, d, spec.length_scale)
             out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
     out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
@@ -163,25 +168,26 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
 
 
 def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarray, first: np.ndarray,
-                 k: np.ndarray, n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+                 n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Per-row block layout: [system prompt][application prefix][session content][partial].
 
     Full blocks only are shared; a session's content blocks are one contiguous id range, so
     turn k+1 (which extends turn k's prompt) repeats turn k's content ids."""
     p, bs = c.prefix, spec.block_size
     full = inp.astype(np.int64) // bs
-    has_sys = np.repeat(rng.random(n_sess) < p.system_share, k)
+    has_sys = (rng.random(n_sess) < p.system_share)[sess]
     n_sys = np.minimum(full, p.system_blocks * has_sys)
     app = rng.integers(0, max(p.apps, 1), n_sess)
-    has_app = np.repeat(rng.random(n_sess) < p.app_share, k) & (p.apps > 0)
+    has_app = (rng.random(n_sess) < p.app_share)[sess] & (p.apps > 0)
     n_app = np.minimum(full - n_sys, p.app_blocks * has_app)
     content = full - n_sys - n_app
     span = np.maximum.reduceat(content, first) if len(first) else np.zeros(0, np.int64)
     ns = np.int64(ci + 1) << NS_BITS
     content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
-    nb = -(-inp.astype(np.int64) // bs)
-    return {"nb": nb.astype(np.int32), "n_sys": n_sys.astype(np.int32), "n_app": n_app.astype(np.int32),
-            "partial": nb > full, "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
+    partial = inp % bs > 0
+    return {"nb": (full + partial).astype(np.int32), "n_sys": n_sys.astype(np.int32),
+            "n_app": n_app.astype(np.int32), "partial": partial,
+            "app_base": ns + p.system_blocks + app[sess] * p.app_blocks,
             "content_base": content_base[sess] - n_sys - n_app}
 
 
