@@ -70,46 +70,47 @@ def _arrival_order(t: np.ndarray, duration: float) -> dict[str, np.ndarray]:
     return rows
 
 
-def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
+def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
+                 pool: ThreadPoolExecutor) -> dict[str, np.ndarray]:
     """One client's rows as NumPy columns, session-major (a session's turns are adjacent),
-    including the turns that fall outside [0, duration); `order` lists the others by arrival."""
+    including the turns that fall outside [0, duration); `order` lists the others by arrival.
+    The arrival times and their sort run on `pool` while this thread draws the sizes."""
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
     T = spec.duration
-    with ThreadPoolExecutor(1) as pool:
-        if c.sessions:
-            mean_turns = discrete_mean(c.sessions.turns)
-            # sessions start before 0 so that conversations are already in progress at t=0
-            long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
-            warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
-            starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
-            k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
-            n = int(k.sum())
-            first = np.cumsum(k) - k
-            sess = np.repeat(np.arange(len(starts)), k)
-            # the times (and their sort) and the sizes come from separate streams: two cores
-            times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
-            turn = (np.arange(n) - first[sess]).astype(np.int32)
-        else:
-            starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
-            n, times = len(starts), pool.submit(_arrival_order, starts, T)
-            k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
-            sess = np.arange(n)
+    if c.sessions:
+        mean_turns = discrete_mean(c.sessions.turns)
+        # sessions start before 0 so that conversations are already in progress at t=0
+        long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
+        warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
+        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
+        k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
+        n = int(k.sum())
+        first = np.cumsum(k) - k
+        sess = np.repeat(np.arange(len(starts)), k)
+        # the times (and their sort) and the sizes come from separate streams: two cores
+        times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
+        turn = (np.arange(n) - first[sess]).astype(np.int32)
+    else:
+        starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+        n, times = len(starts), pool.submit(_arrival_order, starts, T)
+        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
+        sess = np.arange(n)
 
-        # model per session, from the weights of the mix window its first turn falls in
-        w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
-        win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-        model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
+    # model per session, from the weights of the mix window its first turn falls in
+    w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
+    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
+    model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
 
-        # (no draws when nothing uses them: the stream is only ever read from the start)
-        failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
-        inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
-        slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+    # (no draws when nothing uses them: the stream is only ever read from the start)
+    failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
+    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
+    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
-        rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
-                "sess": sess, "parent_ok": turn > 0, "slo": slo}
-        if c.prefix:
-            rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
-        rows.update(times.result())
+    rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
+            "sess": sess, "parent_ok": turn > 0, "slo": slo}
+    if c.prefix:
+        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
+    rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
         rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
@@ -335,7 +336,8 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     seed = parsed.seed if seed is None else int(seed)
     clients = parsed.clients
     children = np.random.SeedSequence(seed).spawn(len(clients))
-    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(clients)]
+    with ThreadPoolExecutor(1) as pool:
+        parts = [_client_rows(parsed, c, i, children[i], pool) for i, c in enumerate(clients)]
     # one dictionary over every client's model labels and SLO classes
     names = sorted({m.name for c in clients for m in c.models})
     classes = sorted({s for c in clients for s in c.slo_class})
