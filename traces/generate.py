@@ -2,8 +2,10 @@
 
 Each client draws from its own child of `SeedSequence(seed)` (one stream per aspect:
 arrivals, sessions, models, lengths, failures, prefixes), so the output is bit-for-bit a
-function of (spec, seed). The spec and seed are embedded in the metadata key `generator`,
-so `replay trace generate --spec T.parquet` re-creates T.
+function of (spec, seed); a stream is read by one thread only, so the two threads used here
+(arrival times beside the sizes; Parquet writes beside the next row group, `generate_to`)
+change nothing in it. The spec and seed are embedded in the metadata key `generator`, so
+`replay trace generate --spec T.parquet` re-creates T.
 """
 from __future__ import annotations
 
