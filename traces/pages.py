@@ -6,25 +6,21 @@ block over 32 MB back to the kernel when it is freed, so the next array faults i
 again; NumPy asks for transparent huge pages (zeroed 2 MB at a time under THP defrag=madvise);
 pyarrow's mimalloc pool keeps its own arenas. Inside `reused_pages()` glibc serves large blocks
 from its heap and keeps freed memory for the next array, NumPy uses plain pages and pyarrow the
-system allocator. The generator's second thread (times, Parquet writes) shares the one heap:
-in an arena of its own, memory freed on one thread is faulted in again on the other (10M
-rows: 570k -> 360k page faults). Measured on this 2-core VM, 10M-row benchmark spec: generate 10.2-10.9 s ->
+system allocator. Measured on this 2-core VM, 10M-row benchmark spec: generate 10.2-10.9 s ->
 6.2 s wall, system time 4.4-5.2 s -> 1.5 s (same output bytes).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
 
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # glibc mallopt parameters (malloc.h)
-# (M_ARENA_MAX unset means 8 arenas per core; mallopt cannot unset it, so that is set back)
-GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_MMAP_MAX: 65536, M_ARENA_MAX: 8 * (os.cpu_count() or 1)}
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4                 # glibc mallopt parameters (malloc.h)
+GLIBC_DEFAULTS = {M_TRIM_THRESHOLD: 128 * 1024, M_MMAP_MAX: 65536}
 _depth = 0
 
 
@@ -56,7 +52,6 @@ def reused_pages() -> Iterator[None]:
     if libc:
         libc.mallopt(M_MMAP_MAX, 0)
         libc.mallopt(M_TRIM_THRESHOLD, 2**30)
-        libc.mallopt(M_ARENA_MAX, 1)
     try:
         yield
     finally:
