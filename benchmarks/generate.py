@@ -2,9 +2,10 @@
 
 The spec: one day of gamma (CV 2) session arrivals under the diurnal profile, 4 models,
 multi-turn sessions with growing context, a shared system prompt and 50 application
-prefixes (hash_ids, 512-token blocks). Prints seconds and peak RSS for ROWS rows written to
-Parquet, and the ratio against a per-request loop generating the same spec on 100k rows
-(time scaled linearly to ROWS).
+prefixes (hash_ids, 512-token blocks). Prints seconds and peak RSS for ROWS rows generated and
+written to Parquet the way `replay trace generate` does it (`generate_to`: row group k is
+written on a second thread while k+1 is built), and the ratio against a per-request loop
+generating the same spec on 100k rows (time scaled linearly to ROWS).
 
     python3 benchmarks/generate.py              # 10M rows (target: <= 10 s, <= 2 GB)
     python3 benchmarks/generate.py --rows 1e6   # smaller machines
