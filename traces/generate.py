@@ -179,18 +179,20 @@ def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarr
     p, bs = c.prefix, spec.block_size
     # int32 per row (a block count is below the int32 token count): half the memory traffic
     full = inp // np.int32(bs)
-    n_sys = np.minimum(full, (rng.random(n_sess) < p.system_share).astype(np.int32)[sess] * np.int32(p.system_blocks))
+    has_sys = (rng.random(n_sess) < p.system_share).astype(np.int32)
+    n_sys = np.minimum(full, has_sys[sess] * np.int32(p.system_blocks))
     app = rng.integers(0, max(p.apps, 1), n_sess)
-    has_app = (rng.random(n_sess) < p.app_share) & (p.apps > 0)
+    has_app = ((rng.random(n_sess) < p.app_share) & (p.apps > 0)).astype(np.int32)
     content = full - n_sys
-    n_app = np.minimum(content, has_app.astype(np.int32)[sess] * np.int32(p.app_blocks))
+    n_app = np.minimum(content, has_app[sess] * np.int32(p.app_blocks))
     content -= n_app
     span = np.maximum.reduceat(content, first).astype(np.int64) if len(first) else np.zeros(0, np.int64)
     ns = np.int64(ci + 1) << NS_BITS
     content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
     partial = inp % np.int32(bs) > 0
-    full += partial
-    return {"nb": full, "n_sys": n_sys, "n_app": n_app, "partial": partial,
+    nb = full
+    nb += partial  # (in place: full blocks plus the unfinished one)
+    return {"nb": nb, "n_sys": n_sys, "n_app": n_app, "partial": partial,
             "app_base": ns + p.system_blocks + app[sess] * p.app_blocks,
             "content_base": content_base[sess] - (n_sys + n_app)}
 
