@@ -62,7 +62,7 @@ def _resolve_spec(args: argparse.Namespace) -> dict:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .generate import generate
+    from .generate import generate_to
     from .spec import parse_spec
     spec = _resolve_spec(args)
     if args.dump_spec:
@@ -73,11 +73,9 @@ def _generate(args: argparse.Namespace) -> int:
     if args.output is None:
         print("error: -o/--output is required (or use --dump-spec)", file=sys.stderr)
         return 2
-    trace = generate(spec)
-    trace.write(args.output)
+    n, seed = generate_to(spec, args.output)
     d = spec["duration"]
-    print(f"wrote {trace.num_rows} requests over {d:g} s ({trace.num_rows / d:.3g} req/s, "
-          f"seed {trace.metadata['generator']['seed']}) to {args.output}")
+    print(f"wrote {n} requests over {d:g} s ({n / d:.3g} req/s, seed {seed}) to {args.output}")
     return 0
 
 

@@ -2,12 +2,17 @@
 
 Each client draws from its own child of `SeedSequence(seed)` (one stream per aspect:
 arrivals, sessions, models, lengths, failures, prefixes), so the output is bit-for-bit a
-function of (spec, seed). The spec and seed are embedded in the metadata key `generator`,
-so `replay trace generate --spec T.parquet` re-creates T.
+function of (spec, seed); a stream is read by one thread only, so the two threads used here
+(arrival times beside the sizes; Parquet writes beside the next row group, `generate_to`)
+change nothing in it. The spec and seed are embedded in the metadata key `generator`, so
+`replay trace generate --spec T.parquet` re-creates T.
 """
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +25,7 @@ from .pages import reused_pages
 from .schema import schema_for
 from .spec import parse_spec
 from .spec_types import Client, Spec
-from .trace import Trace
+from .trace import ROW_GROUP, Trace, is_text_path, parquet_writer, with_schema_version
 
 GENERATOR_VERSION = 1
 NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) marks partial blocks
@@ -42,8 +47,36 @@ def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
 
 
-def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
-    """One client's rows as NumPy columns, session-major (a session's turns are adjacent)."""
+def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarray, sess: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+    """Each turn's arrival: its session's start plus the think times of the turns before it."""
+    think = sample(c.sessions.think_s, rng, len(sess), integer=False)
+    think[first] = 0.0
+    t = _segmented_cumsum(think, first, k)
+    del think
+    t += starts[sess]
+    return t
+
+
+def _arrival_order(t: np.ndarray, duration: float) -> dict[str, np.ndarray]:
+    """Arrival in ns, and `order`: the indices of the rows in [0, duration) by arrival (a
+    stable sort: equal arrivals keep their draw order); `keep` marks those rows if not all."""
+    rows = {"arrival_ns": np.rint(t * 1e9).astype(np.int64)}
+    keep = (t >= 0) & (t < duration)
+    if keep.all():
+        rows["order"] = np.argsort(rows["arrival_ns"], kind="stable")
+    else:
+        rows["keep"] = keep
+        idx = np.flatnonzero(keep)
+        rows["order"] = idx[np.argsort(rows["arrival_ns"][idx], kind="stable")]
+    return rows
+
+
+def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
+                 pool: ThreadPoolExecutor) -> dict[str, np.ndarray]:
+    """One client's rows as NumPy columns, session-major (a session's turns are adjacent),
+    including the turns that fall outside [0, duration); `order` lists the others by arrival.
+    The arrival times and their sort run on `pool` while this thread draws the sizes."""
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
     T = spec.duration
     if c.sessions:
@@ -55,39 +88,34 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence) -> 
         k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
         n = int(k.sum())
         first = np.cumsum(k) - k
-        think = sample(c.sessions.think_s, r_sess, n, integer=False)
-        think[first] = 0.0
-        t = _segmented_cumsum(think, first, k)
-        del think
-        t += np.repeat(starts, k)
-        turn = (np.arange(n) - np.repeat(first, k)).astype(np.int32)
+        sess = np.repeat(np.arange(len(starts)), k)
+        # the times (and their sort) and the sizes come from separate streams: two cores
+        times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
+        turn = (np.arange(n) - first[sess]).astype(np.int32)
     else:
-        starts = t = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
-        n = len(t)
+        starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+        n, times = len(starts), pool.submit(_arrival_order, starts, T)
         k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
-    sess = np.repeat(np.arange(len(starts)), k)
+        sess = np.arange(n)
 
     # model per session, from the weights of the mix window its first turn falls in
     w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
     win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = np.repeat(_pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts))), k)
+    model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
 
-    failed = r_fail.random(n) < c.failures
+    # (no draws when nothing uses them: the stream is only ever read from the start)
+    failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
     inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
     slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
-    rows = {"t": t, "input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
+    rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
-        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, k, len(starts), r_pre))
+        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
+    rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
-    keep = (t >= 0) & (t < T)
-    if keep.all():
-        return rows
-    # a turn whose parent fell before t=0 has no parent row in the trace
-    rows["parent_ok"] &= np.concatenate([[False], keep[:-1]])
-    for key in rows:  # one column at a time: a single extra copy at any moment
-        rows[key] = rows[key][keep]
+    if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
+        rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
     return rows
 
 
@@ -121,13 +149,17 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
         m = c.models[mis[0]]
         in_d, out_d = m.input or c.input, m.output or c.output
         rho = c.rho if m.rho is None else m.rho
-        rows = np.arange(n) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
+        every = len(mis) == len(c.models)
+        rows = slice(None) if every else np.flatnonzero(np.isin(model, mis))
         groups = [(rows, in_d)]
         if c.sessions and c.sessions.user_tokens is not None:
-            later = turn[rows] > 0
-            groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+            if every:  # (no index array over all rows to gather from)
+                groups = [(np.flatnonzero(turn == 0), in_d), (np.flatnonzero(turn > 0), c.sessions.user_tokens)]
+            else:
+                later = turn[rows] > 0
+                groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
         for idx, d in groups:
-            x, o = sample_pair(d, out_d, rho, rng, len(idx))
+            x, o = sample_pair(d, out_d, rho, rng, n if isinstance(idx, slice) else len(idx))
             new[idx] = finish(x, d, spec.length_scale)
             out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
     out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
@@ -139,30 +171,35 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
 
 
 def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarray, first: np.ndarray,
-                 k: np.ndarray, n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+                 n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Per-row block layout: [system prompt][application prefix][session content][partial].
 
     Full blocks only are shared; a session's content blocks are one contiguous id range, so
     turn k+1 (which extends turn k's prompt) repeats turn k's content ids."""
     p, bs = c.prefix, spec.block_size
-    full = inp.astype(np.int64) // bs
-    has_sys = np.repeat(rng.random(n_sess) < p.system_share, k)
-    n_sys = np.minimum(full, p.system_blocks * has_sys)
+    # int32 per row (a block count is below the int32 token count): half the memory traffic
+    full = inp // np.int32(bs)
+    has_sys = (rng.random(n_sess) < p.system_share).astype(np.int32)
+    n_sys = np.minimum(full, has_sys[sess] * np.int32(p.system_blocks))
     app = rng.integers(0, max(p.apps, 1), n_sess)
-    has_app = np.repeat(rng.random(n_sess) < p.app_share, k) & (p.apps > 0)
-    n_app = np.minimum(full - n_sys, p.app_blocks * has_app)
-    content = full - n_sys - n_app
-    span = np.maximum.reduceat(content, first) if len(first) else np.zeros(0, np.int64)
+    has_app = ((rng.random(n_sess) < p.app_share) & (p.apps > 0)).astype(np.int32)
+    content = full - n_sys
+    n_app = np.minimum(content, has_app[sess] * np.int32(p.app_blocks))
+    content -= n_app
+    span = np.maximum.reduceat(content, first).astype(np.int64) if len(first) else np.zeros(0, np.int64)
     ns = np.int64(ci + 1) << NS_BITS
     content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
-    nb = -(-inp.astype(np.int64) // bs)
-    return {"nb": nb.astype(np.int32), "n_sys": n_sys.astype(np.int32), "n_app": n_app.astype(np.int32),
-            "partial": nb > full, "app_base": ns + p.system_blocks + np.repeat(app, k) * p.app_blocks,
-            "content_base": content_base[sess] - n_sys - n_app}
+    partial = inp % np.int32(bs) > 0
+    nb = full
+    nb += partial  # (in place: full blocks plus the unfinished one)
+    return {"nb": nb, "n_sys": n_sys, "n_app": n_app, "partial": partial,
+            "app_base": ns + p.system_blocks + app[sess] * p.app_blocks,
+            "content_base": content_base[sess] - (n_sys + n_app)}
 
 
-def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> pa.Array:
-    """Build the list<int64> column from the per-row layout (rows already in final order).
+def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray, row0: int) -> pa.Array:
+    """Build the list<int64> column from the per-row layout of trace rows row0.. (rows already
+    in final order).
 
     Content blocks are a per-row base plus the position; the few system and application
     positions are then overwritten one position index at a time. Rows go in slices of 1M so
@@ -188,7 +225,7 @@ def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray) -> 
             rows = np.flatnonzero(n_app > j)
             seg[start[rows] + n_sys[rows] + j] = r["app_base"][lo:hi][rows] + j
         last = np.flatnonzero(r["partial"][lo:hi] & has[lo:hi] & (n > 0))  # unfinished last block: unique
-        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + lo + last
+        seg[start[last] + n[last] - 1] = (ns[last] | (np.int64(1) << (NS_BITS - 1))) + row0 + lo + last
     mask = None if has.all() else pa.array(~has)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(ids), mask=mask)
 
@@ -199,13 +236,18 @@ def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None,
     digits = pc.cast(pa.array(values), pa.string())
     if not prefixes:
         return digits
+    if len(prefixes) == 1:  # one client: insert its name (half the work of a join)
+        return pc.binary_replace_slice(digits, 0, 0, prefixes[0] + "-")
     return pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), digits, "-")
 
 
-def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Concatenate the clients' rows and sort them by arrival, one column at a time, so that a
-    10M-row trace keeps a single copy of each column; also returns the sort order."""
-    lens = [len(p["t"]) for p in parts]
+def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
+    """Concatenate the clients' rows (one column at a time, dropping each client's copy; no
+    copy at all for one client); also returns the sort order, the indices of the trace's rows
+    by arrival, and each client's count of them. Rows are gathered in that order only when a
+    table is built."""
+    lens = [len(p["arrival_ns"]) for p in parts]
+    orders = [p.pop("order") for p in parts]
     col: dict[str, np.ndarray] = {"client": np.repeat(np.arange(len(parts), dtype=np.int32), lens)}
     for key in sorted(set().union(*parts)):
         arrs = [p.pop(key, None) for p in parts]
@@ -213,25 +255,96 @@ def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.nda
         arrs = [np.zeros(m, dtype) if a is None else a for a, m in zip(arrs, lens)]
         col[key] = arrs[0] if len(arrs) == 1 else np.concatenate(arrs)
         del arrs
-    col["arrival_ns"] = np.rint(col.pop("t") * 1e9).astype(np.int64)
-    order = np.argsort(col["arrival_ns"], kind="stable")
-    for key in list(col):
-        col[key] = col[key][order]
-    return col, order
+    kept = [len(o) for o in orders]
+    if len(parts) == 1:
+        return col, orders[0], kept
+    # merge the clients' sorted runs; a stable sort breaks ties by client, then draw order
+    rows = np.concatenate([o + start for o, start in zip(orders, np.cumsum([0] + lens[:-1]))])
+    return col, rows[np.argsort(col["arrival_ns"][rows], kind="stable")], kept
 
 
 def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     with reused_pages():  # pages.py: 10M rows fault far less memory in
-        return _generate(spec, seed)
+        rows = _sorted_rows(spec, seed)
+        return Trace(_rows_table(rows, rows.take(0, rows.n, consume=True), 0), rows.meta, validate=False)
 
 
-def _generate(spec: dict[str, Any], seed: int | None) -> Trace:
+def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None) -> tuple[int, int]:
+    """Generate a trace straight into a file; returns (rows, seed). The same file as
+    `generate(spec, seed).write(path)`, but Parquet is written one row group at a time on a
+    second thread while the next row group is gathered and built (pyarrow releases the GIL
+    while it encodes), and only two row groups of Arrow columns exist at any moment."""
+    path = Path(path)
+    if is_text_path(path):
+        trace = generate(spec, seed)
+        trace.write(path)
+        return trace.num_rows, trace.metadata["generator"]["seed"]
+    with reused_pages(), ThreadPoolExecutor(1) as pool:
+        # pyarrow imports pandas (if installed) on its first pa.array, ~0.35 s: the writer
+        # thread pays that while the rows are drawn, not the first row group
+        pending = pool.submit(pa.array, np.zeros(1))
+        rows = _sorted_rows(spec, seed)
+        n, writer = rows.n, None
+        try:
+            for lo in range(0, max(n, 1), ROW_GROUP):  # an empty trace still gets its schema
+                chunk = _rows_table(rows, rows.take(lo, min(lo + ROW_GROUP, n)), lo)
+                if writer is None:
+                    writer = parquet_writer(path, chunk.schema, with_schema_version(rows.meta))
+                pending.result()
+                pending = pool.submit(writer.write_table, chunk, ROW_GROUP)
+                del chunk
+            pending.result()
+        finally:
+            pending.exception()  # never close the file under a running write
+            if writer is not None:
+                writer.close()
+    return n, rows.meta["generator"]["seed"]
+
+
+@dataclass
+class _Rows:
+    """Every row the clients drew, as NumPy columns in draw order (session-major), and the
+    order of the trace's rows by arrival: `take` gathers a range of trace rows."""
+    col: dict[str, np.ndarray]
+    order: np.ndarray
+    new_index: np.ndarray | None     # draw index -> trace row (parents)
+    clients: list[Client]
+    names: list[str]                 # the model dictionary
+    classes: list[str]               # the SLO class dictionary
+    sessions: bool                   # whether session_id / turn / parent_id are columns
+    meta: dict[str, Any]
+
+    @property
+    def n(self) -> int:
+        return len(self.order)
+
+    def take(self, lo: int, hi: int, consume: bool = False) -> dict[str, np.ndarray]:
+        """NumPy columns of trace rows lo..hi-1 (with sessions: `parent` and `no_parent` in
+        place of `parent_ok`). consume=True pops each column of `col` once gathered, so
+        that a whole-trace take holds a single extra copy at any moment."""
+        src = self.order[lo:hi]
+        get = self.col.pop if consume else self.col.__getitem__
+        out = {}
+        if self.sessions:
+            # a turn's parent is the row drawn just before it (rows are session-major)
+            in_session = np.array([c.sessions is not None for c in self.clients])[self.col["client"][src]]
+            out["no_parent"] = ~(in_session & get("parent_ok")[src])
+            out["parent"] = np.where(out["no_parent"], 0, self.new_index[np.maximum(src - 1, 0)])
+            if consume:
+                self.new_index = None
+        for key in [key for key in self.col if key != "parent_ok"]:
+            out[key] = get(key)[src]
+        return out
+
+
+def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     parsed = parse_spec(spec)
     seed = parsed.seed if seed is None else int(seed)
     clients = parsed.clients
     children = np.random.SeedSequence(seed).spawn(len(clients))
-    parts = [_client_rows(parsed, c, i, children[i]) for i, c in enumerate(clients)]
+    with ThreadPoolExecutor(1) as pool:
+        parts = [_client_rows(parsed, c, i, children[i], pool) for i, c in enumerate(clients)]
     # one dictionary over every client's model labels and SLO classes
     names = sorted({m.name for c in clients for m in c.models})
     classes = sorted({s for c in clients for s in c.slo_class})
@@ -239,46 +352,50 @@ def _generate(spec: dict[str, Any], seed: int | None) -> Trace:
         p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
-    col, order = _concat_sorted(parts)
-    client, n = col.pop("client"), len(order)
-    per_client = lambda values: np.array(values)[client]  # noqa: E731
-    cols: dict[str, Any] = {
-        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
-        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(names))}
-    in_session = per_client([c.sessions is not None for c in clients])
-    if in_session.any():
-        # before sorting, a turn's parent is the row just before it (rows are session-major)
-        new_index = np.empty(n, np.int64)
-        new_index[order] = np.arange(n)
-        no_parent = ~(in_session & col.pop("parent_ok").astype(bool))
-        parent = np.where(no_parent, 0, new_index[np.maximum(order - 1, 0)])
-        del new_index
-        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
-    del order
-    if "nb" in col:  # the list column first, while few other big arrays are alive
-        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client)
-        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
-            del col[key]
-    if classes:
-        cols["slo_class"] = pa.DictionaryArray.from_arrays(
-            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
-            pa.array(classes)).cast(pa.string())
-    if any(c.failures > 0 for c in clients):
-        cols["failed_in_source"] = col.pop("failed").astype(bool)
-    cols["request_id"] = _id_strings(np.arange(n))
-    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
-    if in_session.any():
-        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
-        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
-        pid = _id_strings(parent)
-        cols["parent_id"] = pc.if_else(pa.array(no_parent), None, pid)
-    cols["client_id"] = client_str
-    schema = schema_for(list(cols))
-    table = pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
+    col, order, kept = _concat_sorted(parts)
+    sessions = any(c.sessions is not None and m > 0 for c, m in zip(clients, kept))
+    new_index = None
+    if sessions:
+        new_index = np.empty(len(col["client"]), np.int64)
+        new_index[order] = np.arange(len(order))
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
     embedded = json.loads(json.dumps({**spec, "seed": seed}, sort_keys=True))
     meta = {"source": {"format": "synthetic", "file": spec.get("name", "generator spec"),
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return Trace(table, meta, validate=False)
+    return _Rows(col, order, new_index, clients, names, classes, sessions, meta)
+
+
+def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
+    """The trace rows row0.. (NumPy columns `col`) as a table in the canonical schema. Pops
+    each array from `col` once used, so that a whole-trace call frees them as it goes."""
+    clients = rows.clients
+    client, n = col.pop("client"), len(col["arrival_ns"])
+    per_client = lambda values: np.array(values)[client]  # noqa: E731
+    cols: dict[str, Any] = {
+        "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
+        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(rows.names))}
+    if rows.sessions:
+        in_session = per_client([c.sessions is not None for c in clients])
+        cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
+    if "nb" in col:  # the list column first, while few other big arrays are alive
+        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client, row0)
+        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
+            del col[key]
+    if rows.classes:
+        cols["slo_class"] = pa.DictionaryArray.from_arrays(
+            pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
+            pa.array(rows.classes)).cast(pa.string())
+    if any(c.failures > 0 for c in clients):
+        cols["failed_in_source"] = col.pop("failed").astype(bool)
+    cols["request_id"] = _id_strings(np.arange(row0, row0 + n))
+    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
+    if rows.sessions:
+        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
+        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
+        pid = _id_strings(col.pop("parent"))
+        cols["parent_id"] = pc.if_else(pa.array(col.pop("no_parent")), None, pid)
+    cols["client_id"] = client_str
+    schema = schema_for(list(cols))
+    return pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)
