@@ -18,8 +18,8 @@ from . import plan
 from .progress import Progress
 from .recorder import RECORDS_FILE, RECORDS_STREAM, IpcFile, Recorder, finalize
 
-FLUSH_EVERY_S = 0.5
-FLUSH_ROWS = 128   # ~0.4 ms of the hub per batch
+FLUSH_EVERY_S = 0.4   # a record reaches records.arrows within two of these (< 1 s)
+FLUSH_ROWS = 128      # records per batch
 
 
 def update_run_json(run_dir: str | Path, **fields) -> None:
@@ -60,7 +60,7 @@ class Output:
     def _flusher(self) -> None:
         while True:
             gevent.sleep(FLUSH_EVERY_S)
-            self.recorder.flush(FLUSH_ROWS, gevent.sleep)
+            self.recorder.flush_stale(FLUSH_ROWS, gevent.sleep)
 
     def close(self) -> dict[str, int]:
         gevent.killall(self.greenlets, block=True, timeout=5)

@@ -101,7 +101,7 @@ class WorkerSide:
         from .output import FLUSH_EVERY_S, FLUSH_ROWS
         while not self.job.finished.is_set():
             gevent.sleep(FLUSH_EVERY_S)
-            self.recorder.flush(FLUSH_ROWS, gevent.sleep)
+            self.recorder.flush_stale(FLUSH_ROWS, gevent.sleep)
 
     def _stats(self) -> list[int]:
         return [self.job.sent, self.job.in_flight]

@@ -1,0 +1,58 @@
+"""replay.recorder: record batches (token offsets built per batch) and the flush policy."""
+from __future__ import annotations
+
+from array import array
+from types import SimpleNamespace
+
+import pyarrow as pa
+
+from replay import plan
+from replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent
+
+
+def _row(i: int) -> tuple:
+    row = [None] * 12
+    row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = str(i), i * 0.01, 8, 3
+    return tuple(row)
+
+
+def _result(i: int, n: int, chunks=None):
+    sent = 100.0 + i
+    return SimpleNamespace(sent=sent, first_token=sent + 0.1 if n else None, last_token=sent + 0.1 * n if n else None,
+                           token_times=array("d", [sent + 0.1 * (k + 1) for k in range(n)]), chunk_tokens=chunks,
+                           prompt_tokens=8, completion_tokens=n, status="ok" if n else "http_error",
+                           http_status=200 if n else 500, error=None if n else "HTTP 500")
+
+
+def test_batch_matches_row_by_row_conversion():
+    recs = [record(_row(i), "m", 0, 100.0, _result(i, i % 5, [1, 40000, 2, 3][:i % 5] if i % 3 else None))
+            for i in range(40)] + [unsent(_row(99), "m", 0)]
+    got = to_batch(recs)
+    want = []
+    for i in range(40):
+        n = i % 5
+        want.append([0.1 * (k + 1) for k in range(n)])
+    want.append(None)
+    assert got.schema == RECORD_SCHEMA and got.num_rows == 41
+    assert got.column("token_times").to_pylist() == pa.array(want, RECORD_SCHEMA.field("token_times").type).to_pylist()
+    ct = got.column("chunk_tokens").to_pylist()
+    assert ct[1] == [1] and ct[4] == [1, 32767, 2, 3] and ct[3] is None and ct[40] is None   # clamped to int16
+    assert got.column("sent_s").to_pylist()[:2] == [0.0, 1.0] and to_batch([]).num_rows == 0
+
+
+def test_flush_policy_oldest_first_and_every_record_within_two_periods():
+    out: list[str] = []
+    rec = Recorder(lambda b: out.extend(b.column("request_id").to_pylist()))
+    for i in range(10):
+        rec.add(unsent(_row(i), "m", 0))
+    rec.flush(3)                       # a quiet moment: the oldest three
+    assert out == ["0", "1", "2"]
+    rec.flush_stale()                  # first period: nothing had waited a whole period yet
+    assert out == ["0", "1", "2"]
+    for i in range(10, 15):
+        rec.add(unsent(_row(i), "m", 0))
+    pauses = []
+    rec.flush_stale(max_rows=2, pause=lambda: pauses.append(1))   # 3..9 waited a period
+    assert out == [str(i) for i in range(10)] and len(pauses) == 3
+    rec.flush_stale()
+    assert out == [str(i) for i in range(15)] and not rec.buf and rec.flushed == rec.count == 15
