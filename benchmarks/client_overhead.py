@@ -11,7 +11,8 @@ pinned to CPU 0:
   aiohttp  asyncio + aiohttp.ClientSession, one task per request, lines read with
            `async for line in resp.content` and `json.loads` per event (vLLM's benchmark client).
   replay x1/x2  the real runner, `replay run --workers N` (Locust; 2 workers only at >= 1000
-           req/s, not pinned), CPU of all its processes minus a 5-row run of the same command.
+           req/s, not pinned), CPU from run.json's client_cpu_s (runner, or master + workers,
+           over the replay; not start-up, finalising or the report).
 It prints client CPU (user+sys of the client process, from getrusage) per streamed token,
 achieved request rate, dispatch lag (sent - scheduled; for aiohttp the moment `post` is
 entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio <= 0.5.
@@ -170,41 +171,29 @@ ROLES = ("aiohttp", "ours", "ours-read")
 
 def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int | None, tmp: str) -> dict:
     """The real runner: `replay run` (Locust) on a trace with these arrival times. Its CPU is
-    that of all its processes (RUSAGE_CHILDREN), minus a 5-row run of the same command (start-up,
-    Locust import, run directory), per token of the difference."""
-    import resource
+    run.json's `client_cpu_s`: the runner process (and each worker) from the start of the
+    replay to its last record (T0 lead included; start-up, finalising and the report not)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     from traces.trace import Trace
 
-    def once(rows: int) -> tuple[float, pa.Table]:
-        trace, out = f"{tmp}/trace{rows}.parquet", f"{tmp}/run{rows}-{workers}"
-        n = len(times[:rows])
-        Trace(pa.table({"arrival_ns": (np.array(times[:rows]) * 1e9).astype("int64"),
-                        "input_tokens": np.full(n, 8, "int32"),
-                        "output_tokens": np.full(n, tokens, "int32")})).write(trace)
-        pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
-                        "--workers", str(workers), "--no-check", "--prompt-mode", "ids", "--no-progress"],
-                       check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
-                       preexec_fn=pin, timeout=times[-1] * 10 + 120)
-        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu_s = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
-        return cpu_s, pq.read_table(f"{out}/records.parquet")
-
-    small_cpu, small = once(5)
-    big_cpu, big = once(len(times))
-    recs = big.to_pydict()
+    trace, out = f"{tmp}/trace.parquet", f"{tmp}/run-{workers}"
+    n = len(times)
+    Trace(pa.table({"arrival_ns": (np.array(times) * 1e9).astype("int64"),
+                    "input_tokens": np.full(n, 8, "int32"),
+                    "output_tokens": np.full(n, tokens, "int32")})).write(trace)
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
+                    "--workers", str(workers), "--no-check", "--prompt-mode", "ids", "--no-progress"],
+                   check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
+                   preexec_fn=pin, timeout=times[-1] * 10 + 120)
+    cpu_s = json.loads(Path(f"{out}/run.json").read_text())["client_cpu_s"]
+    recs = pq.read_table(f"{out}/records.parquet").to_pydict()
     sent = [x for x in recs["sent_s"] if x is not None]
     lags = [a - b for a, b in zip(recs["sent_s"], recs["scheduled_s"]) if a is not None]
     ntok = sum(len(tt or ()) for tt in recs["token_times"])
-    small_tok = sum(len(tt or ()) for tt in small.column("token_times").to_pylist())
-    out = summarize(f"replay x{workers}", big_cpu - small_cpu, 0.0, lags, ntok,
-                    recs["status"].count("ok"), len(times), sent)
-    out["us_per_token"] = (big_cpu - small_cpu) / max(ntok - small_tok, 1) * 1e6
-    return out
+    return summarize(f"replay x{workers}", cpu_s, 0.0, lags, ntok, recs["status"].count("ok"), n, sent)
 
 
 def run_role(role: str, url: str, times: list[float], tokens: int, record: dict | None = None) -> dict:
@@ -280,13 +269,18 @@ def main() -> None:
                   f"(median of {a.repeat}; target <= 0.5)", flush=True)
             if a.runner and importlib.util.find_spec("replay.runner") is not None:
                 for workers in ((1, 2) if rate >= 1000 else (1,)):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        r = run_replay(url, arrivals(rate, a.duration, a.seed), a.tokens, workers,
-                                       cli_cpu if workers == 1 else None, tmp)
-                    print(f"{rate:6g} {r['role']:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
-                          f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
-                    print(f"{rate:6g}    ratio replay x{workers}/aiohttp CPU per token = "
-                          f"{r['us_per_token'] / med['aiohttp']:.2f}", flush=True)
+                    runs = []
+                    for _ in range(a.repeat):
+                        with tempfile.TemporaryDirectory() as tmp:
+                            r = run_replay(url, arrivals(rate, a.duration, a.seed), a.tokens, workers,
+                                           cli_cpu if workers == 1 else None, tmp)
+                        runs.append(r)
+                        print(f"{rate:6g} {r['role']:>9} {r['us_per_token']:9.2f} {r['rate']:7.1f} {r['ok']:>7} "
+                              f"{r['lag_p50_ms']:8.2f} {r['lag_p99_ms']:7.2f} {r['lag_max_ms']:7.2f}", flush=True)
+                    cpu = statistics.median(r["us_per_token"] for r in runs)
+                    p99 = statistics.median(r["lag_p99_ms"] for r in runs)
+                    print(f"{rate:6g}    ratio replay x{workers}/aiohttp CPU per token = {cpu / med['aiohttp']:.2f}, "
+                          f"lag p99 {p99:.2f} ms (medians of {a.repeat})", flush=True)
     finally:
         proc.terminate()
         proc.wait(10)

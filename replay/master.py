@@ -40,6 +40,7 @@ class Master:
         self.lost: set[int] = set()
         self.finished = Event()
         self.t0 = 0.0
+        self.worker_cpu_s = 0.0   # reported by the workers that finished: their CPU over the run
         for name, fn in (("replay_want", self._on_want), ("replay_records", self._on_records),
                          ("replay_done", self._on_done)):
             runner.register_message(name, fn)
@@ -100,6 +101,7 @@ class Master:
         if k is not None and k not in self.lost:
             self.done.add(k)
             self.stats[k] = msg.data["stats"]
+            self.worker_cpu_s += msg.data.get("cpu_s") or 0.0
             self._check_finished()
 
     # --- failures and stop --------------------------------------------------------

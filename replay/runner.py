@@ -19,7 +19,6 @@ monkey.patch_all()
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import resource  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
@@ -37,6 +36,7 @@ from . import plan  # noqa: E402
 from .dispatcher import Dispatcher, Job  # noqa: E402
 from .master import Master  # noqa: E402
 from .output import Output, update_run_json  # noqa: E402
+from .worker import cpu_seconds  # noqa: E402
 
 
 class ProcessContext:
@@ -132,11 +132,11 @@ def run_local(config: plan.RunConfig, out: Output) -> str:
     runner = env.create_local_runner()
     job = start_local(env, config, out)
     install_stop(lambda now: stop_job(job, now))
-    cpu0 = _cpu_s()
+    cpu0 = cpu_seconds()
     runner.start(1, spawn_rate=1)
     job.finished.wait()
     # the client's own CPU over the run (T0 lead included, start-up and finalising not)
-    update_run_json(config.run_dir, client_cpu_s=round(_cpu_s() - cpu0, 3))
+    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0, 3))
     runner.quit()
     job.close()
     return "interrupted" if job.stopping else "completed"
@@ -150,11 +150,6 @@ def start_master(env, config: plan.RunConfig, out: Output) -> Master:
     out.start(t0_wall, perf_at(t0_wall))
     master.start(t0_wall)
     return master
-
-
-def _cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
 
 
 def _free_port() -> int:
@@ -186,9 +181,12 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
         if time.monotonic() > deadline:
             raise RuntimeError("workers did not start their users")
         gevent.sleep(0.05)
+    cpu0 = cpu_seconds()
     master = start_master(env, config, out)
     install_stop(master.stop)
     master.finished.wait()
+    # master + every worker that reported (a lost worker's CPU is unknown)
+    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0 + master.worker_cpu_s, 3))
     if master.lost:
         update_run_json(config.run_dir, lost_workers=sorted(master.lost))
     runner.quit()

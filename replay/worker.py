@@ -57,6 +57,13 @@ class MessageFeed:
                 self.ev.wait()
 
 
+def cpu_seconds() -> float:
+    """This process's user + system CPU so far."""
+    import resource
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 class WorkerSide:
     """Message handlers of a worker process (used by `replay worker` and the locustfile)."""
 
@@ -84,6 +91,7 @@ class WorkerSide:
         self.ctx.job, self.ctx.on_done = self.job, self._done
         gevent.spawn(self._flusher)
         freeze_gc()
+        self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
 
     def _rows(self, environment, msg, **kw) -> None:
@@ -119,7 +127,7 @@ class WorkerSide:
         # Locust's statistics of every request go before replay_done (same socket, in order):
         # the master quits when all workers are done and waits only 0.5 s for final reports.
         self.runner._send_stats()
-        self.runner.send_message("replay_done", {"stats": self._stats()})
+        self.runner.send_message("replay_done", {"stats": self._stats(), "cpu_s": cpu_seconds() - self.cpu0})
 
 
 def die_with_parent() -> None:

@@ -2,6 +2,7 @@
 a worker that dies mid-run is reported and its rows are still recorded."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -45,6 +46,9 @@ def test_two_workers_same_record_set_as_local(tmp_path):
     plain = dist[dist.session_id.isna()].sort_values("scheduled_s")
     assert (plain.worker.diff().dropna() != 0).all(), "plain rows alternate round-robin"
     assert (dist[dist.session_id.notna()].groupby("session_id").worker.nunique() == 1).all()
+    # the client's CPU over the replay: the master's plus what both workers reported
+    cpu = [json.loads((tmp_path / d / "run.json").read_text())["client_cpu_s"] for d in ("local", "dist")]
+    assert cpu[0] > 0 and cpu[1] > 0
 
 
 def test_lost_worker_rows_are_recorded(tmp_path):
