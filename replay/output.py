@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import gevent
+import gevent.event
 import pyarrow as pa
 
 from . import plan
@@ -20,6 +21,14 @@ from .recorder import RECORDS_FILE, RECORDS_STREAM, IpcFile, Recorder, finalize
 
 FLUSH_EVERY_S = 0.4   # a record reaches records.arrows within two of these (< 1 s)
 FLUSH_ROWS = 128      # records per batch
+
+
+def flush_periodically(recorder: Recorder, until: gevent.event.Event | None = None) -> None:
+    """A greenlet's loop (the runner's, a worker's): every FLUSH_EVERY_S, the records that
+    waited a whole period, in batches that yield to the hub between them."""
+    while until is None or not until.is_set():
+        gevent.sleep(FLUSH_EVERY_S)
+        recorder.flush_stale(FLUSH_ROWS, gevent.sleep)
 
 
 def update_run_json(run_dir: str | Path, **fields) -> None:
@@ -49,18 +58,13 @@ class Output:
     def start(self, t0_wall: float, t0_perf: float) -> None:
         update_run_json(self.dir, t0_wall=t0_wall)
         self.progress.t0 = t0_perf
-        self.greenlets.append(gevent.spawn(self._flusher))
+        self.greenlets.append(gevent.spawn(flush_periodically, self.recorder))
         if self.config.progress:
             self.greenlets.append(gevent.spawn(self.progress.run))
         if self.config.scrape_url:
             from .scrape import Scraper
             self.scraper = Scraper(self.config.scrape_url, self.dir, t0_perf, self.config.scrape_interval_s)
             self.greenlets.append(gevent.spawn(self.scraper.run))
-
-    def _flusher(self) -> None:
-        while True:
-            gevent.sleep(FLUSH_EVERY_S)
-            self.recorder.flush_stale(FLUSH_ROWS, gevent.sleep)
 
     def close(self) -> dict[str, int]:
         gevent.killall(self.greenlets, block=True, timeout=5)

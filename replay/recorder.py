@@ -94,8 +94,12 @@ class Recorder:
         self.sink = sink
         self.buf: list[tuple] = []
         self.count = 0      # records added
-        self.flushed = 0    # records handed to the sink
         self._mark = 0      # `count` at the previous flush_stale
+
+    @property
+    def flushed(self) -> int:
+        """Records handed to the sink."""
+        return self.count - len(self.buf)
 
     def add(self, rec: tuple) -> None:
         self.buf.append(rec)
@@ -109,7 +113,6 @@ class Recorder:
             k = left if max_rows is None else min(left, max_rows)
             batch, self.buf = self.buf[:k], self.buf[k:]
             self.sink(to_batch(batch))
-            self.flushed += k
             left -= k
             if pause is not None and left:
                 pause()

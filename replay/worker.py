@@ -81,6 +81,7 @@ class WorkerSide:
 
         from . import plan
         from .dispatcher import Job
+        from .output import flush_periodically
         from .recorder import Recorder
         from .runner import freeze_gc, perf_at
         config = plan.RunConfig.from_json(msg.data["config"])
@@ -89,7 +90,7 @@ class WorkerSide:
         self.job = Job(config, msg.data["worker"], perf_at(msg.data["t0_wall"]), self.feed, self.recorder,
                        self.env.events)
         self.ctx.job, self.ctx.on_done = self.job, self._done
-        gevent.spawn(self._flusher)
+        gevent.spawn(flush_periodically, self.recorder, self.job.finished)
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
@@ -103,13 +104,6 @@ class WorkerSide:
             if msg.data.get("now"):
                 self.job.c.grace_s = 0.0
             self.job.stop()
-
-    def _flusher(self) -> None:
-        import gevent
-        from .output import FLUSH_EVERY_S, FLUSH_ROWS
-        while not self.job.finished.is_set():
-            gevent.sleep(FLUSH_EVERY_S)
-            self.recorder.flush_stale(FLUSH_ROWS, gevent.sleep)
 
     def _stats(self) -> list[int]:
         return [self.job.sent, self.job.in_flight]
