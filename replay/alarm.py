@@ -7,6 +7,11 @@ CLOCK_MONOTONIC time (what `time.perf_counter` reads) becomes readable within te
 microseconds of t, and the hub wakes the waiting greenlet from its I/O watcher like any
 socket. Elsewhere (no timerfd, or perf_counter on another clock) `Alarm` falls back to an
 Event wait. `ring()` wakes the sleeper now (used by stop()).
+
+The hub runs every watcher that one poll found ready before it polls again, so a burst of
+streamed tokens (hundreds of reads, a few ms) would hold a due timerfd back until its end.
+So `due` is public: the client's read callbacks compare their stamp with it and call `wake()`
+once it has passed, which switches to the sleeper there and then, mid-burst.
 """
 from __future__ import annotations
 
@@ -16,9 +21,10 @@ import sys
 import time
 
 from gevent.event import Event
-from gevent.hub import get_hub
+from gevent.hub import Waiter, get_hub
 
 _CLOCK_MONOTONIC, _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME = 1, os.O_NONBLOCK, os.O_CLOEXEC, 1
+NEVER = float("inf")
 
 
 class _Timespec(ctypes.Structure):
@@ -48,6 +54,8 @@ class Alarm:
         tfd = _timerfd()
         self.event = Event()
         self.fd = -1
+        self.due = NEVER   # perf_counter at which the sleeper is due; NEVER while none sleeps
+        self._waiter: Waiter | None = None
         if tfd is not None:
             self.libc, self.fd = tfd
             self.spec = _Itimerspec()
@@ -65,11 +73,24 @@ class Alarm:
             self.event.wait(delay)
             return
         self._arm(due)
-        get_hub().wait(self.watcher)
+        self._waiter = waiter = Waiter()
+        self.due = due
+        self.watcher.start(self.wake)
         try:
-            os.read(self.fd, 8)  # consume the expiry (absent when ring() or a re-arm raced it)
+            waiter.get()
+        finally:
+            self.watcher.stop()
+            self.due, self._waiter = NEVER, None
+        try:
+            os.read(self.fd, 8)  # consume the expiry (absent after ring(), wake() or a re-arm)
         except BlockingIOError:
             pass
+
+    def wake(self) -> None:
+        """In the hub: resume the sleeper now (its timerfd fired, or a reader saw `due` pass)."""
+        waiter, self._waiter, self.due = self._waiter, None, NEVER
+        if waiter is not None:
+            waiter.switch(None)
 
     def _arm(self, due: float) -> None:
         sec = int(due)

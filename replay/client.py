@@ -53,10 +53,11 @@ class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
     __slots__ = ("conn", "recv", "recvmsg", "feed", "parser", "waiter", "timer", "got_bytes", "outcome",
-                 "sec0", "base")
+                 "sec0", "base", "alarm")
 
-    def __init__(self, conn: Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool) -> None:
-        self.conn, self.parser, self.waiter = conn, parser, Waiter()
+    def __init__(self, conn: Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool,
+                 alarm) -> None:
+        self.conn, self.parser, self.waiter, self.alarm = conn, parser, Waiter(), alarm
         self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
         self.recvmsg = conn.sock.recvmsg if kernel_timestamps else None
         self.got_bytes, self.outcome = False, None
@@ -99,6 +100,8 @@ class _Stream:
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
         t = perf_counter()
+        if t >= self.alarm.due:   # a send is due: it goes first, even mid-burst
+            self.alarm.wake()
         if anc:   # the kernel's receive time of the last byte read; never later than now
             sec, nsec = _timespec(anc[0][2])
             kt = (sec - self.sec0) + nsec * 1e-9 + self.base
@@ -121,6 +124,8 @@ class _Stream:
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
         t = perf_counter()
+        if t >= self.alarm.due:
+            self.alarm.wake()
         if not raw:
             return self._data(b"", t)
         tls = self.conn.tls
@@ -183,7 +188,7 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
         if on_sent is not None:
             on_sent(res.sent)
         parser = ResponseParser(keep_text)
-        stream = _Stream(conn, parser, deadline - perf_counter(), pool.kernel_timestamps)
+        stream = _Stream(conn, parser, deadline - perf_counter(), pool.kernel_timestamps, pool.alarm)
         status, error = stream.wait()
         _fill(res, parser, status, error)
         pool.release(conn, status == "complete" and parser.state == COMPLETE and parser.keep_alive)

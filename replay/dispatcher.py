@@ -18,6 +18,7 @@ import time
 from collections import deque
 
 import gevent
+import pyarrow as pa
 from gevent import getcurrent
 from gevent.event import Event
 from gevent.hub import get_hub
@@ -34,6 +35,12 @@ from .recorder import Recorder, record, unsent
 from .sessions import Sessions
 
 MAX_CONNECTIONS = 100_000
+
+# A process that imports this module replays (runner, worker, locustfile): its Arrow buffers
+# (trace feed, record batches) come from malloc from now on. Arrow's default, mimalloc, maps
+# transparent huge pages, and the first touch of each fresh 2 MiB page (zeroing it) held the
+# hub for 5-7 ms mid-run; malloc faults in 4 KiB pages.
+pa.set_memory_pool(pa.system_memory_pool())
 # a batch of 32-64 records takes ~1 ms of the hub in a busy run (~0.3 ms fixed per batch: at low
 # rates the periodic flusher, not every quiet moment, writes the few records there are)
 QUIET_S, QUIET_ROWS = 0.004, 64
@@ -52,7 +59,7 @@ class Job:
         self.prompts = PromptBuilder(config)
         self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
         self.stopping = False
-        self.alarm = Alarm()
+        self.alarm = self.pool.alarm = Alarm()
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
         self.lags: deque = deque(maxlen=4096)

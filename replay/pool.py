@@ -27,6 +27,13 @@ SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
+class _NoAlarm:
+    due = float("inf")
+
+
+NO_ALARM = _NoAlarm()
+
+
 class Deadline(Exception):
     """A time limit passed before the response phase; args: (status, message)."""
 
@@ -77,9 +84,12 @@ class ConnectionPool:
         hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
                 "Content-Type": "application/json", **(headers or {})}
         self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
+        # the dispatcher's Alarm, when one shares this hub: reads check its `due` (see alarm.py)
+        self.alarm = NO_ALARM
         self._idle: list[Conn] = []
         self._slots = Semaphore(max_connections)
-        self._addrs: list | None = None
+        self._addrs = self._resolve()
+        _grow_fd_table(max_connections + 64)
         self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
@@ -108,8 +118,18 @@ class ConnectionPool:
             conn.close()
         self._slots.release()
 
+    def _resolve(self) -> list | None:
+        """The origin's addresses (e.g. localhost: ::1 then 127.0.0.1), resolved once, up front, by
+        the C resolver. gevent's patched `getaddrinfo` would start its thread pool, whose idle
+        threads later wake and exit mid-run: each takes the GIL and the CPU from the hub for
+        milliseconds (5-10 ms dispatch-lag spikes). None when resolution fails here."""
+        try:
+            return [(ai[0], ai[4]) for ai in _socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)]
+        except OSError:
+            return None
+
     def _connect(self, timeout: float) -> Conn:
-        if self._addrs is None:   # resolved once; e.g. localhost may give ::1 then 127.0.0.1
+        if self._addrs is None:   # failed up front: retry, in the calling greenlet only
             self._addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)]
         deadline = perf_counter() + timeout
         for k, (af, addr) in enumerate(self._addrs):
@@ -164,6 +184,28 @@ class ConnectionPool:
     def close(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+
+def _grow_fd_table(n: int) -> None:
+    """Size the process's file-descriptor table for `n` descriptors now (capped by the soft
+    RLIMIT_NOFILE and 65536). The kernel doubles the table when a new fd does not fit, and in a
+    multi-threaded process (pyarrow starts threads) each doubling waits for an RCU grace period:
+    the `socket()` of a new connection sat 5-15 ms in `expand_files` while sends were due."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return
+    top = min(n, 65536, soft if soft > 0 else n) - 1
+    if top < 64:
+        return
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.close(os.dup2(fd, top, inheritable=False))   # the table never shrinks back
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def send_all(sock: _socket.socket, data: bytes, deadline: float) -> float:

@@ -219,16 +219,17 @@ class Trace:
         return _decode_meta(raw)
 
     @staticmethod
-    def iter_batches(path: str | Path, *, batch_size: int = 65536,
-                     columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """Stream a Parquet trace in record batches with bounded memory."""
+    def iter_batches(path: str | Path, *, batch_size: int = 65536, columns: list[str] | None = None,
+                     use_threads: bool = True) -> Iterator[pa.RecordBatch]:
+        """Stream a Parquet trace in record batches with bounded memory (`use_threads=False`:
+        decode in the calling thread only)."""
         try:
             f = pq.ParquetFile(path)
         except (OSError, pa.ArrowInvalid) as e:
             raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
         if columns is not None:
             columns = [c for c in columns if c in f.schema_arrow.names]
-        yield from f.iter_batches(batch_size=batch_size, columns=columns)
+        yield from f.iter_batches(batch_size=batch_size, columns=columns, use_threads=use_threads)
 
     def __repr__(self) -> str:
         return f"Trace({self.num_rows} rows, {self.duration_s:.1f}s, columns={self.table.column_names})"

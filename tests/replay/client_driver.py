@@ -65,6 +65,45 @@ def busy_client(url: str, kernel_timestamps: bool) -> dict:
             "after_sent": g.value.token_times[0] > g.value.sent}
 
 
+def alarm_preempted(url: str) -> dict:
+    """A dispatcher asleep on the pool's Alarm (its timerfd 60 s away) whose `due` has passed, as
+    when a burst of reads holds the timerfd back: the stream's next read must wake it."""
+    from replay.alarm import Alarm
+    a = Alarm()
+    p = ConnectionPool(url, headers={"X-Interval": "0.01"})
+    p.alarm = a
+    woke = []
+    g = gevent.spawn(lambda: (a.sleep_until(time.perf_counter() + 60), woke.append(time.perf_counter())))
+    gevent.sleep(0.01)
+    armed = a.due != float("inf")
+    a.due = time.perf_counter()
+    r = stream_post(p, "/v1/completions", body(5), timeout=5)
+    g.join(timeout=1)
+    a.close()
+    return {"armed": armed, "woke": bool(woke), "woke_mid_stream": bool(woke) and woke[0] < r.last_token,
+            "due_reset": a.due == float("inf"), "stream": summary(r)}
+
+
+def no_threads_no_fd_growth(url: str) -> dict:
+    """A pool resolves its host without gevent's thread pool and sizes the fd table up front:
+    no thread is started and no 200-connection burst makes the kernel grow the fd table."""
+    import os
+
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def fdsize() -> int:
+        return int(next(ln for ln in open("/proc/self/status") if ln.startswith("FDSize:")).split()[1])
+
+    before = tasks()
+    p = ConnectionPool(url.replace("127.0.0.1", "localhost"), max_connections=1000)
+    size = fdsize()
+    gs = [gevent.spawn(post, p, data=body(3), timeout=10) for _ in range(200)]
+    gevent.joinall(gs, timeout=20)
+    return {"threads_added": tasks() - before, "fdsize_at_init": size, "fdsize_after": fdsize(),
+            "ok": sum(g.value is not None and g.value["status"] == "ok" for g in gs), "opened": p.opened}
+
+
 def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     out = {}
     pool = ConnectionPool(url)
@@ -86,6 +125,9 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     out["stale_next"] = post(p)
     out["busy_kernel_ts"] = busy_client(url, True)
     out["busy_read_ts"] = busy_client(url, False)
+    out["alarm_preempted"] = alarm_preempted(url)
+    if sys.platform.startswith("linux"):
+        out["no_threads"] = no_threads_no_fd_growth(url)
     big = body(2, prompt="x " * 1_000_000)   # ~2 MB request: send blocks and resumes
     out["big_body"] = post(pool, data=big)
 

@@ -1,4 +1,4 @@
-"""replay.alarm: never wakes before the due time, and ring() wakes a sleeper at once.
+"""replay.alarm: never wakes before the due time; ring() and wake() wake a sleeper at once.
 
 Runs in a child process (gevent's hub; pytest's process stays unpatched). Only order and
 reachability are asserted, never how late a wake-up was.
@@ -29,7 +29,18 @@ g.join(timeout=10)
 out["rung_woke"] = bool(woke)
 g2 = gevent.spawn(a.sleep_until, time.perf_counter() + 60); g2.join(timeout=10)
 out["after_ring_returns"] = g2.dead
+b = Alarm()
+b.wake()                      # nobody asleep: nothing happens
+woke = []
+g3 = gevent.spawn(lambda: (b.sleep_until(time.perf_counter() + 60), woke.append(1)))
+gevent.sleep(0.02)
+out["due_while_asleep"] = b.due > time.perf_counter() + 50
+gevent.get_hub().loop.run_callback(b.wake)   # from the hub, as the client's read callbacks call it
+g3.join(timeout=10)
+out["wake_woke"], out["due_after_wake"] = bool(woke), b.due
+b.sleep_until(time.perf_counter() + 0.002)   # still usable after a wake()
 a.close()
+b.close()
 print(json.dumps(out))
 """
 
@@ -41,3 +52,5 @@ def test_alarm_never_early_and_ring_wakes():
     assert out["timerfd"] == sys.platform.startswith("linux")
     assert out["early"] == 0
     assert out["rung_woke"] and out["after_ring_returns"]
+    if out["timerfd"]:
+        assert out["due_while_asleep"] and out["wake_woke"] and out["due_after_wake"] == float("inf")

@@ -85,6 +85,20 @@ def test_kernel_timestamps_are_not_delayed_by_a_busy_client(out):
     assert k["inside"] >= 1       # kernel receive times do: the bytes arrived meanwhile
 
 
+def test_a_read_after_the_alarms_due_time_wakes_the_dispatcher(out):
+    a = out["alarm_preempted"]
+    assert a["armed"] and a["woke"] and a["woke_mid_stream"] and a["due_reset"]
+    assert a["stream"]["status"] == "ok" and a["stream"]["n"] == 5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self")
+def test_pool_starts_no_thread_and_sizes_the_fd_table_up_front(out):
+    n = out["no_threads"]
+    assert n["ok"] == 200 and n["opened"] >= 100     # a real burst of new connections
+    assert n["threads_added"] == 0
+    assert n["fdsize_at_init"] >= 1024 and n["fdsize_after"] == n["fdsize_at_init"]
+
+
 def test_non_sse_200_is_a_protocol_error(out):
     assert out["not_streamed"]["status"] == "protocol_error"
     assert "event-stream" in out["not_streamed"]["error"]
