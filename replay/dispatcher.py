@@ -41,9 +41,9 @@ MAX_CONNECTIONS = 100_000
 # transparent huge pages, and the first touch of each fresh 2 MiB page (zeroing it) held the
 # hub for 5-7 ms mid-run; malloc faults in 4 KiB pages.
 pa.set_memory_pool(pa.system_memory_pool())
-# a batch of 32-64 records takes ~1 ms of the hub in a busy run (~0.3 ms fixed per batch: at low
-# rates the periodic flusher, not every quiet moment, writes the few records there are)
-QUIET_S, QUIET_ROWS = 0.004, 64
+# a batch takes the hub ~1.5 ms in a busy run (cold caches), nearly all of it fixed per batch:
+# quiet moments write big batches; at low rates the periodic flusher writes the few records there are
+QUIET_S, QUIET_MIN, QUIET_ROWS = 0.004, 96, 128
 
 
 class Job:
@@ -80,7 +80,7 @@ class Job:
     def _dispatch(self, row: tuple) -> None:
         prepared = self._prepare(row)
         due = self.t0 + row[plan.SCHED]
-        if len(self.rec.buf) >= QUIET_ROWS // 2 and due - time.perf_counter() > QUIET_S:
+        if len(self.rec.buf) >= QUIET_MIN and due - time.perf_counter() > QUIET_S:
             self.rec.flush(QUIET_ROWS)  # a quiet moment: write records now, not while a send is due
         self.alarm.sleep_until(due - self.c.spin_s)
         while time.perf_counter() < due and not self.stopping:
