@@ -55,7 +55,8 @@ class Job:
         key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else None
         self.pool = ConnectionPool(config.target, max_connections=MAX_CONNECTIONS, headers=headers)
-        self.group = Group()
+        self.group = Group()           # requests in flight
+        self.idle: list[gevent.Greenlet] = []   # request greenlets parked between requests
         self.prompts = PromptBuilder(config)
         self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
         self.stopping = False
@@ -88,15 +89,34 @@ class Job:
         if self.stopping:
             self._unsent(row)
         else:
-            self._start_now(gevent.Greenlet(self._send, row, prepared))
+            self._start_now((row, prepared))
 
-    def _start_now(self, g: gevent.Greenlet) -> None:
-        """Run `g` at once (it writes its request, then waits in the hub) and resume dispatching
-        after it. `spawn` + `sleep(0)` would send only after the hub has run every other watcher
-        that was ready in this loop iteration: a burst of streamed tokens would delay the send."""
-        self.group.add(g)
+    def _start_now(self, item: tuple) -> None:
+        """Send `item` from a request greenlet at once (it writes its request, then waits in the
+        hub) and resume dispatching after it. `spawn` + `sleep(0)` would send only after the hub
+        has run every other watcher that was ready in this loop iteration: a burst of streamed
+        tokens would delay the send. Request greenlets are reused: a new one costs ~15 us (its
+        frame stack is mmap'ed and unmapped each time), a parked one ~1 us."""
+        g = self.idle.pop() if self.idle else None
         get_hub().loop.run_callback(getcurrent().switch)
-        g.switch()
+        if g is None:
+            g = gevent.Greenlet(self._serve, item)
+            self.group.add(g)
+            g.switch()
+        else:
+            self.group.add(g)
+            g.switch(item)
+
+    def _serve(self, item: tuple) -> None:
+        """A request greenlet's life: send a row, park in `idle` until the next one, repeat."""
+        me = getcurrent()
+        while item is not None:
+            self._send(*item)
+            self.group.discard(me)
+            if self.stopping:
+                return
+            self.idle.append(me)
+            item = get_hub().switch()   # resumed by _start_now (or by _drain with None)
 
     def _prepare(self, row: tuple):
         api = row[plan.API] or self.c.api
@@ -115,6 +135,8 @@ class Job:
                 self.group.kill(block=True, timeout=5)
                 break
             self.group.join(timeout=0.2)
+        gevent.killall(self.idle, block=True, timeout=5)
+        self.idle.clear()
         if self.sessions is not None:
             for row in self.sessions.parked():
                 self._unsent(row)
