@@ -6,7 +6,7 @@ One run starts the fast asyncio SSE server (tests/replay/sse_server.py) pinned t
 and, for each rate, replays the same Poisson arrival times open-loop from one client process
 pinned to CPU 0:
   ours     replay.client.stream_post in a gevent-patched process, one greenlet per request
-           spawned at its absolute due time (what the Locust dispatcher does);
+           spawned at its absolute due time (the dispatcher reuses parked ones);
   ours-read  the same with kernel_timestamps=False (perf_counter when the bytes are read);
   aiohttp  asyncio + aiohttp.ClientSession, one task per request, lines read with
            `async for line in resp.content` and `json.loads` per event (vLLM's benchmark client).
