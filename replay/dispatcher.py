@@ -2,8 +2,9 @@
 
 `Job` walks the process's rows in schedule order, sleeps until each row's absolute due
 time (perf_counter of T0 + scheduled_s; never relative sleeps, so lag cannot accumulate)
-and spawns one greenlet per request into a `Group`; sending never waits for responses.
-Each greenlet streams through the lean client (`replay.client`), writes exactly one record,
+and hands each request to its own greenlet, in a `Group` while in flight (a finished one parks
+and takes a later request); sending never waits for responses.
+Each request streams through the lean client (`replay.client`), writes exactly one record,
 and fires one Locust request event for E2E and one for TTFT (never one per token).
 `stop()` ends dispatching: unsent rows become `not_sent`, in-flight requests get a grace
 time and are then killed (`cancelled`).
