@@ -111,13 +111,13 @@ class Job:
     def _serve(self, item: tuple) -> None:
         """A request greenlet's life: send a row, park in `idle` until the next one, repeat."""
         me = getcurrent()
-        while item is not None:
+        while True:
             self._send(*item)
             self.group.discard(me)
             if self.stopping:
                 return
             self.idle.append(me)
-            item = get_hub().switch()   # resumed by _start_now (or by _drain with None)
+            item = get_hub().switch()   # resumed by _start_now; _drain kills the parked ones
 
     def _prepare(self, row: tuple):
         api = row[plan.API] or self.c.api

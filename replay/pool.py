@@ -192,6 +192,7 @@ def _grow_fd_table(n: int) -> None:
     multi-threaded process (pyarrow starts threads) each doubling waits for an RCU grace period:
     the `socket()` of a new connection sat 5-15 ms in `expand_files` while sends were due."""
     try:
+        import fcntl
         import resource
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
@@ -200,8 +201,8 @@ def _grow_fd_table(n: int) -> None:
     if top < 64:
         return
     fd = os.open(os.devnull, os.O_RDONLY)
-    try:
-        os.close(os.dup2(fd, top, inheritable=False))   # the table never shrinks back
+    try:   # the lowest free fd >= top (never one in use); the table never shrinks back
+        os.close(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, top))
     except OSError:
         pass
     finally:
