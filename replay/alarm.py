@@ -47,6 +47,14 @@ def _timerfd():
     return (libc, fd) if fd >= 0 else None
 
 
+class _NoAlarm:
+    """What a connection pool checks when no dispatcher shares its hub: never due."""
+    due = NEVER
+
+
+NO_ALARM = _NoAlarm()
+
+
 class Alarm:
     """One sleeper at a time (the dispatcher); `sleep_until` returns at `due` or on `ring()`."""
 

@@ -98,15 +98,13 @@ class Job:
         has run every other watcher that was ready in this loop iteration: a burst of streamed
         tokens would delay the send. Request greenlets are reused: a new one costs ~15 us (its
         frame stack is mmap'ed and unmapped each time), a parked one ~1 us."""
-        g = self.idle.pop() if self.idle else None
-        get_hub().loop.run_callback(getcurrent().switch)
-        if g is None:
-            g = gevent.Greenlet(self._serve, item)
-            self.group.add(g)
-            g.switch()
+        if self.idle:
+            g, args = self.idle.pop(), (item,)
         else:
-            self.group.add(g)
-            g.switch(item)
+            g, args = gevent.Greenlet(self._serve, item), ()
+        self.group.add(g)
+        get_hub().loop.run_callback(getcurrent().switch)
+        g.switch(*args)
 
     def _serve(self, item: tuple) -> None:
         """A request greenlet's life: send a row, park in `idle` until the next one, repeat."""

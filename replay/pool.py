@@ -19,19 +19,14 @@ from gevent.hub import get_hub
 from gevent.lock import Semaphore
 from gevent.socket import wait_read, wait_write
 
+from .alarm import NO_ALARM
+
 perf_counter = time.perf_counter
 RECV_SIZE = 65536
 # SO_TIMESTAMPNS (Linux: 35; Python does not export it): recvmsg then returns the time the kernel
 # received the bytes, so a client busy with other streams does not delay the stamp.
 SO_TIMESTAMPNS = 35 if sys.platform.startswith("linux") else None
 TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
-
-
-class _NoAlarm:
-    due = float("inf")
-
-
-NO_ALARM = _NoAlarm()
 
 
 class Deadline(Exception):
@@ -124,13 +119,16 @@ class ConnectionPool:
         threads later wake and exit mid-run: each takes the GIL and the CPU from the hub for
         milliseconds (5-10 ms dispatch-lag spikes). None when resolution fails here."""
         try:
-            return [(ai[0], ai[4]) for ai in _socket.getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)]
+            return self._addresses(_socket.getaddrinfo)
         except OSError:
             return None
 
+    def _addresses(self, getaddrinfo) -> list:
+        return [(ai[0], ai[4]) for ai in getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)]
+
     def _connect(self, timeout: float) -> Conn:
         if self._addrs is None:   # failed up front: retry, in the calling greenlet only
-            self._addrs = [(ai[0], ai[4]) for ai in socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)]
+            self._addrs = self._addresses(socket.getaddrinfo)
         deadline = perf_counter() + timeout
         for k, (af, addr) in enumerate(self._addrs):
             try:
