@@ -82,17 +82,18 @@ def schedule(times: list[float]):
         yield i, t0 + a, t0 + a - time.perf_counter()
 
 
-def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None,
-             kernel_timestamps: bool = True, floor: bool = False) -> dict:
-    """Replay `times` open loop; `record`, when given, gets request index -> token times."""
+def run_ours(url: str, times: list[float], tokens: int, record: dict | None = None, role: str = "ours") -> dict:
+    """Replay `times` open loop as `role` (ours, ours-read or floor); `record`, when given, gets
+    request index -> token times."""
     from gevent import monkey
     monkey.patch_all()
     import gc
     import gevent
     from replay.client import ConnectionPool, stream_post
+    floor = role == "floor"
     if floor:
         _floor_reads()
-    pool = ConnectionPool(url, kernel_timestamps=kernel_timestamps)
+    pool = ConnectionPool(url, kernel_timestamps=role != "ours-read")
     bodies = [payload(i, tokens) for i in range(len(times))]
     lags, sent, counts = [], [], [0, 0]
 
@@ -118,7 +119,7 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
             gevent.sleep(wait)
         gs.append(gevent.spawn(one, i, due))
     gevent.joinall(gs)
-    out = summarize("floor" if floor else "ours" if kernel_timestamps else "ours-read", cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
+    out = summarize(role, cpu_now() - c0, sys_now() - s0, lags, counts[0], counts[1], len(times), sent)
     out["connections"] = pool.opened
     return out
 
@@ -229,7 +230,7 @@ def run_role(role: str, url: str, times: list[float], tokens: int, record: dict 
     floor: reads and stamps only (see _floor_reads)."""
     if role == "aiohttp":
         return run_aiohttp(url, times, tokens, record)
-    return run_ours(url, times, tokens, record, kernel_timestamps=role != "ours-read", floor=role == "floor")
+    return run_ours(url, times, tokens, record, role)
 
 
 def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subprocess.Popen, str]:

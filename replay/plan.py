@@ -97,11 +97,11 @@ class TraceWindow:
         self.lo = self.origin + int(config.start_s * 1e9)
         self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
 
-    def batches(self, validate: bool = False, threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
+    def batches(self, validate: bool = False, use_threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(file row offset, batch) restricted to the window's time range."""
         offset, last = 0, None
         path = self.config.trace
-        for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=list(ROW_COLUMNS), use_threads=threads):
+        for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=list(ROW_COLUMNS), use_threads=use_threads):
             if validate:
                 _validate(b, path, offset, last)
                 last = int(b.column("arrival_ns")[-1].as_py())
@@ -122,7 +122,7 @@ class TraceWindow:
         it run (and fault in fresh huge pages) for ~6 ms while a send was due."""
         left = self.config.max_requests
         speed = self.config.speed
-        for offset, b in self.batches(threads=False):
+        for offset, b in self.batches(use_threads=False):
             if left is not None:
                 if left <= 0:
                     return
