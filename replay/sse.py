@@ -3,15 +3,24 @@
 `ResponseParser.feed(data, t)` is called once per `recv` with the bytes and the arrival time
 that was stamped *before* parsing; every SSE event completed by those bytes gets time `t`.
 It is the client's hot path (one call per streamed token), so it is hand-written rather than
-built on h11/httptools + a JSON parse per event:
+built on h11/httptools + a JSON parse per event.
 
-- content events are detected by byte pattern (`"text":"x` or `"content":"x`, a non-empty JSON
-  string, in an event whose braces balance): no `json.loads` per token. A JSON string never
-  contains an unescaped `":"`, so the pattern cannot match inside generated text. The price:
-  a content event that is malformed JSON yet has balanced braces is counted, not rejected;
+A *token event* carries generated tokens of either kind:
+- answer: `text` (completions), `delta.content`, `delta.refusal`, or a streamed tool call
+  (`delta.tool_calls[].function.name` / `.arguments`);
+- reasoning: `delta.reasoning_content` (vLLM <= 0.15, SGLang, llama.cpp) or `delta.reasoning`
+  (vLLM >= 0.11, Ollama, OpenRouter).
+Each gets one entry in `token_times`; `answer_at` is the index of the first answer event and
+`n_reasoning` counts the events that carried reasoning.
+
+- token events are detected by byte pattern (`"content":"x`, `"reasoning":"x`, ..., a
+  non-empty JSON string, in an event whose braces balance): no `json.loads` per token. A JSON
+  string never contains an unescaped `":"`, so the pattern cannot match inside generated text.
+  The price: a token event that is malformed JSON yet has balanced braces is counted, not
+  rejected;
 - a full JSON parse happens only where needed: the first event (validates the stream), events
-  without content (usage, finish, errors), events carrying `usage`, and every event when the
-  generated text is wanted (`keep_text`).
+  without tokens (usage, finish, errors), events carrying `usage`, events whose kind the bytes
+  leave open (two token fields), and every event when the generated text is wanted (`keep_text`).
 
 Handles: events split across reads or HTTP chunks, several events per read, CRLF line ends,
 comment/ping lines and other SSE fields, `[DONE]` before the chunked terminator, trailers,
@@ -31,44 +40,109 @@ class ProtocolError(Exception):
     """The bytes on the wire are not a well-formed HTTP/1.1 SSE response."""
 
 
-def _content_at(payload: bytes, key: bytes) -> bool:
-    """True when `key` (e.g. b'"text":') is followed by a non-empty JSON string."""
-    i = payload.find(key)
-    if i < 0:
-        return False
-    i += len(key)
-    if payload[i:i + 1] == b" ":
-        i += 1
-    return payload[i:i + 1] == b'"' and payload[i + 1:i + 2] != b'"'
+ANSWER, REASONING = 1, 2
+# Keys whose non-empty string value is generated text, and its kind. `text` is the completions
+# API's; `arguments` a streamed tool call's.
+TOKEN_KEYS = ((b'"text":', ANSWER), (b'"content":', ANSWER), (b'"arguments":', ANSWER),
+              (b'"reasoning_content":', REASONING), (b'"reasoning":', REASONING))
 
 
-def plain_content(payload: bytes) -> bool:
-    """A `{...}` event that carries generated text and needs no JSON parse: a non-empty text or
-    content string, no usage, balanced braces (a truncated event fails this and gets parsed)."""
-    k = payload.find(b'"text":"')
-    if k >= 0:
-        k += 8
-    else:
-        k = payload.find(b'"content":"')
-        if k >= 0:
-            k += 11
-        elif not (_content_at(payload, b'"text":') or _content_at(payload, b'"content":')):
-            return False
-    return ((k < 0 or payload[k] != 34) and payload[-1:] == b"}" and payload.find(b'"usage"') < 0
-            and payload.count(b"{") == payload.count(b"}"))
-
-
-def _event_text(obj: dict) -> str:
+def token_fields(payload: bytes) -> list[tuple[int, int]] | None:
+    """(kind, offset of the text) of each token key whose value is a non-empty string (one space
+    allowed after the colon); None when a key occurs twice (a second choice, or a nested field of
+    that name such as OpenRouter's `reasoning_details[].text`) or a text is not followed by `,`
+    or `}` (malformed): such events are parsed."""
     out = []
+    for key, kind in TOKEN_KEYS:
+        i = payload.find(key)
+        if i < 0:
+            continue
+        i += len(key)
+        if payload.find(key, i) >= 0:
+            return None
+        if payload[i:i + 1] == b" ":
+            i += 1
+        if payload[i:i + 1] == b'"' and payload[i + 1:i + 2] != b'"':
+            q = _string_end(payload, i + 1)
+            if q < 0 or payload[q + 1:q + 2] not in (b",", b"}"):
+                return None     # the string does not end where JSON would go on: parse it
+            out.append((kind, i + 1))
+    return out
+
+
+def _string_end(payload: bytes, k: int) -> int:
+    """Offset of the quote that closes the JSON string whose body starts at `k` (-1: none)."""
+    q = payload.find(b'"', k)
+    while q >= 0:
+        j = q
+        while j > k and payload[j - 1] == 92:
+            j -= 1
+        if (q - j) % 2 == 0:    # preceded by an even run of backslashes: not escaped
+            return q
+        q = payload.find(b'"', q + 1)
+    return -1
+
+
+def json_string_body(s: bytes) -> bool:
+    """`s`, the bytes between two quotes, is one JSON string: every quote in it escaped and no
+    dangling backslash at its end (escaped backslashes go first, left to right, as JSON reads them)."""
+    r = s.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return r.find(b'"') < 0 and r[-1:] != b"\\"
+
+
+def token_kind(payload: bytes) -> int:
+    """ANSWER or REASONING for a `{...}` event that carries generated tokens of one kind and needs
+    no JSON parse (`token_fields`), no usage object, balanced braces (a truncated event fails this
+    and gets parsed); else 0 (parse it)."""
+    fields = token_fields(payload)
+    if not fields:
+        return 0
+    kind = fields[0][0]
+    if any(k != kind for k, _ in fields) or payload[-1:] != b"}" or payload.find(b'"usage":{') >= 0 \
+            or payload.find(b'"usage": {') >= 0 or payload.count(b"{") != payload.count(b"}"):
+        return 0
+    return kind
+
+
+def event_tokens(obj: dict) -> tuple[str, int]:
+    """(answer text, kind) of a parsed event: ANSWER for `text`, `delta.content`, `delta.refusal`
+    or a tool call's name or arguments; REASONING for `delta.reasoning_content` or
+    `delta.reasoning`; kind 0 when it carries no generated token."""
+    out, kind = [], 0
     for ch in obj.get("choices") or ():
         if not isinstance(ch, dict):
             continue
         piece = ch.get("text")
-        if piece is None:
-            piece = (ch.get("delta") or {}).get("content")
-        if isinstance(piece, str):
+        delta = ch.get("delta")
+        if isinstance(delta, dict):
+            if piece is None:
+                piece = delta.get("content")
+            if _nonempty(delta.get("reasoning_content")) or _nonempty(delta.get("reasoning")):
+                kind |= REASONING
+            if _nonempty(delta.get("refusal")):
+                kind |= ANSWER
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict) and (_nonempty(fn.get("name")) or _nonempty(fn.get("arguments"))):
+                    kind |= ANSWER
+        if _nonempty(piece):
             out.append(piece)
-    return "".join(out)
+            kind |= ANSWER
+    return "".join(out), kind
+
+
+def _nonempty(v: object) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def reasoning_reported(usage: dict) -> int | None:
+    """Reasoning tokens in a usage object: OpenAI's `completion_tokens_details.reasoning_tokens`
+    (OpenAI, OpenRouter, recent vLLM with a reasoning parser), else SGLang's top-level `reasoning_tokens`."""
+    details = usage.get("completion_tokens_details")
+    n = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if n is None:
+        n = usage.get("reasoning_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 class ResponseParser:
@@ -80,10 +154,13 @@ class ResponseParser:
         self.http_status: int | None = None
         self.content_type = b""
         self.keep_alive = True
-        self.token_times = array("d")
+        self.token_times = array("d")   # one per token event (answer or reasoning)
+        self.answer_at: int | None = None   # index of the first answer event
+        self.n_reasoning = 0               # token events that carried reasoning
         self.chunk_tokens: list[int] | None = []
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.reasoning_tokens: int | None = None   # as the usage reported them
         self.text: list[str] | None = [] if keep_text else None
         self.done = False              # saw `data: [DONE]`
         self.stream_error: str | None = None
@@ -93,8 +170,10 @@ class ResponseParser:
         self._sse = b""                # unparsed SSE bytes (an incomplete event)
         self._left = 0                 # bytes left in the current chunk / Content-Length body
         self._fast = False             # content events may skip the JSON parse (after the first)
-        self._pre: bytes | None = None  # template of a plain content chunk (see _learn)
+        self._pre: bytes | None = None  # template of a plain token chunk (see _learn)
         self._post = b""
+        self._mid: bytes | None = None   # a template whose text appears twice: the bytes between
+        self._kind = ANSWER              # what the template's text is
         self._relearn = 0 if keep_text else 4   # templates learned at most this often per stream
 
     # -- framing ----------------------------------------------------------------------------
@@ -177,11 +256,11 @@ class ResponseParser:
         return self.state == COMPLETE or self.stream_error is not None
 
     def _plain_chunks(self, data: bytes, t: float) -> int:
-        """The common read: whole chunks each holding one content event that differs from a
+        """The common read: whole chunks each holding one token event that differs from a
         learned one (`_learn`) only in its text. Counts them without parsing; returns the offset
         of the first byte it did not consume (the general path takes it from there)."""
-        pre, post = self._pre, self._post
-        lo, lq, n, pos, hit = len(pre), len(post), len(data), 0, False
+        pre, post, mid, tt = self._pre, self._post, self._mid, self.token_times
+        lo, lq, n, pos, first = len(pre), len(post), len(data), 0, len(tt)
         while pos < n:
             i = data.find(b"\r\n", pos, pos + 10)
             if i < 0:
@@ -192,27 +271,54 @@ class ResponseParser:
                 break
             a = i + 2
             b = a + size + 2 - lq           # where the text's closing quote must be
-            if (b <= a + lo or b + lq > n or not data.startswith(pre, a) or not data.startswith(post, b)
-                    or data.find(b'"', a + lo, b) >= 0 or data[b - 1] == 92):
-                break   # not plain: empty/escaped text, other fields, or a partial chunk
-            self.token_times.append(t)
-            hit, pos = True, b + lq
-        if hit:
+            if b <= a + lo or b + lq > n or not data.startswith(pre, a) or not data.startswith(post, b):
+                break   # not plain: empty text, other fields, or a partial chunk
+            e = b
+            if mid is not None:             # the text twice: pre T mid T post
+                half, odd = divmod(b - a - lo - len(mid), 2)
+                e = a + lo + half
+                if half <= 0 or odd or not data.startswith(mid, e) or data[a + lo:e] != data[e + len(mid):b]:
+                    break
+            if (data.find(b'"', a + lo, e) >= 0 or data[e - 1] == 92) and not json_string_body(data[a + lo:e]):
+                break   # the quote at e is not where the text ends
+            tt.append(t)
+            pos = b + lq
+        if len(tt) > first:
             self.chunk_tokens = None
+            if self._kind == REASONING:
+                self.n_reasoning += len(tt) - first
+            elif self.answer_at is None:
+                self.answer_at = first
         return pos
 
-    def _learn(self, payload: bytes) -> None:
-        """Remember a validated content event (one choice, no usage) as the template that
-        `_plain_chunks` matches: its bytes before and after the text. Its JSON string cannot
-        contain an unescaped quote, so bytes equal outside a quote-free text are the same event."""
+    def _learn(self, payload: bytes, kind: int) -> None:
+        """Remember a validated token event (one choice, no usage) as the template that
+        `_plain_chunks` matches: its bytes before and after the text. A chunk whose bytes equal
+        these outside a text that is one JSON string is the same event. The text may appear
+        twice, in two fields of one kind (vLLM 0.11.2-0.15 echo `reasoning` in `reasoning_content`)."""
         self._relearn -= 1
-        k = payload.find(b'"text":"')
-        k = k + 8 if k >= 0 else payload.find(b'"content":"') + 11
-        q = payload.find(b'"', k) if k > 10 else -1
-        if (q <= k or payload[q - 1] == 92 or payload.find(b'"text":"', q) >= 0
-                or payload.find(b'"content":"', q) >= 0):
-            return   # escapes in the text, or a second choice: keep parsing these
-        self._pre, self._post = b"data: " + payload[:k], payload[q:] + b"\n\n\r\n"
+        fields = token_fields(payload)
+        if not fields or len(fields) > 2:
+            return      # keep parsing these
+        fields.sort(key=lambda f: f[1])
+        k = fields[0][1]
+        q = _string_end(payload, k)
+        if len(fields) == 1:
+            self._pre, self._post, self._mid = b"data: " + payload[:k], payload[q:] + b"\n\n\r\n", None
+        else:
+            k2 = fields[1][1]
+            q2 = _string_end(payload, k2)
+            if fields[1][0] != fields[0][0] or payload[k:q] != payload[k2:q2] or k2 < q:
+                return
+            self._pre, self._post, self._mid = b"data: " + payload[:k], payload[q2:] + b"\n\n\r\n", payload[q:k2]
+        self._kind = kind
+
+    def _token(self, kind: int, t: float) -> None:
+        if kind & ANSWER and self.answer_at is None:
+            self.answer_at = len(self.token_times)
+        if kind & REASONING:
+            self.n_reasoning += 1
+        self.token_times.append(t)
 
     def eof(self, t: float) -> bool:
         """The peer closed the connection; True when that ends the response normally."""
@@ -309,11 +415,12 @@ class ResponseParser:
             self.done, self._fast = True, False
             return
         if self._fast:
-            if plain_content(payload):
-                self.token_times.append(t)           # no JSON parse
+            kind = token_kind(payload)
+            if kind:
+                self._token(kind, t)           # no JSON parse
                 self.chunk_tokens = None
                 if self._relearn > 0:
-                    self._learn(payload)
+                    self._learn(payload, kind)
                 return
             if (payload.find(b'"finish_reason":"') > 0 and payload.find(b'"usage"') < 0
                     and payload.find(b'"error"') < 0 and (b'"text":""' in payload or b'"delta":{}' in payload)
@@ -334,7 +441,7 @@ class ResponseParser:
             self.error_code = code if isinstance(code, int) else None
             self.stream_error = "error in stream: " + str(msg or err)[:200]
             return
-        text = _event_text(obj)
+        text, kind = event_tokens(obj)
         usage = obj.get("usage")
         prev = self.completion_tokens
         if isinstance(usage, dict):
@@ -342,11 +449,14 @@ class ResponseParser:
                 self.prompt_tokens = usage["prompt_tokens"]
             if isinstance(usage.get("completion_tokens"), int):
                 self.completion_tokens = usage["completion_tokens"]
-        if text:
-            self.token_times.append(t)
-            if self._relearn > 0 and usage is None and len(obj["choices"]) == 1:
-                self._learn(payload)
-            if self.text is not None:
+            reasoning = reasoning_reported(usage)
+            if reasoning is not None:
+                self.reasoning_tokens = reasoning
+        if kind:
+            self._token(kind, t)
+            if self._relearn > 0 and usage is None and len(obj["choices"]) == 1 and kind != ANSWER | REASONING:
+                self._learn(payload, kind)
+            if self.text is not None and text:
                 self.text.append(text)
             if self.chunk_tokens is not None:
                 if prev is not None and self.completion_tokens is not None and self.completion_tokens > prev:
@@ -354,7 +464,7 @@ class ResponseParser:
                 elif prev is None and self.completion_tokens is not None:
                     self.chunk_tokens.append(self.completion_tokens)
                 else:
-                    self.chunk_tokens = None    # not every content chunk carries usage
+                    self.chunk_tokens = None    # not every token chunk carries usage
 
     def chunk_token_counts(self) -> list[int] | None:
         ct = self.chunk_tokens
