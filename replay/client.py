@@ -39,12 +39,15 @@ class StreamResult:
     http_status: int | None = None
     error: str | None = None    # short, never secrets
     sent: float | None = None   # perf_counter just before the write of the request's last byte
-    first_token: float | None = None
+    first_token: float | None = None   # first token event of any kind (answer or reasoning)
     last_token: float | None = None
+    first_answer: float | None = None  # first answer event (text or tool call), after any reasoning
     token_times: list[float] = field(default_factory=list)   # array('d') of perf_counter stamps
+    reasoning_chunks: int = 0          # token events before the first answer (all of them when none came)
     chunk_tokens: list[int] | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning_tokens: int | None = None   # usage's when it reports some, else reasoning events counted
     text: str | None = None
     reused_connection: bool = False   # sent on a kept-alive connection
 
@@ -153,7 +156,7 @@ class _Stream:
                 self._end("connection_error", "connection closed before any response byte")
             else:
                 self._end("connection_error", f"connection closed mid-response after "
-                                              f"{len(p.token_times)} content chunks")
+                                              f"{len(p.token_times)} token chunks")
         except Exception as e:
             self._fail(e)
 
@@ -221,8 +224,12 @@ def _fill(res: StreamResult, p: ResponseParser, status: str, error: str | None) 
     res.token_times = tt
     res.first_token = tt[0] if tt else None
     res.last_token = tt[-1] if tt else None
+    res.reasoning_chunks = len(tt) if p.answer_at is None else p.answer_at
+    res.first_answer = None if p.answer_at is None else tt[p.answer_at]
     res.chunk_tokens = p.chunk_token_counts()
     res.prompt_tokens, res.completion_tokens = p.prompt_tokens, p.completion_tokens
+    # a server that streams reasoning yet reports 0 of it (SGLang on some paths) is not believed
+    res.reasoning_tokens = p.reasoning_tokens or p.n_reasoning or None
     if p.text is not None:
         res.text = "".join(p.text)
     if status == "complete":

@@ -56,7 +56,9 @@ class Output:
         self.progress.add(batch)
 
     def start(self, t0_wall: float, t0_perf: float) -> None:
-        update_run_json(self.dir, t0_wall=t0_wall)
+        # t0_monotonic: T0 on this host's CLOCK_MONOTONIC (perf_counter on Linux), to join the
+        # records with other processes' monotonic stamps (a server's own logs)
+        update_run_json(self.dir, t0_wall=t0_wall, t0_monotonic=t0_perf)
         self.progress.t0 = t0_perf
         self.greenlets.append(gevent.spawn(flush_periodically, self.recorder))
         if self.config.progress:

@@ -82,7 +82,7 @@ def good_requests(rm: RequestMetrics, slo: SloSpec | None) -> np.ndarray:
     if slo is None or not slo.has_per_request:
         return rm.ok.copy()
     thr: dict[str, float | np.ndarray] = {k: float(slo.per_request.get(k, np.inf))
-                                          for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+                                          for k in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms")}
     for codes, labels in (rm.model, rm.slo_class):
         for name, cls in slo.classes.items():
             if name in labels and cls.per_request:
@@ -124,7 +124,8 @@ class Analysis:
         if rows is None and "measured" in self._pooled:
             return self._pooled["measured"]
         sel = self.measured_ok if rows is None else rows & self.rm.ok
-        out = pooled_gaps(self.table, sel)
+        rm = self.rm
+        out = pooled_gaps(self.table, sel, rm.one_token, rm.reasoning_chunks if rm.has_reasoning else None)
         if rows is None:
             self._pooled["measured"] = out
         return out

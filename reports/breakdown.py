@@ -17,6 +17,9 @@ from .window import inflight
 
 LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 GROUP_LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
+# Runs with reasoning also get, per group: time to the first answer token, time spent streaming
+# reasoning and answer, and reasoning tokens per request.
+GROUP_REASONING = ("ttfa_ms", "reasoning_ms", "answer_ms", "reasoning_tokens")
 # vLLM's metric names (older and newer); engine_stub exposes the same ones.
 SERVER_SERIES = {
     "kv_cache_usage": (("kv_cache_usage_perc", "gpu_cache_usage_perc"), "mean"),
@@ -64,8 +67,8 @@ def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> 
     # Output tokens of the measured successes; other rows add 0.0 (sums of whole numbers: exact).
     out_tok = np.bincount(cells, weights=np.where(okm, rm.n_out, 0.0), minlength=ncells)
     lat = {}
-    for name in GROUP_LATENCIES:
-        vals = rm.columns[name]
+    for name in GROUP_LATENCIES + (GROUP_REASONING if rm.has_reasoning else ()):
+        vals = np.where(rm.ok, rm.reasoning, np.nan) if name == "reasoning_tokens" else rm.columns[name]
         lat[name] = regrouped_percentiles(vals if everything else vals[m], cells if everything else cells[m],
                                           ncells, list(zip(maps, sizes)), [50, 90, 99])
     d = an.duration_s

@@ -123,7 +123,8 @@ def _holm(ps: list[float]) -> list[float]:
 def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: float | None = None,
                      min_effect_pct: float = 1.0, conf: float = 0.99) -> CompareResult:
     from scipy.stats import norm
-    samples = {m: (base.values(m), cand.values(m)) for m in DISTS}
+    reasoning = ("ttfa_ms", "tpot_answer_ms") if base.rm.has_reasoning or cand.rm.has_reasoning else ()
+    samples = {m: (base.values(m), cand.values(m)) for m in DISTS + reasoning}
     samples = {m: v for m, v in samples.items() if len(v[0]) >= 2 and len(v[1]) >= 2}
     sb, sc = base.scalars(), cand.scalars()
     props = [k for k in ("error_rate", "attainment") if sb[k] is not None and sc[k] is not None]

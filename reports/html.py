@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from .svg import chart
-from .text import LAT_COLUMNS, _headline, fmt
+from .text import LAT_COLUMNS, REASONING_COLUMNS, _headline, _reasoning_rows, fmt, latency_names
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -20,7 +20,7 @@ def _env():
 
 def _charts(s: dict, plots: dict) -> list[str]:
     ts, out = s.get("timeseries") or {}, []
-    for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+    for metric, name in (("ttft_ms", "TTFT"), ("ttfa_ms", "TTFA"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         curves = plots.get("cdf", {}).get(metric, {})
         if curves:
             out.append(chart([{"label": m, "x": xs, "y": ys} for m, (xs, ys) in curves.items()],
@@ -69,9 +69,10 @@ def _charts(s: dict, plots: dict) -> list[str]:
 def render_report(summary: dict, plots: dict) -> str:
     s = summary
     lat_rows = [[k, d["n"], d["mean"], d["p50"], d["p90"], d["p95"], d["p99"], d["p99.9"], d["max"],
-                 (d.get("ci") or {}).get("p99")] for k, d in s["latency"].items() if d["n"]]
+                 (d.get("ci") or {}).get("p99")] for k, d in ((k, s["latency"][k]) for k in latency_names(s)) if d["n"]]
     return _env().get_template("report.html.j2").render(
         s=s, headline=_headline(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
+        reasoning_columns=REASONING_COLUMNS, reasoning_rows=_reasoning_rows(s) if s["reasoning"]["requests"] else [],
         config_json=json.dumps(s["run"]["config"], indent=2, default=str) if s["run"]["config"] else None,
         window_json=json.dumps(s["window"], indent=2),
         slo_json=json.dumps(s["goodput"]["slo"], indent=2) if s["goodput"]["slo"] else None)

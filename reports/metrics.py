@@ -14,11 +14,12 @@ import pyarrow.compute as pc
 
 from .schema import STATUSES
 
-LATENCIES = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms", "lag_ms")
-# From schedule: TTFT/E2E/NTPOT include client-side queueing; TPOT/ICL/ITL do not depend on it.
-SCHED_ALIAS = {"tpot_sched_ms": "tpot_ms", "icl_sched_ms": "icl_ms", "itl_sched_ms": "itl_ms",
-               "lag_sched_ms": "lag_ms"}
-POOLED = ("icl_ms", "itl_ms")
+LATENCIES = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
+             "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "lag_ms")
+# From schedule: TTFT/TTFA/E2E/NTPOT include client-side queueing; the others do not depend on it.
+SCHED_ALIAS = {m.replace("_ms", "_sched_ms"): m for m in LATENCIES
+               if m not in ("ttft_ms", "ttfa_ms", "e2e_ms", "ntpot_ms")}
+POOLED = ("icl_ms", "itl_ms", "icl_answer_ms", "itl_answer_ms")
 
 
 BATCH = 1 << 18   # rows per step: temporaries stay a few MB and are reused, never fresh pages
@@ -76,10 +77,13 @@ class RequestMetrics:
     scheduled: np.ndarray           # seconds (NaN if unknown)
     sent: np.ndarray
     end: np.ndarray                 # last token, else first token, else sent: when it left the system
-    n_out: np.ndarray               # completion_tokens if reported, else content chunks
+    n_out: np.ndarray               # completion_tokens if reported, else token chunks
     n_out_from_usage: np.ndarray    # bool
     input_len: np.ndarray           # prompt_tokens if reported, else input_tokens
-    columns: dict[str, np.ndarray]  # ttft_ms, tpot_ms, e2e_ms, ntpot_ms, *_sched_ms, lag_ms
+    n_chunks: np.ndarray            # token chunks (NaN: no list)
+    reasoning: np.ndarray           # reasoning tokens (NaN: none)
+    reasoning_chunks: np.ndarray    # chunks before the first answer (0: no reasoning phase)
+    columns: dict[str, np.ndarray]  # ttft_ms, ttfa_ms, tpot_ms, ..., *_sched_ms, lag_ms
     model: tuple[np.ndarray, list[str]]
     slo_class: tuple[np.ndarray, list[str]]
     length_checks: dict[str, LengthCheck]   # LENGTH_CHECKS
@@ -87,13 +91,24 @@ class RequestMetrics:
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
 
+    @property
+    def has_reasoning(self) -> bool:
+        """Some successful request streamed reasoning or reported reasoning tokens."""
+        return bool(np.any(self.ok & ((self.reasoning_chunks > 0) | (self.reasoning > 0))))
+
+    @property
+    def one_token(self) -> np.ndarray:
+        """Successful requests whose chunks carried one token each: the usage total is the chunk count."""
+        return self.n_out_from_usage & (self.n_out == self.n_chunks)
+
 
 # Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
-STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "input_tokens", "output_tokens",
-                    "prompt_tokens", "completion_tokens")
+STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "first_answer_s", "input_tokens",
+                    "output_tokens", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_chunks")
 METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
-OUTPUTS = ("scheduled", "sent", "end", "n_out", "input_len", "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms",
-           "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
+ARRAYS = ("scheduled", "sent", "end", "n_out", "input_len", "n_chunks", "reasoning", "reasoning_chunks")
+OUTPUTS = (*ARRAYS, "ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms",
+           "answer_ms", "ttft_sched_ms", "ttfa_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
 
 
 def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
@@ -135,10 +150,18 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
             rows.append(bad + sl.start)
             diffs.append(b[bad] - a[bad])
         completion = lengths["completion_tokens"]
-        n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
+        n_chunks = o["n_chunks"]
+        n_chunks[:] = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
+        reasoning, rc = o["reasoning"], o["reasoning_chunks"]
+        reasoning[:] = as_f64(tb.column("reasoning_tokens"))
+        rc[:] = np.nan_to_num(as_f64(tb.column("reasoning_chunks")))   # null: no reasoning phase
+        # no reasoning phase: the first token is the first answer (also in records from before
+        # reasoning was told apart, which have no first_answer_s)
+        answer = np.where(rc == 0, first, as_f64(tb.column("first_answer_s")))
+        n_answer = np.where(usage[sl], completion - np.nan_to_num(reasoning), n_chunks - rc)
         prompt = lengths["prompt_tokens"]
         np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
         # Seconds to ms, NaN for failed requests: one multiply (x * 1e3 is what x * 1e3 * 1.0 was).
@@ -156,8 +179,14 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         e2e, e2e_s = ms(last, sent, o["e2e_ms"]), ms(last, sched, o["e2e_sched_ms"])
         ms(first, sent, o["ttft_ms"])
         ms(first, sched, o["ttft_sched_ms"])
+        ms(answer, sent, o["ttfa_ms"])
+        ms(answer, sched, o["ttfa_sched_ms"])
+        ms(last, answer, o["answer_ms"])
+        ms(np.where(np.isnan(answer), last, answer), first, o["reasoning_ms"])   # no answer: all of it
+        o["reasoning_ms"][rc == 0] = np.nan
         with np.errstate(invalid="ignore", divide="ignore"):
             per_token(ms(last, first, np.empty(len(last))), n_out - 1, n_out >= 2, o["tpot_ms"])
+            per_token(o["answer_ms"].copy(), n_answer - 1, n_answer >= 2, o["tpot_answer_ms"])
             per_token(e2e, n_out, n_out >= 1, o["ntpot_ms"])
             per_token(e2e_s, n_out, n_out >= 1, o["ntpot_sched_ms"])
         end = o["end"]                    # last token, else first token, else sent
@@ -169,9 +198,10 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         ms(sent, sched, o["lag_ms"], blank=False)
     if lo != n:
         raise ValueError(f"the streamed columns cover {lo} rows, the records {n}")
-    cols = {k: out[k] for k in OUTPUTS[5:]}
+    cols = {k: out[k] for k in OUTPUTS[len(ARRAYS):]}
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
-                          usage & ok, out["input_len"], cols, encode(table.column("model"), np.int32),
+                          usage & ok, out["input_len"], out["n_chunks"], out["reasoning"], out["reasoning_chunks"],
+                          cols, encode(table.column("model"), np.int32),
                           encode(table.column("slo_class"), np.int32),
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
                                           np.concatenate(diffs or [np.empty(0)]))
@@ -199,11 +229,26 @@ def _gaps(values: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.diff(values), mask
 
 
-def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """ICL (every gap between consecutive content chunks, pooled over requests, ms) and ITL per
-    token (a gap divided by the tokens of the chunk that ends it, once per token) where the
-    records carry chunk_tokens of the same length as token_times. `rows` selects the requests."""
+def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None, one_token: np.ndarray | None = None,
+                reasoning_chunks: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Gaps between consecutive token chunks of a request, pooled over requests (ms):
+    - `icl_ms`: every gap;
+    - `itl_ms`, per token: a gap divided by the tokens of the chunk that ends it, once per token,
+      where the records carry chunk_tokens of the same length as token_times; and each gap as it
+      is where `one_token` says every chunk carried one token (the usage total is the chunk count);
+    - `icl_answer_ms`, `itl_answer_ms`: the same over the answer phase only, the gaps between
+      chunks from index `reasoning_chunks` on (without it they are icl_ms and itl_ms).
+    `rows` selects the requests."""
     tt = table.column("token_times")
+    sel = np.ones(len(tt), bool) if rows is None else rows
+    phase = reasoning_chunks is not None
+    ct = table.column("chunk_tokens")
+    have = np.zeros(len(tt), bool)
+    if ct.null_count < len(ct):
+        tv_all, tl_all = _flat(tt)
+        kv_all, kl_all = _flat(ct)
+        have = (kl_all == tl_all) & (kl_all > 0) & sel
+    one = np.zeros(len(tt), bool) if one_token is None else one_token & sel & ~have
     # Two passes over the chunks (rows never span chunks): the list lengths say how many gaps
     # there are, so each chunk's gaps go straight into one array allocated once (no per-chunk
     # parts and no concatenation: at 10M records that was 2 x 280 MB of fresh pages).
@@ -213,10 +258,13 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np
         r = None if rows is None else rows[lo:lo + len(chunk)]
         n_gaps = np.maximum(tl - 1, 0)
         n_icl += int(n_gaps.sum() if r is None else n_gaps[r].sum())
-        per_chunk.append((chunk, tl, r))
+        per_chunk.append((chunk, tl, r, slice(lo, lo + len(chunk))))
         lo += len(chunk)
+    # ITL is ICL itself when every selected request with a gap carried one token per chunk
+    itl_is_icl = not have.any() and not any((sel[sl] & ~one[sl] & (tl > 1)).any() for _, tl, _, sl in per_chunk)
     icl, at = np.empty(n_icl, dtype=np.float32), 0
-    for chunk, tl, r in per_chunk:
+    parts: dict[str, list] = {"icl_answer_ms": [], "itl_ms": [], "itl_answer_ms": []}
+    for chunk, tl, r, sl in per_chunk:
         tv = chunk.flatten().to_numpy(zero_copy_only=False)
         gaps, keep = _gaps(tv, tl)
         if r is not None and (~r & (tl > 1)).any():   # failed requests usually have no chunks
@@ -225,16 +273,37 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None) -> dict[str, np
         np.compress(keep, gaps, out=out)
         out *= np.float32(1e3)
         at += len(out)
-    itl = np.empty(0, dtype=np.float32)
-    ct = table.column("chunk_tokens")
-    if ct.null_count < len(ct):
-        tv, tl = _flat(tt)
-        kv, kl = _flat(ct)
-        have = (kl == tl) & (kl > 0) & (True if rows is None else rows)
-        if have.any():
-            tv_h, kv_h = tv[np.repeat(have, tl)], kv[np.repeat(have, kl)].astype(np.int64)
-            g, m = _gaps(tv_h, tl[have])
-            g, k = g[m], kv_h[1:][m]
+        answer = keep & _in_answer(tl, reasoning_chunks[sl]) if phase else None
+        if phase:
+            parts["icl_answer_ms"].append(gaps[answer] * np.float32(1e3))
+        if not itl_is_icl and one[sl].any():
+            owner = np.repeat(one[sl], tl)[1:]
+            parts["itl_ms"].append(gaps[keep & owner] * np.float32(1e3))
+            if phase:
+                parts["itl_answer_ms"].append(gaps[answer & owner] * np.float32(1e3))
+    if have.any():
+        tv_h, kv_h = tv_all[np.repeat(have, tl_all)], kv_all[np.repeat(have, kl_all)].astype(np.int64)
+        g, m = _gaps(tv_h, tl_all[have])
+        masks = {"itl_ms": m}
+        if phase:
+            masks["itl_answer_ms"] = m & _in_answer(tl_all[have], reasoning_chunks[have])
+        for key, mask in masks.items():
+            gk, k = g[mask], kv_h[1:][mask]
             pos = k > 0
-            itl = np.repeat(g[pos] * np.float32(1e3) / k[pos], k[pos])
-    return {"icl_ms": icl, "itl_ms": itl}
+            parts[key].append(np.repeat(gk[pos] * np.float32(1e3) / k[pos], k[pos]))
+    itl = icl if itl_is_icl else _cat(parts["itl_ms"])
+    if not phase:
+        return {"icl_ms": icl, "itl_ms": itl, "icl_answer_ms": icl, "itl_answer_ms": itl}
+    return {"icl_ms": icl, "itl_ms": itl, "icl_answer_ms": _cat(parts["icl_answer_ms"]),
+            "itl_answer_ms": _cat(parts["icl_answer_ms"]) if itl_is_icl else _cat(parts["itl_answer_ms"])}
+
+
+def _in_answer(lens: np.ndarray, reasoning_chunks: np.ndarray) -> np.ndarray:
+    """Per gap of the flattened chunks (as `_gaps`): True when it starts at or after the request's
+    first answer chunk (index `reasoning_chunks`), so both of its chunks are answer chunks."""
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) + reasoning_chunks.astype(np.int64)
+    return (np.arange(int(lens.sum())) >= np.repeat(starts, lens))[:-1]
+
+
+def _cat(parts: list) -> np.ndarray:
+    return np.concatenate(parts).astype(np.float32, copy=False) if parts else np.empty(0, dtype=np.float32)

@@ -3,13 +3,14 @@
 `reports` owns it; `replay` writes it; anything that reads a run (reports, compare,
 gates, importers of other tools' outputs) relies only on this.
 All times are seconds relative to the run's t0 (float64), except `token_times`,
-which are float32 seconds relative to `sent_s`.
+which are float32 seconds relative to `sent_s`: one per chunk carrying generated tokens of any
+kind: the reasoning phase (`token_times[:reasoning_chunks]`), then the answer.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 1
+RECORDS_SCHEMA_VERSION = 2   # 2: first_answer_s, reasoning_tokens, reasoning_chunks (v1 files read as without reasoning)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent")
@@ -23,14 +24,17 @@ RECORD_SCHEMA = pa.schema([
     pa.field("worker", pa.int32()),
     pa.field("scheduled_s", pa.float64()),
     pa.field("sent_s", pa.float64()),          # null when not sent
-    pa.field("first_token_s", pa.float64()),
+    pa.field("first_token_s", pa.float64()),   # first generated token of any kind (answer or reasoning)
     pa.field("last_token_s", pa.float64()),
+    pa.field("first_answer_s", pa.float64()),  # first answer token (text or tool call), after any reasoning
     pa.field("token_times", pa.list_(pa.float32())),
     pa.field("chunk_tokens", pa.list_(pa.int16())),
     pa.field("input_tokens", pa.int32()),
     pa.field("output_tokens", pa.int32()),
     pa.field("prompt_tokens", pa.int32()),
     pa.field("completion_tokens", pa.int32()),
+    pa.field("reasoning_tokens", pa.int32()),  # usage's when reported (> 0), else reasoning chunks; null: none
+    pa.field("reasoning_chunks", pa.int32()),  # chunks before the first answer: all of them when none came; null: 0
     pa.field("status", pa.string(), nullable=False),
     pa.field("http_status", pa.int32()),
     pa.field("error", pa.string()),

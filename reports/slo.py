@@ -14,7 +14,7 @@ from .errors import SloSpecError
 from .metrics import LATENCIES
 from .stats import STATS
 
-PER_REQUEST = {"ttft_ms": ("ttft_ms", 1.0), "tpot_ms": ("tpot_ms", 1.0),
+PER_REQUEST = {"ttft_ms": ("ttft_ms", 1.0), "ttfa_ms": ("ttfa_ms", 1.0), "tpot_ms": ("tpot_ms", 1.0),
                "e2e_ms": ("e2e_ms", 1.0), "e2e_s": ("e2e_ms", 1000.0)}
 DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES)
 SCALARS = ("attainment", "error_rate", "goodput_rps", "token_goodput_per_s", "requests_per_s",

@@ -20,8 +20,12 @@ from .slo import SloSpec, load_slo
 from .stats import describe
 
 SUMMARY_SCHEMA_VERSION = 1
-REPORTED = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms",
-            "ttft_sched_ms", "e2e_sched_ms", "ntpot_sched_ms")
+REPORTED = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
+            "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms", "ttfa_sched_ms",
+            "e2e_sched_ms", "ntpot_sched_ms")
+# Without reasoning in the run, the answer is all of the output: these equal their twin exactly.
+ANSWER_TWINS = {"ttfa_ms": "ttft_ms", "ttfa_sched_ms": "ttft_sched_ms", "tpot_answer_ms": "tpot_ms",
+                "icl_answer_ms": "icl_ms", "itl_answer_ms": "itl_ms"}
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
 BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
 PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
@@ -101,7 +105,7 @@ def _plots(an: Analysis) -> dict:
     codes, labels = an.rm.model
     q = np.linspace(0, 100, 201)
     cdf: dict = {}
-    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms") + (("ttfa_ms",) if an.rm.has_reasoning else ()):
         cdf[metric] = {}
         for i, label in enumerate(labels):
             x = an.rm.columns[metric][rows[codes[rows] == i]]
@@ -114,6 +118,36 @@ def _plots(an: Analysis) -> dict:
                                     "e2e_ms": an.rm.columns["e2e_ms"][pts].tolist()}}
 
 
+def _latency(an: Analysis) -> dict:
+    """describe() of every REPORTED metric; a twin, or a metric that is the very array of another
+    (ITL is ICL when every chunk carried one token), is copied, not described again."""
+    twins = {} if an.rm.has_reasoning else ANSWER_TWINS
+    out, seen = {}, []        # (array, its description): the arrays are kept, so `is` is safe
+    for k in REPORTED:
+        if k in twins:
+            continue
+        x = an.column(k)
+        same = next((d for y, d in seen if y is x), None)
+        out[k] = dict(same) if same is not None else describe(x)
+        seen.append((x, out[k]))
+    out.update({k: dict(out[twin]) for k, twin in twins.items()})
+    return {k: out[k] for k in REPORTED}
+
+
+def _reasoning(an: Analysis) -> dict:
+    """Reasoning in the measured successes: how many requests streamed it, reported it without
+    streaming it (hidden: it is inside their TTFT), or never reached an answer."""
+    rm, okm = an.rm, an.mask & an.rm.ok
+    phase = okm & (rm.reasoning_chunks > 0)
+    hidden = okm & (rm.reasoning > 0) & (rm.reasoning_chunks == 0)
+    no_answer = phase & (rm.reasoning_chunks >= rm.n_chunks)
+    tokens = np.where(okm, rm.reasoning, np.nan)
+    return {"requests": int(np.count_nonzero(phase | hidden)), "streamed": int(np.count_nonzero(phase)),
+            "hidden": int(np.count_nonzero(hidden)), "no_answer": int(np.count_nonzero(no_answer)),
+            "ok": int(np.count_nonzero(okm)), "tokens": describe(tokens, ci=()),
+            "tokens_total": float(np.nansum(tokens))}
+
+
 def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                   length_edges=LENGTH_EDGES) -> dict:
     rm, m = an.rm, an.mask
@@ -123,7 +157,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     n_chunks = int((okm & ~rm.n_out_from_usage & ~np.isnan(rm.n_out)).sum())
     # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
     # with two workers, 10-11 s alone), their page faults and allocations contend.
-    latency = {k: describe(an.column(k)) for k in REPORTED}
+    latency = _latency(an)
     by = breakdowns(an, {"model": rm.model, "slo_class": rm.slo_class,
                          "input_length": length_buckets(rm.input_len, length_edges)})
     series = timeseries(an, run.server_metrics, window_s)
@@ -141,6 +175,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "throughput": {k: sc[k] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "total_tokens_per_s")} | {"duration_s": an.duration_s},
         "latency": latency,
+        "reasoning": _reasoning(an),
         "goodput": {"slo": slo.to_dict() if slo else None,
                     "per_request_slo": bool(slo and slo.has_per_request),
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
@@ -162,6 +197,14 @@ def _warnings(s: dict) -> list[str]:
         w.append("every measured request failed: no latency to report")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
+    r = s["reasoning"]
+    if r["no_answer"]:
+        w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the "
+                 f"token budget ran out while reasoning?): they have no TTFA and count as not good under a "
+                 f"ttfa_ms threshold")
+    if r["hidden"]:
+        w.append(f"{r['hidden']} successful requests reported reasoning tokens that the stream did not carry "
+                 f"(hidden reasoning): their TTFT includes the reasoning time")
     if s["n_out_source"]["used"] == "mixed":
         w.append("output token counts come from server usage for some requests and chunk counts for "
                  "others; TPOT mixes both")

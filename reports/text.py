@@ -49,11 +49,30 @@ def markdown_table(columns: list[str], rows: list[list[object]]) -> str:
 
 LAT_COLUMNS = ["metric", "n", "mean", "p50", "p90", "p95", "p99", "p99.9", "max", "p99 95% CI"]
 SHOWN = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms", "ttft_sched_ms", "e2e_sched_ms")
+# with reasoning in the run: the answer's own figures, and where the time went
+SHOWN_REASONING = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
+                   "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms",
+                   "ttfa_sched_ms", "e2e_sched_ms")
+REASONING_COLUMNS = ["model", "with reasoning", "reasoning tok p50", "reasoning ms p50", "reasoning ms p99",
+                     "ttft p50", "ttfa p50", "ttfa p99", "answer ms p50"]
+
+
+def _has_reasoning(s: dict) -> bool:
+    return bool((s.get("reasoning") or {}).get("requests"))
+
+
+def latency_names(s: dict) -> list[str]:
+    """Every latency of summary.json worth a row: without reasoning in the run, not the answer-only
+    twins (equal to their all-token metric) nor reasoning_ms / answer_ms."""
+    if _has_reasoning(s):
+        return list(s["latency"])
+    skip = {"ttfa_ms", "ttfa_sched_ms", "tpot_answer_ms", "icl_answer_ms", "itl_answer_ms", "reasoning_ms", "answer_ms"}
+    return [k for k in s["latency"] if k not in skip]
 
 
 def _latency_rows(s: dict) -> list[list[object]]:
     rows = []
-    for name in SHOWN:
+    for name in SHOWN_REASONING if _has_reasoning(s) else SHOWN:
         d = s["latency"].get(name)
         if d and d["n"]:
             rows.append([name, d["n"], *[d[k] for k in ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")],
@@ -75,11 +94,24 @@ def _headline(s: dict) -> list[list[object]]:
             ["n_out from", s["n_out_source"]["used"]]]
 
 
+def _reasoning_rows(s: dict) -> list[list[object]]:
+    """Per model: where a reasoning model's time goes (first token, reasoning, first answer, answer)."""
+    rows = []
+    for r in s["breakdowns"]["model"]:
+        if "reasoning_tokens" in r:
+            rows.append([r["key"], r["reasoning_tokens"]["n"], r["reasoning_tokens"]["p50"], r["reasoning_ms"]["p50"],
+                         r["reasoning_ms"]["p99"], r["ttft_ms"]["p50"], r["ttfa_ms"]["p50"], r["ttfa_ms"]["p99"],
+                         r["answer_ms"]["p50"]])
+    return rows
+
+
 def format_summary(summary: dict) -> str:
     """The compact terminal summary of a run (rich tables rendered to text)."""
     s = summary
     parts = [render_table("Run", ["", "value"], _headline(s), width=100),
              render_table("Latency (ms, successful requests)", LAT_COLUMNS, _latency_rows(s))]
+    if _has_reasoning(s):
+        parts.append(render_table("Reasoning (ms, successful requests)", REASONING_COLUMNS, _reasoning_rows(s)))
     if s["errors"]["failed"]:
         parts.append(render_table("Errors", ["status", "count"], list(s["errors"]["by_status"].items()),
                                   width=60))
@@ -101,6 +133,8 @@ def summary_markdown(summary: dict) -> str:
     s = summary
     out = ["# llm-replay run summary", "", markdown_table(["", "value"], _headline(s)), "",
            "## Latency (ms, successful requests)", "", markdown_table(LAT_COLUMNS, _latency_rows(s)), ""]
+    if _has_reasoning(s):
+        out += ["## Reasoning (ms, successful requests)", "", markdown_table(REASONING_COLUMNS, _reasoning_rows(s)), ""]
     if s["errors"]["failed"]:
         out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), ""]
     if s.get("gate"):
@@ -123,8 +157,10 @@ def headline(summary: dict) -> dict[str, float | int | None]:
         "attainment": s["goodput"]["attainment"], "goodput_rps": s["goodput"]["goodput_rps"],
         "lag_ms_p99": s["dispatch_lag"].get("p99"),
     }
-    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+    for metric in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms"):
         d = s["latency"].get(metric) or {}
         for stat in ("p50", "p99"):
             out[f"{metric}_{stat}"] = d.get(stat)
+    if _has_reasoning(s):
+        out["reasoning_tokens_p50"] = s["reasoning"]["tokens"]["p50"]
     return out

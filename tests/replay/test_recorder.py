@@ -16,12 +16,16 @@ def _row(i: int) -> tuple:
     return tuple(row)
 
 
-def _result(i: int, n: int, chunks=None):
+def _result(i: int, n: int, chunks=None, reasoning: int = 0):
+    """n token chunks 0.1 s apart, the first `reasoning` of them reasoning."""
     sent = 100.0 + i
-    return SimpleNamespace(sent=sent, first_token=sent + 0.1 if n else None, last_token=sent + 0.1 * n if n else None,
-                           token_times=array("d", [sent + 0.1 * (k + 1) for k in range(n)]), chunk_tokens=chunks,
-                           prompt_tokens=8, completion_tokens=n, status="ok" if n else "http_error",
-                           http_status=200 if n else 500, error=None if n else "HTTP 500")
+    tt = array("d", [sent + 0.1 * (k + 1) for k in range(n)])
+    return SimpleNamespace(sent=sent, first_token=tt[0] if n else None, last_token=tt[-1] if n else None,
+                           first_answer=tt[reasoning] if reasoning < n else None, token_times=tt,
+                           chunk_tokens=chunks, prompt_tokens=8, completion_tokens=n,
+                           reasoning_tokens=reasoning or None, reasoning_chunks=min(reasoning, n),
+                           status="ok" if n else "http_error", http_status=200 if n else 500,
+                           error=None if n else "HTTP 500")
 
 
 def test_batch_matches_row_by_row_conversion():
@@ -38,6 +42,17 @@ def test_batch_matches_row_by_row_conversion():
     ct = got.column("chunk_tokens").to_pylist()
     assert ct[1] == [1] and ct[4] == [1, 32767, 2, 3] and ct[3] is None and ct[40] is None   # clamped to int16
     assert got.column("sent_s").to_pylist()[:2] == [0.0, 1.0] and to_batch([]).num_rows == 0
+    assert got.column("first_answer_s").to_pylist()[:2] == [None, got.column("first_token_s")[1].as_py()]
+    assert got.column("reasoning_chunks").null_count == 41    # no reasoning phase: null (= 0)
+
+
+def test_reasoning_columns():
+    recs = [record(_row(0), "m", 0, 100.0, _result(0, 5, reasoning=3)),     # 3 reasoning, 2 answer
+            record(_row(1), "m", 0, 100.0, _result(1, 4, reasoning=4))]     # reasoning only: no answer
+    got = to_batch(recs).to_pydict()
+    assert got["reasoning_tokens"] == [3, 4] and got["reasoning_chunks"] == [3, 4]
+    assert abs(got["first_answer_s"][0] - 0.4) < 1e-9 and got["first_answer_s"][1] is None
+    assert abs(got["first_token_s"][0] - 0.1) < 1e-9
 
 
 def test_flush_policy_oldest_first_and_every_record_within_two_periods():
