@@ -63,7 +63,8 @@ def read_stamps(path: str) -> dict:
     with open(path) as f:
         for line in f:
             rid, idx, before, after = line.split()
-            out.setdefault(rid, []).append((int(idx), int(before) / 1e9, int(after) / 1e9))
+            if int(idx) >= 0:    # -1: when the request was read
+                out.setdefault(rid, []).append((int(idx), int(before) / 1e9, int(after) / 1e9))
     return {rid: [(b, a) for _, b, a in sorted(v)] for rid, v in out.items()}
 
 

@@ -1,16 +1,22 @@
 """`replay check --target URL`: what does this OpenAI-compatible server support?
 
 Probes with the official `openai` SDK: the model list, chat and completions (plain and
-streaming), usage in the stream, token-id prompts, and `min_tokens` + `ignore_eos`.
-`replay run` calls `probe` to choose its defaults (prompt mode, forced output length).
+streaming), usage in the stream, token-id prompts, `min_tokens` + `ignore_eos`, whether the chat
+stream carries reasoning (`delta.reasoning_content` or `delta.reasoning`) and whether it streams
+tool calls. `replay run` calls `probe` to choose its defaults (prompt mode, forced output length)
+and to refuse an API the target does not stream.
 """
 from __future__ import annotations
 
 import json
 import os
 
-PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "completions", "completions_stream",
-          "token_id_prompts", "min_tokens_ignore_eos")
+PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "reasoning_stream", "tool_calls_stream",
+          "completions", "completions_stream", "token_id_prompts", "min_tokens_ignore_eos")
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 def add_parser(sub) -> None:
@@ -47,11 +53,28 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
     attempt("chat", lambda: client.chat.completions.create(model=model, messages=msgs, max_tokens=4).choices)
 
     def chat_stream():
-        chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=4, stream=True,
+        chunks = list(client.chat.completions.create(model=model, messages=msgs, max_tokens=16, stream=True,
                                                      stream_options={"include_usage": True}))
-        out["usage_in_stream"] = any(getattr(c, "usage", None) for c in chunks)
-        return any(c.choices and c.choices[0].delta.content for c in chunks)
+        usage = next((c.usage for c in chunks if getattr(c, "usage", None)), None)
+        out["usage_in_stream"] = usage is not None
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        fields = [f for f in REASONING_FIELDS if any(getattr(d, f, None) for d in deltas)]
+        out["reasoning_stream"] = bool(fields)
+        out["reasoning_field"] = fields[0] if fields else None
+        details = getattr(usage, "completion_tokens_details", None)
+        out["reasoning_tokens_in_usage"] = getattr(details, "reasoning_tokens", None) is not None or \
+            (usage is not None and (usage.model_extra or {}).get("reasoning_tokens") is not None)
+        return any(d.content or d.tool_calls for d in deltas) or bool(fields)
     attempt("chat_stream", chat_stream)
+
+    def tool_calls_stream():
+        chunks = list(client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+            tools=TOOLS, tool_choice="required", max_tokens=64, stream=True))
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or ())]
+        out["tool_call_chunks"] = len(calls)
+        return bool(calls)
+    attempt("tool_calls_stream", tool_calls_stream)
     attempt("completions", lambda: client.completions.create(model=model, prompt="Hello", max_tokens=4).choices)
     attempt("completions_stream", lambda: any(
         c.choices and c.choices[0].text for c in
@@ -64,7 +87,8 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
                                       extra_body={"min_tokens": 12, "ignore_eos": True})
         return r.usage is not None and r.usage.completion_tokens == 12
     attempt("min_tokens_ignore_eos", forced)
-    out.setdefault("usage_in_stream", False)
+    for key in ("usage_in_stream", "reasoning_stream", "reasoning_tokens_in_usage"):
+        out.setdefault(key, False)
     return out
 
 
@@ -78,6 +102,9 @@ def main(args) -> int:
     for name in PROBES:
         err = caps["errors"].get(name, "")
         print(f"  {name:24s} {'yes' if caps.get(name) else 'no ':3s}  {err}")
+    if caps.get("reasoning_stream"):
+        print(f"reasoning: streamed in delta.{caps['reasoning_field']}; reasoning_tokens in usage: "
+              f"{'yes' if caps.get('reasoning_tokens_in_usage') else 'no (replay counts reasoning chunks)'}")
     mode = "ids" if caps.get("token_id_prompts") else "text"
     print(f"replay run defaults: --prompt-mode {mode}, force output length "
           f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")

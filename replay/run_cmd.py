@@ -89,25 +89,51 @@ def argparse_bool():
 
 def http_json(target: str, path: str, body: dict | None = None, key: str | None = None,
               timeout: float = 30.0) -> dict:
-    req = urllib.request.Request(target.rstrip("/") + path, method="POST" if body is not None else "GET",
+    """One blocking JSON call to the target; any failure (HTTP error, refused, timeout, a body
+    that is not a JSON object) is a RunError naming the target, the method, the path and why."""
+    method = "GET" if body is None else "POST"
+    where = f"target {target}: {method} {path}"
+    req = urllib.request.Request(target.rstrip("/") + path, method=method,
                                  data=None if body is None else json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json",
                                           **({"Authorization": f"Bearer {key}"} if key else {})})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw, ctype = r.read(), r.headers.get("Content-Type") or "no Content-Type"
+    except urllib.error.HTTPError as e:
+        raise RunError(f"{where} -> HTTP {e.code}: {_snippet(e.read())}") from None
+    except (urllib.error.URLError, OSError, ValueError) as e:   # refused, DNS, timeout, bad URL
+        raise RunError(f"{where} failed: {getattr(e, 'reason', None) or e}") from None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        raise RunError(f"{where} -> HTTP 200 but not a JSON object ({ctype}): {_snippet(raw)}")
+    return obj
+
+
+def _snippet(raw: bytes) -> str:
+    text = " ".join(raw[:200].decode("utf-8", "replace").split())
+    return text or "(empty body)"
 
 
 def served_models(target: str, key: str | None) -> list[str]:
     try:
-        return [m["id"] for m in http_json(target, "/v1/models", key=key, timeout=10).get("data", [])]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as e:
-        raise RunError(f"target {target}: GET /v1/models failed ({e}); is the server up? "
-                       "(or pass --model-map '*=NAME')") from None
+        data = http_json(target, "/v1/models", key=key, timeout=10).get("data")
+        return [m["id"] for m in data]
+    except RunError as e:
+        raise RunError(f"{e} (--model-map '*=NAME' skips the model list)") from None
+    except (KeyError, TypeError):
+        raise RunError(f"target {target}: GET /v1/models -> not an OpenAI model list (no data[].id); "
+                       "pass --model-map '*=NAME'") from None
 
 
 def build_config(args) -> tuple[plan.RunConfig, dict]:
     if args.speed <= 0:
         raise RunError("--speed must be > 0")
+    if not re.match(r"https?://[^/\s]+", args.target):
+        raise RunError(f"--target {args.target!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8000")
     if args.workers < 1 or args.remote_workers < 0:
         raise RunError("--workers must be >= 1 and --remote-workers >= 0")
     run_dir = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
@@ -145,6 +171,9 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         c.default_model = served[0]
         print(f"replay: trace models{' not in --model-map' if mapping else ''} -> {served[0]!r} "
               f"(the target's first served model; change with --model-map TRACE=SERVED)", file=sys.stderr)
+    apis = _apis_used(c)
+    if caps:
+        _check_apis(c.target, apis, caps)
     ids_ok = caps.get("token_id_prompts", True)
     c.prompt_mode = args.prompt_mode or ("ids" if c.api == "completions" and ids_ok else "text")
     force_ok = caps.get("min_tokens_ignore_eos", True)
@@ -152,21 +181,46 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length "
               f"{'on' if c.force_output_len else 'off'} (from `replay check` of the target)", file=sys.stderr)
-    # text prompts (text mode, and chat rows: the run's default API or a per-row `api` column)
-    apis = ({"completions"} if c.prompt_mode == "text" else set()) | ({"chat"} if c.api == "chat" else set())
-    if _has_column(c.trace, "api"):
-        apis.add("chat")
-    if apis and c.tokenizer:
+    # text prompts: chat rows, and completions rows in text mode; only the APIs the run uses
+    text_apis = {a for a in apis if a == "chat" or c.prompt_mode == "text"}
+    if text_apis and c.tokenizer:
         notes["tokenizer"] = _check_tokenizer(c.tokenizer)
         print(f"replay: text prompts cut to exact token counts with {c.tokenizer} "
               f"(vocab {notes['tokenizer']['vocab_size']}; no calibration)", file=sys.stderr)
     elif c.tokenizer:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
-    if apis and not c.tokenizer:
+    if text_apis and not c.tokenizer:
         from .prompts import calibrate
         c.calibration = {api: calibrate(lambda p, b: http_json(c.target, p, b, key), api, c.default_model, c.seed)
-                         for api in sorted(apis)}
+                         for api in sorted(text_apis)}
     return c, notes
+
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def _apis_used(c: plan.RunConfig) -> set[str]:
+    """The run's default API and every `api` value in the trace's rows."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    if "api" not in pq.read_schema(c.trace).names:
+        return {c.api}
+    col = pq.read_table(c.trace, columns=["api"]).column("api")
+    values = set(pc.unique(col).to_pylist())
+    return {c.api if v is None else v for v in values} if values else {c.api}
+
+
+def _check_apis(target: str, apis: set[str], caps: dict) -> None:
+    """A run against an API the target does not stream (a chat-only gateway asked for completions)
+    would only record failures: say so before it starts."""
+    for api in sorted(apis):
+        probe = f"{api}_stream" if api == "chat" else "completions_stream"
+        if not caps.get(probe):
+            why = caps["errors"].get(probe) or "it streamed no tokens"
+            other = next((a for a in PATHS if a != api and caps.get(f"{a}_stream")), None)
+            hint = f"; the target streams {PATHS[other]}: use --api {other}" if other else ""
+            raise RunError(f"target {target}: POST {PATHS[api]} (stream) failed in the capability check: "
+                           f"{why}{hint} (--no-check skips the check)")
 
 
 def _check_tokenizer(path: str) -> dict:
@@ -179,11 +233,6 @@ def _check_tokenizer(path: str) -> dict:
         raise RunError(str(e)) from None
     return {"path": str(Path(path).resolve()), "sha256": plan.sha256_file(path),
             "vocab_size": tok.get_vocab_size()}
-
-
-def _has_column(path: str, name: str) -> bool:
-    import pyarrow.parquet as pq
-    return name in pq.read_schema(path).names
 
 
 def run(args) -> int:

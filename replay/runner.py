@@ -84,11 +84,15 @@ def warmup(job: Job, n: int) -> None:
     from .client import stream_post
     if n <= 0:
         return
-    body = json.dumps({"model": job.c.default_model, "prompt": [1000, 1001, 1002, 1003], "max_tokens": 2,
-                       "stream": True}).encode()
+    req = {"model": job.c.default_model, "max_tokens": 2, "stream": True}
+    if job.c.api == "chat":     # the run's own API: a chat-only target has no /v1/completions
+        path, req["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Say hello."}]
+    else:
+        path, req["prompt"] = "/v1/completions", [1000, 1001, 1002, 1003]
+    body = json.dumps(req).encode()
     group = gevent.pool.Group()
     for _ in range(n):
-        group.spawn(stream_post, job.pool, "/v1/completions", body, timeout=min(30.0, job.c.timeout_s))
+        group.spawn(stream_post, job.pool, path, body, timeout=min(30.0, job.c.timeout_s))
     group.join(timeout=60)
 
 

@@ -9,8 +9,15 @@ protocol with `call_later` per step (no task per request) so one process serves 
 events per second. A fault is chosen per request by the `X-Fault` header or a model named
 `fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
 override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
-content event: `perf_counter_ns` just before and just after its write (request id: `X-Request-Id`
-header or the body's `user`).
+token event: `perf_counter_ns` just before and just after its write, and index -1 when the whole
+request had been read (request id: `X-Request-Id` header or the body's `user`).
+
+Reasoning and tool calls (chat only), as vLLM streams them: `--reasoning N` (or `X-Reasoning: N`)
+makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-field reasoning_content`
+or `reasoning`), the rest the answer; `--tool-calls` (or `X-Tool-Call: 1`) streams the answer as one
+tool call (a chunk with its name, then its arguments in pieces); `--report-reasoning` adds
+`completion_tokens_details.reasoning_tokens` to the usage. `--first-delay S` (`X-First-Delay`)
+delays the first token event (prefill) instead of `--interval`.
 """
 from __future__ import annotations
 
@@ -104,6 +111,12 @@ class Server:
     def handle(self, conn: Stream, method: str, path: str, hdrs: dict, body: bytes) -> None:
         self.count += 1
         a = self.a
+        if a.html:      # a URL that reaches a web page, not an API (a login page, a dashboard)
+            page = b"<!doctype html><html><head><title>Sign in</title></head><body>Sign in</body></html>"
+            return conn.run(iter([(0, self.head(200, "text/html; charset=utf-8", len(page)) + page, None)]))
+        if a.chat_only and path.startswith("/v1/completions"):   # as FastAPI answers an unknown route
+            err = b'{"detail":"Not Found"}'
+            return conn.run(iter([(0, self.head(404, "application/json", len(err)) + err, None)]))
         if method == "GET":
             data = json.dumps({"object": "list", "data": [{"id": a.model, "object": "model"}]}).encode()
             return conn.run(iter([(0, self.head(200, "application/json", len(data)) + data, None)]))
@@ -120,15 +133,39 @@ class Server:
         n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
         interval = float(hdrs.get("x-interval", a.interval))
         rid = hdrs.get("x-request-id") or str(req.get("user", self.count))
-        stamps = [] if self.log else None
-        conn.run(self.steps(req, path, fault, n, interval, stamps, rid), stamps)
+        now = time.perf_counter_ns()
+        stamps = [-1, now, now] if self.log else None    # index -1: the request was read
+        mode = {"reasoning": int(hdrs.get("x-reasoning", a.reasoning)), "field": a.reasoning_field,
+                "tool": bool(int(hdrs.get("x-tool-call", a.tool_calls))), "report": a.report_reasoning,
+                "first": float(hdrs.get("x-first-delay", a.first_delay if a.first_delay is not None else interval))}
+        conn.run(self.steps(req, path, fault, n, interval, stamps, rid, mode), stamps)
 
     def head(self, status: int, ctype: str, length: int | None, extra: str = "") -> bytes:
-        reason = {200: "OK", 400: "Bad Request", 429: "Too Many Requests", 500: "Internal Server Error"}[status]
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
+                  500: "Internal Server Error"}[status]
         framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
         return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n{framing}\r\n{extra}\r\n").encode()
 
-    def steps(self, req: dict, path: str, fault: str, n: int, interval: float, stamps, rid: str):
+    def token_bodies(self, chat: bool, n: int, mode: dict) -> list[bytes]:
+        """The part of each token event after `"index":0,`: reasoning deltas, then the answer
+        (text, content, or a tool call's name and then its arguments in pieces)."""
+        n_reason = min(n, mode["reasoning"]) if chat else 0
+        out = [b'"delta":{"%s":"%s"}' % (mode["field"].encode(), json.dumps(f" r{i}")[1:-1].encode())
+               for i in range(n_reason)]
+        n_answer = n - n_reason
+        if chat and mode["tool"] and n_answer:
+            args = ['{"city": "'] + [f" t{i}" for i in range(n_answer - 2)] + ['"}']
+            out.append(b'"delta":{"tool_calls":[{"id":"chatcmpl-tool-5e1f","type":"function","index":0,'
+                       b'"function":{"name":"get_weather"}}]}')
+            out += [b'"delta":{"tool_calls":[{"index":0,"function":{"arguments":"%s"}}]}'
+                    % json.dumps(x)[1:-1].encode() for x in args[:n_answer - 1]]
+            return out
+        for i in range(n_answer):
+            piece = json.dumps(f" t{i}")[1:-1].encode()
+            out.append((b'"delta":{"content":"%s"}' if chat else b'"text":"%s","logprobs":null') % piece)
+        return out
+
+    def steps(self, req: dict, path: str, fault: str, n: int, interval: float, stamps, rid: str, mode: dict):
         if fault in ("http500", "http429"):
             code = int(fault[4:])
             err = json.dumps({"error": {"message": f"injected {code}", "type": "server_error", "code": code}}).encode()
@@ -151,11 +188,7 @@ class Server:
             rid.encode(), b"chat.completion.chunk" if chat else b"text_completion", model.encode())
         if chat:
             yield 0, frame(b"data: " + pre + b'"delta":{"role":"assistant","content":""},"finish_reason":null}]}' + sep), None
-        events = []
-        for i in range(n):
-            piece = json.dumps(f" t{i}")[1:-1].encode()
-            body = (b'"delta":{"content":"%s"}' if chat else b'"text":"%s","logprobs":null') % piece
-            events.append(b"data: " + pre + body + b',"finish_reason":null}]}' + sep)
+        events = [b"data: " + pre + body + b',"finish_reason":null}]}' + sep for body in self.token_bodies(chat, n, mode)]
         if fault == "comments":
             events = [b": ping" + sep + b"event: completion" + nl + b"id: %d" % i + nl + e for i, e in enumerate(events)]
         for i, ev in enumerate(events):
@@ -178,13 +211,15 @@ class Server:
                     group = events[i:i + 6]
                     yield interval, b"".join(chunk(b"".join(group[k:k + 3])) for k in (0, 3) if group[k:k + 3]), i
             else:
-                yield interval, frame(ev), i
+                yield mode["first"] if i == 0 else interval, frame(ev), i
         last = pre + (b'"delta":{},"finish_reason":"length"}]}' if chat else b'"text":"","logprobs":null,"finish_reason":"length"}]}')
         tail = frame(b"data: " + last + sep)
         so = req.get("stream_options") or {}
         if so.get("include_usage") or self.a.usage:
+            details = b',"completion_tokens_details":{"reasoning_tokens":%d}' % min(n, mode["reasoning"]) \
+                if chat and mode["report"] else b""
             tail += frame(b"data: " + pre[:pre.index(b'"choices"')] + b'"choices":[],"usage":{"prompt_tokens":%d,'
-                          b'"completion_tokens":%d,"total_tokens":%d}}' % (n_prompt, n, n_prompt + n) + sep)
+                          b'"total_tokens":%d,"completion_tokens":%d%s}}' % (n_prompt, n_prompt + n, n, details) + sep)
         if fault != "no_done":
             tail += frame(b"data: [DONE]" + sep)
         if fault == "identity":
@@ -196,7 +231,7 @@ class Server:
             yield 0.05, b"0\r\n\r\n", None
         else:
             yield 0, tail + (b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n" if fault == "trailers" else b"0\r\n\r\n"), None
-        if stamps is not None and stamps:
+        if stamps is not None and len(stamps) > 3:
             self.log.write("".join(f"{rid} {stamps[k]} {stamps[k + 1]} {stamps[k + 2]}\n"
                                    for k in range(0, len(stamps), 3)))
             self.log.flush()
@@ -237,6 +272,13 @@ def main(argv=None) -> None:
     ap.add_argument("--fault", choices=FAULTS, help="fault for every --fault-every'th request")
     ap.add_argument("--fault-every", type=int, default=1)
     ap.add_argument("--usage", action="store_true", help="always send a usage chunk")
+    ap.add_argument("--reasoning", type=int, default=0, help="chat: the first N token events are reasoning")
+    ap.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"))
+    ap.add_argument("--report-reasoning", action="store_true", help="usage.completion_tokens_details.reasoning_tokens")
+    ap.add_argument("--tool-calls", type=int, default=0, choices=(0, 1), help="chat: the answer is a streamed tool call")
+    ap.add_argument("--first-delay", type=float, help="seconds before the first token event (default --interval)")
+    ap.add_argument("--chat-only", action="store_true", help="404 on /v1/completions, as chat-only gateways")
+    ap.add_argument("--html", action="store_true", help="answer every request with a 200 HTML page")
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
