@@ -14,6 +14,7 @@ import socket
 import sys
 from dataclasses import replace
 
+from .answer import REASONING_FIELDS, AnswerOptions, parse_reasoning
 from .config import POLICIES, PRESETS, EngineConfig
 from .faults import DroppedConnection, FaultConfig, Faults
 from .pacing import PROFILES
@@ -51,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     a("--api-key", default=os.environ.get("ENGINE_STUB_API_KEY"), help="require Bearer KEY on /v1/*")
     a("--max-waiting", type=int, default=0, help="429 when this many requests wait (0: unbounded)")
     a("--max-body-bytes", type=int, default=4 << 20)
+    a("--reasoning", metavar="SHARE|N", help="chat answers start with reasoning: a share of each request's "
+      "output tokens (0.3 or 30%%) or N tokens; a request's own `reasoning_tokens` field wins")
+    a("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
+      help="delta field of reasoning: vLLM <= 0.11.0 and SGLang reasoning_content, vLLM >= 0.16 reasoning, "
+           "vLLM 0.11.2-0.15 both (default reasoning_content)")
+    a("--tool-calls", action="store_true", help="chat requests that offer `tools` (tool_choice auto) get a tool "
+      "call as their answer (tool_choice required or a named function always do)")
     for name, help_ in [("error-rate", "fraction answered HTTP 500"), ("reject-rate", "fraction answered 429"),
                         ("stall-ms", "pause streams this long at their midpoint"),
                         ("stall-rate", "fraction of streams that stall (default 1)"),
@@ -115,7 +123,8 @@ async def serve(args) -> int:
     faults = FaultConfig(args.fault_error_rate, args.fault_reject_rate, args.fault_stall_ms, args.fault_stall_rate,
                          args.fault_drop_rate, args.fault_malformed_rate, args.fault_seed)
     faults.validate()
-    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes), Faults(faults))
+    answer = AnswerOptions(parse_reasoning(args.reasoning), args.reasoning_field, args.tool_calls)
+    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes, answer), Faults(faults))
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -68,10 +68,12 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
 
 
-def usage(prompt: int, completion: int, cached: int = 0) -> dict:
+def usage(prompt: int, completion: int, cached: int = 0, reasoning: int | None = None) -> dict:
     u = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
     if cached:
         u["prompt_tokens_details"] = {"cached_tokens": cached}
+    if reasoning is not None:
+        u["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return u
 
 
@@ -86,14 +88,18 @@ class ChunkWriter:
         self.rid, self.model = rid, model
 
     def content(self, index: int, text: str, finish_reason: str | None) -> str:
-        fr = "null" if finish_reason is None else f'"{finish_reason}"'
         if self.chat:
-            delta = f'{{"content":{json.dumps(text)}}}' if text or finish_reason is None else "{}"
-            body = f'{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{fr}}}'
-        else:
-            body = f'{{"index":{index},"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr},' \
-                   f'"stop_reason":null}}'
+            return self.delta(index, f'{{"content":{json.dumps(text)}}}' if text or finish_reason is None else "{}",
+                              finish_reason)
+        fr = "null" if finish_reason is None else f'"{finish_reason}"'
+        body = f'{{"index":{index},"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr},' \
+               f'"stop_reason":null}}'
         return f"{self.head}{body}]}}\n\n"
+
+    def delta(self, index: int, delta: str, finish_reason: str | None) -> str:
+        """A chat chunk around `delta`, a JSON object (answer.ChoiceDeltas renders reasoning and tool calls)."""
+        fr = "null" if finish_reason is None else f'"{finish_reason}"'
+        return f'{self.head}{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{fr}}}]}}\n\n'
 
     def role(self, index: int) -> str:
         return (f'{self.head}{{"index":{index},"delta":{{"role":"assistant","content":""}},'
@@ -104,10 +110,11 @@ class ChunkWriter:
         return "data: " + json.dumps({"id": self.rid, "object": obj, "created": self.created,
                                       "model": self.model, "choices": [], "usage": u}) + "\n\n"
 
-    def final(self, texts: list[str], reasons: list[str | None], u: dict) -> dict:
+    def final(self, texts: list[str], reasons: list[str | None], u: dict, messages: list[dict] | None = None) -> dict:
         if self.chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                        "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+            messages = messages or [{"role": "assistant", "content": t} for t in texts]
+            choices = [{"index": i, "message": m, "logprobs": None, "finish_reason": r}
+                       for i, (m, r) in enumerate(zip(messages, reasons))]
             obj = "chat.completion"
         else:
             choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r, "stop_reason": None}

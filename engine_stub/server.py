@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from .answer import AnswerOptions, AnswerPlan, ChoiceDeltas, plan
 from .engine import AsyncEngine, EngineCore, RequestOutput
 from .faults import DroppedConnection, Faults, RequestFaults
 from .protocol import ChatRequest, ChunkWriter, CompletionRequest, usage
@@ -55,6 +56,7 @@ class ServerOptions:
     api_key: str | None = None
     max_waiting: int = 0            # 0: unbounded
     max_body_bytes: int = 4 << 20
+    answer: AnswerOptions = AnswerOptions()     # reasoning and tool calls in chat answers
 
 
 class State:
@@ -150,17 +152,18 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         for sub_id, p in zip(ids, prompts):
             engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id), queue)
         writer = ChunkWriter(chat, rid, model)
+        shape = plan(opts.answer, req, params.max_tokens) if chat else None
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))
         stops = req.stop_strings
         if req.stream:
             return StreamingResponse(_stream(engine, queue, ids, writer, req.include_usage, fault, stops,
-                                             params.max_tokens, watcher),
+                                             params.max_tokens, watcher, shape),
                                      media_type="text/event-stream")
         try:
-            texts, reasons, u = await _collect(engine, queue, ids, stops)
+            texts, reasons, u, messages = await _collect(engine, queue, ids, stops, shape)
         finally:
             watcher.cancel()
-        return JSONResponse(writer.final(texts, reasons, u))
+        return JSONResponse(writer.final(texts, reasons, u, messages))
 
     return app, state
 
@@ -291,26 +294,37 @@ async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], st
         yield i, text, reason, o
 
 
-async def _collect(engine, queue, ids, stops):
+async def _collect(engine, queue, ids, stops, shape: AnswerPlan | None = None):
     texts, reasons = [""] * len(ids), [None] * len(ids)
-    prompt = completion = cached = 0
+    choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
+    prompt = completion = cached = reasoning = 0
     async for i, text, reason, o in _outputs(engine, queue, ids, stops):
         texts[i] += text
+        if choices is not None:
+            choices[i].delta(text, o.completion_tokens, reason is not None)
         if reason is not None:
-            reasons[i] = reason
+            reasons[i] = choices[i].finish_reason(reason) if choices is not None else reason
             prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
                 cached + o.cached_tokens
-    return texts, reasons, usage(prompt, completion, cached)
+            reasoning += choices[i].reasoning_tokens(o.completion_tokens) if choices is not None else 0
+    report = shape is not None and shape.report
+    messages = [c.message() for c in choices] if choices is not None else None
+    return texts, reasons, usage(prompt, completion, cached, reasoning if report else None), messages
 
 
 async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, fault: RequestFaults,
-                  stops: list[str], max_tokens: int, watcher: asyncio.Future):
+                  stops: list[str], max_tokens: int, watcher: asyncio.Future, shape: AnswerPlan | None = None):
     try:
         events, midpoint = 0, max(1, max_tokens // 2)
         started = [False] * len(ids)
-        prompt = completion = cached = 0
+        choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
+        prompt = completion = cached = reasoning = 0
         async for i, text, reason, o in _outputs(engine, queue, ids, stops):
-            event = writer.content(i, text, reason)
+            if choices is None:
+                event = writer.content(i, text, reason)
+            else:
+                c = choices[i]
+                event = writer.delta(i, c.delta(text, o.completion_tokens, reason is not None), c.finish_reason(reason))
             if writer.chat and not started[i]:
                 started[i] = True
                 event = writer.role(i) + event
@@ -326,10 +340,12 @@ async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, 
             if reason is not None:
                 prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
                     cached + o.cached_tokens
+                reasoning += choices[i].reasoning_tokens(o.completion_tokens) if choices is not None else 0
         if watcher.done():  # the client is gone: nothing more to say
             return
         if include_usage:
-            yield writer.usage(usage(prompt, completion, cached))
+            report = shape is not None and shape.report
+            yield writer.usage(usage(prompt, completion, cached, reasoning if report else None))
         yield "data: [DONE]\n\n"
     finally:
         watcher.cancel()
