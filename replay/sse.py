@@ -90,18 +90,18 @@ def json_string_body(s: bytes) -> bool:
     return r.find(b'"') < 0 and r[-1:] != b"\\"
 
 
-def token_kind(payload: bytes) -> int:
+def token_kind(payload: bytes) -> tuple[int, list | None]:
     """ANSWER or REASONING for a `{...}` event that carries generated tokens of one kind and needs
     no JSON parse (`token_fields`), no usage object, balanced braces (a truncated event fails this
-    and gets parsed); else 0 (parse it)."""
+    and gets parsed); else 0 (parse it). With the event's token fields."""
     fields = token_fields(payload)
     if not fields:
-        return 0
+        return 0, fields
     kind = fields[0][0]
     if any(k != kind for k, _ in fields) or payload[-1:] != b"}" or payload.find(b'"usage":{') >= 0 \
             or payload.find(b'"usage": {') >= 0 or payload.count(b"{") != payload.count(b"}"):
-        return 0
-    return kind
+        return 0, fields
+    return kind, fields
 
 
 def event_tokens(obj: dict) -> tuple[str, int]:
@@ -291,13 +291,12 @@ class ResponseParser:
                 self.answer_at = first
         return pos
 
-    def _learn(self, payload: bytes, kind: int) -> None:
+    def _learn(self, payload: bytes, kind: int, fields: list | None) -> None:
         """Remember a validated token event (one choice, no usage) as the template that
         `_plain_chunks` matches: its bytes before and after the text. A chunk whose bytes equal
         these outside a text that is one JSON string is the same event. The text may appear
         twice, in two fields of one kind (vLLM 0.11.2-0.15 echo `reasoning` in `reasoning_content`)."""
         self._relearn -= 1
-        fields = token_fields(payload)
         if not fields or len(fields) > 2:
             return      # keep parsing these
         fields.sort(key=lambda f: f[1])
@@ -415,12 +414,12 @@ class ResponseParser:
             self.done, self._fast = True, False
             return
         if self._fast:
-            kind = token_kind(payload)
+            kind, fields = token_kind(payload)
             if kind:
                 self._token(kind, t)           # no JSON parse
                 self.chunk_tokens = None
                 if self._relearn > 0:
-                    self._learn(payload, kind)
+                    self._learn(payload, kind, fields)
                 return
             if (payload.find(b'"finish_reason":"') > 0 and payload.find(b'"usage"') < 0
                     and payload.find(b'"error"') < 0 and (b'"text":""' in payload or b'"delta":{}' in payload)
@@ -455,7 +454,7 @@ class ResponseParser:
         if kind:
             self._token(kind, t)
             if self._relearn > 0 and usage is None and len(obj["choices"]) == 1 and kind != ANSWER | REASONING:
-                self._learn(payload, kind)
+                self._learn(payload, kind, token_fields(payload))
             if self.text is not None and text:
                 self.text.append(text)
             if self.chunk_tokens is not None:
