@@ -80,7 +80,8 @@ class RequestMetrics:
     n_out: np.ndarray               # completion_tokens if reported, else token chunks
     n_out_from_usage: np.ndarray    # bool
     input_len: np.ndarray           # prompt_tokens if reported, else input_tokens
-    n_chunks: np.ndarray            # token chunks (NaN: no list)
+    one_token: np.ndarray           # bool: successes whose usage total is their chunk count (one token a chunk)
+    has_reasoning: bool             # some record streamed reasoning or reported reasoning tokens
     reasoning: np.ndarray           # reasoning tokens (NaN: none)
     reasoning_chunks: np.ndarray    # chunks before the first answer (0: no reasoning phase)
     columns: dict[str, np.ndarray]  # ttft_ms, ttfa_ms, tpot_ms, ..., *_sched_ms, lag_ms
@@ -91,24 +92,28 @@ class RequestMetrics:
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
 
-    @property
-    def has_reasoning(self) -> bool:
-        """Some successful request streamed reasoning or reported reasoning tokens."""
-        return bool(np.any(self.ok & ((self.reasoning_chunks > 0) | (self.reasoning > 0))))
-
-    @property
-    def one_token(self) -> np.ndarray:
-        """Successful requests whose chunks carried one token each: the usage total is the chunk count."""
-        return self.n_out_from_usage & (self.n_out == self.n_chunks)
-
 
 # Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
 STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "first_answer_s", "input_tokens",
                     "output_tokens", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_chunks")
 METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
-ARRAYS = ("scheduled", "sent", "end", "n_out", "input_len", "n_chunks", "reasoning", "reasoning_chunks")
-OUTPUTS = (*ARRAYS, "ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms",
-           "answer_ms", "ttft_sched_ms", "ttfa_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
+ARRAYS = ("scheduled", "sent", "end", "n_out", "input_len")
+OUTPUTS = (*ARRAYS, "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms", "answer_ms", "ttft_sched_ms", "e2e_sched_ms",
+           "ntpot_sched_ms", "lag_ms")
+# Allocated once a record shows reasoning; without any, each is its twin (the answer is all of
+# the output) or, for reasoning_ms, NaN: no memory is spent on them.
+REASONING_OUTPUTS = ("ttfa_ms", "ttfa_sched_ms", "tpot_answer_ms", "reasoning_ms", "reasoning", "reasoning_chunks")
+TWINS = {"ttfa_ms": "ttft_ms", "ttfa_sched_ms": "ttft_sched_ms", "tpot_answer_ms": "tpot_ms"}
+
+
+def _reasoning_arrays(out: dict, lo: int, n: int) -> dict:
+    """The REASONING_OUTPUTS, with rows [0, lo) (which had no reasoning) filled from their twins."""
+    r = {k: np.empty(n) for k in REASONING_OUTPUTS}
+    for k, twin in TWINS.items():
+        r[k][:lo] = out[twin][:lo]
+    r["reasoning_ms"][:lo] = r["reasoning"][:lo] = np.nan
+    r["reasoning_chunks"][:lo] = 0.0
+    return r
 
 
 def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
@@ -125,8 +130,9 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     status_codes = lut[scodes]
     del scodes
     ok = status_codes == 0
-    usage = np.empty(n, dtype=bool)
+    usage, one_token = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
     out = {k: np.empty(n) for k in OUTPUTS}
+    rsn: dict | None = None
     checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
     lo = 0
     if stream is None:
@@ -135,7 +141,6 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     for tb in stream:
         sl = slice(lo, lo + tb.num_rows)
         batch = rest.slice(lo, tb.num_rows)
-        lo += tb.num_rows
         o = {k: v[sl] for k, v in out.items()}
         sched, sent = o["scheduled"], o["sent"]
         sched[:], sent[:] = as_f64(tb.column("scheduled_s")), as_f64(tb.column("sent_s"))
@@ -150,18 +155,11 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
             rows.append(bad + sl.start)
             diffs.append(b[bad] - a[bad])
         completion = lengths["completion_tokens"]
-        n_chunks = o["n_chunks"]
-        n_chunks[:] = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
+        n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
-        reasoning, rc = o["reasoning"], o["reasoning_chunks"]
-        reasoning[:] = as_f64(tb.column("reasoning_tokens"))
-        rc[:] = np.nan_to_num(as_f64(tb.column("reasoning_chunks")))   # null: no reasoning phase
-        # no reasoning phase: the first token is the first answer (also in records from before
-        # reasoning was told apart, which have no first_answer_s)
-        answer = np.where(rc == 0, first, as_f64(tb.column("first_answer_s")))
-        n_answer = np.where(usage[sl], completion - np.nan_to_num(reasoning), n_chunks - rc)
+        np.equal(completion, n_chunks, out=one_token[sl])
         prompt = lengths["prompt_tokens"]
         np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
         # Seconds to ms, NaN for failed requests: one multiply (x * 1e3 is what x * 1e3 * 1.0 was).
@@ -179,16 +177,26 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         e2e, e2e_s = ms(last, sent, o["e2e_ms"]), ms(last, sched, o["e2e_sched_ms"])
         ms(first, sent, o["ttft_ms"])
         ms(first, sched, o["ttft_sched_ms"])
-        ms(answer, sent, o["ttfa_ms"])
-        ms(answer, sched, o["ttfa_sched_ms"])
-        ms(last, answer, o["answer_ms"])
-        ms(np.where(np.isnan(answer), last, answer), first, o["reasoning_ms"])   # no answer: all of it
-        o["reasoning_ms"][rc == 0] = np.nan
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_token(ms(last, first, np.empty(len(last))), n_out - 1, n_out >= 2, o["tpot_ms"])
-            per_token(o["answer_ms"].copy(), n_answer - 1, n_answer >= 2, o["tpot_answer_ms"])
+            per_token(ms(last, first, o["answer_ms"]), n_out - 1, n_out >= 2, o["tpot_ms"])
             per_token(e2e, n_out, n_out >= 1, o["ntpot_ms"])
             per_token(e2e_s, n_out, n_out >= 1, o["ntpot_sched_ms"])
+        reasoning = as_f64(tb.column("reasoning_tokens"))
+        rc = np.nan_to_num(as_f64(tb.column("reasoning_chunks")))   # null: no reasoning phase
+        if rsn is None and ((rc > 0).any() or (reasoning > 0).any()):
+            rsn = _reasoning_arrays(out, lo, n)
+        if rsn is not None:
+            r = {k: v[sl] for k, v in rsn.items()}
+            r["reasoning"][:], r["reasoning_chunks"][:] = reasoning, rc
+            # without a reasoning phase the first token is the first answer
+            answer = np.where(rc == 0, first, as_f64(tb.column("first_answer_s")))
+            n_answer = np.where(usage[sl], completion - np.nan_to_num(reasoning), n_chunks - rc)
+            ms(answer, sent, r["ttfa_ms"])
+            ms(answer, sched, r["ttfa_sched_ms"])
+            ms(np.where(np.isnan(answer), last, answer), first, r["reasoning_ms"])   # no answer: all of it
+            r["reasoning_ms"][rc == 0] = np.nan
+            with np.errstate(invalid="ignore", divide="ignore"):
+                per_token(ms(last, answer, o["answer_ms"]), n_answer - 1, n_answer >= 2, r["tpot_answer_ms"])
         end = o["end"]                    # last token, else first token, else sent
         np.copyto(end, last)
         gap = np.isnan(end)
@@ -196,12 +204,20 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         gap = np.isnan(end)
         end[gap] = sent[gap]
         ms(sent, sched, o["lag_ms"], blank=False)
+        lo += tb.num_rows
     if lo != n:
         raise ValueError(f"the streamed columns cover {lo} rows, the records {n}")
     cols = {k: out[k] for k in OUTPUTS[len(ARRAYS):]}
+    if rsn is None:
+        nan = np.broadcast_to(np.float64(np.nan), (n,))      # read-only, no memory
+        cols.update({k: cols[twin] for k, twin in TWINS.items()}, reasoning_ms=nan)
+        reasoning, reasoning_chunks = nan, np.broadcast_to(np.float64(0.0), (n,))
+    else:
+        cols.update({k: rsn[k] for k in REASONING_OUTPUTS if k.endswith("_ms")})
+        reasoning, reasoning_chunks = rsn["reasoning"], rsn["reasoning_chunks"]
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
-                          usage & ok, out["input_len"], out["n_chunks"], out["reasoning"], out["reasoning_chunks"],
-                          cols, encode(table.column("model"), np.int32),
+                          usage & ok, out["input_len"], one_token & usage & ok, rsn is not None, reasoning,
+                          reasoning_chunks, cols, encode(table.column("model"), np.int32),
                           encode(table.column("slo_class"), np.int32),
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
                                           np.concatenate(diffs or [np.empty(0)]))

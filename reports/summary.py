@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
-from .metrics import BATCH, LENGTH_CHECKS, STREAMED_COLUMNS, request_metrics
+from .metrics import BATCH, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -23,9 +23,6 @@ SUMMARY_SCHEMA_VERSION = 1
 REPORTED = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
             "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms", "ttfa_sched_ms",
             "e2e_sched_ms", "ntpot_sched_ms")
-# Without reasoning in the run, the answer is all of the output: these equal their twin exactly.
-ANSWER_TWINS = {"ttfa_ms": "ttft_ms", "ttfa_sched_ms": "ttft_sched_ms", "tpot_answer_ms": "tpot_ms",
-                "icl_answer_ms": "icl_ms", "itl_answer_ms": "itl_ms"}
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
 BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
 PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
@@ -119,28 +116,32 @@ def _plots(an: Analysis) -> dict:
 
 
 def _latency(an: Analysis) -> dict:
-    """describe() of every REPORTED metric; a twin, or a metric that is the very array of another
-    (ITL is ICL when every chunk carried one token), is copied, not described again."""
-    twins = {} if an.rm.has_reasoning else ANSWER_TWINS
-    out, seen = {}, []        # (array, its description): the arrays are kept, so `is` is safe
+    """describe() of every REPORTED metric. One that is the very array of another is copied, not
+    described again: without reasoning the answer metrics are their all-token twins, and ITL is
+    ICL when every chunk carried one token (metrics.py)."""
+    out, seen = {}, []        # (source array, its description); the arrays stay alive, so `is` holds
     for k in REPORTED:
-        if k in twins:
+        if k == "reasoning_ms" and not an.rm.has_reasoning:
+            out[k] = describe(np.empty(0))
             continue
-        x = an.column(k)
-        same = next((d for y, d in seen if y is x), None)
-        out[k] = dict(same) if same is not None else describe(x)
-        seen.append((x, out[k]))
-    out.update({k: dict(out[twin]) for k, twin in twins.items()})
-    return {k: out[k] for k in REPORTED}
+        base = k.replace("_sched_ms", "_ms")
+        src = an.pooled()[base] if base in POOLED else an.rm.latency(k)
+        same = next((d for y, d in seen if y is src), None)
+        out[k] = dict(same) if same is not None else describe(an.column(k))
+        seen.append((src, out[k]))
+    return out
 
 
 def _reasoning(an: Analysis) -> dict:
     """Reasoning in the measured successes: how many requests streamed it, reported it without
     streaming it (hidden: it is inside their TTFT), or never reached an answer."""
     rm, okm = an.rm, an.mask & an.rm.ok
+    if not rm.has_reasoning:
+        return {"requests": 0, "streamed": 0, "hidden": 0, "no_answer": 0, "ok": int(np.count_nonzero(okm)),
+                "tokens": describe(np.empty(0), ci=()), "tokens_total": 0.0}
     phase = okm & (rm.reasoning_chunks > 0)
     hidden = okm & (rm.reasoning > 0) & (rm.reasoning_chunks == 0)
-    no_answer = phase & (rm.reasoning_chunks >= rm.n_chunks)
+    no_answer = phase & np.isnan(rm.columns["ttfa_ms"])
     tokens = np.where(okm, rm.reasoning, np.nan)
     return {"requests": int(np.count_nonzero(phase | hidden)), "streamed": int(np.count_nonzero(phase)),
             "hidden": int(np.count_nonzero(hidden)), "no_answer": int(np.count_nonzero(no_answer)),
