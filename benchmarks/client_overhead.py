@@ -16,6 +16,9 @@ pinned to CPU 0:
   replay x1/x2  the real runner, `replay run --workers N` (Locust; 2 workers only at >= 1000
            req/s, not pinned), CPU from run.json's client_cpu_s (runner, or master + workers,
            over the replay; not start-up, finalising or the report).
+With `--reasoning N` every request is a chat request whose first N tokens the server streams as
+reasoning (`delta.<--reasoning-field>`, vLLM's shape) and the rest as `delta.content`: the same
+measurement on a reasoning model's streams (the baseline counts both kinds, as vLLM's does).
 It prints client CPU (user+sys of the client process, from getrusage) per streamed token,
 achieved request rate, dispatch lag (sent - scheduled; for aiohttp the moment `post` is
 entered, which flatters it) p50/p99/max, and ours/aiohttp ratios. Target: ratio <= 0.5.
@@ -47,9 +50,21 @@ def arrivals(rate: float, duration: float, seed: int) -> list[float]:
         out.append(t)
 
 
+CHAT = {"on": False}     # --reasoning: chat requests (set in main, passed on to the client processes)
+
+
+def path() -> str:
+    return "/v1/chat/completions" if CHAT["on"] else "/v1/completions"
+
+
 def payload(i: int, tokens: int) -> bytes:
-    return json.dumps({"model": "m", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": tokens, "stream": True,
-                       "stream_options": {"include_usage": True}, "user": str(i)}).encode()
+    body = {"model": "m", "max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True},
+            "user": str(i)}
+    if CHAT["on"]:
+        body["messages"] = [{"role": "user", "content": "one two three four five six seven eight"}]
+    else:
+        body["prompt"] = [1, 2, 3, 4, 5, 6, 7, 8]
+    return json.dumps(body).encode()
 
 
 def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int,
@@ -98,7 +113,7 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
     lags, sent, counts = [], [], [0, 0]
 
     def one(i: int, due: float) -> None:
-        r = stream_post(pool, "/v1/completions", bodies[i], timeout=60)
+        r = stream_post(pool, path(), bodies[i], timeout=60)
         if r.sent:
             lags.append(r.sent - due)
             sent.append(r.sent)
@@ -155,7 +170,7 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
         lags.append(st - due)
         sent.append(st)
         n, ok, stamps = 0, False, []
-        async with session.post(url + "/v1/completions", data=bodies[i],
+        async with session.post(url + path(), data=bodies[i],
                                 headers={"Content-Type": "application/json"}) as resp:
             if resp.status == 200:
                 async for chunk_bytes in resp.content:
@@ -168,7 +183,10 @@ def run_aiohttp(url: str, times: list[float], tokens: int, record: dict | None =
                         continue
                     ts = time.perf_counter()
                     data = json.loads(chunk)
-                    if data.get("choices") and data["choices"][0].get("text"):
+                    ch = data["choices"][0] if data.get("choices") else {}
+                    delta = ch.get("delta") or {}
+                    if ch.get("text") or delta.get("content") or delta.get("reasoning_content") \
+                            or delta.get("reasoning"):
                         n += 1
                         stamps.append(ts)
         counts[0] += n
@@ -213,8 +231,9 @@ def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int
                     "input_tokens": np.full(n, 8, "int32"),
                     "output_tokens": np.full(n, tokens, "int32")})).write(trace)
     pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    api = ["--api", "chat", "--model-map", "*=m"] if CHAT["on"] else ["--prompt-mode", "ids"]
     subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
-                    "--workers", str(workers), "--no-check", "--prompt-mode", "ids", "--no-progress"],
+                    "--workers", str(workers), "--no-check", "--no-progress", *api],
                    check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
                    preexec_fn=pin, timeout=times[-1] * 10 + 120)
     cpu_s = json.loads(Path(f"{out}/run.json").read_text())["client_cpu_s"]
@@ -249,7 +268,8 @@ def start_server(interval: float, cpu: int | None, *extra: str) -> tuple[subproc
 def client(role: str, url: str, rate: float, duration: float, tokens: int, seed: int, cpu: int | None) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [sys.executable, __file__, "--role", role, "--url", url, "--rates", str(rate),
-            "--duration", str(duration), "--tokens", str(tokens), "--seed", str(seed)]
+            "--duration", str(duration), "--tokens", str(tokens), "--seed", str(seed),
+            "--reasoning", str(CHAT.get("reasoning", 0))]
     if cpu is not None:
         args += ["--cpu", str(cpu)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=duration * 10 + 120)
@@ -268,10 +288,13 @@ def main() -> None:
     ap.add_argument("--runner", action=argparse.BooleanOptionalAction, default=True,
                     help="also time `replay run` (Locust runner, 1 worker; 2 workers at >= 1000 req/s)")
     ap.add_argument("--repeat", type=int, default=1, help="alternate the clients this many times; medians")
+    ap.add_argument("--reasoning", type=int, default=0, help="chat requests; the first N tokens are reasoning")
+    ap.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"))
     ap.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    CHAT.update(on=a.reasoning > 0, reasoning=a.reasoning)
     if a.role:   # child: one client run, JSON on stdout
         if a.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {a.cpu})
@@ -280,8 +303,10 @@ def main() -> None:
         return
     ncpu = os.cpu_count() or 1
     srv_cpu, cli_cpu = (ncpu - 1, 0) if ncpu > 1 else (None, None)
-    proc, url = start_server(a.interval, srv_cpu)
-    print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request, "
+    extra = ("--reasoning", str(a.reasoning), "--reasoning-field", a.reasoning_field) if a.reasoning else ()
+    proc, url = start_server(a.interval, srv_cpu, *extra)
+    print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request"
+          f"{f' (chat, {a.reasoning} of them reasoning in delta.{a.reasoning_field})' if a.reasoning else ''}, "
           f"{a.interval * 1e3:g} ms apart, {a.duration:g} s Poisson traces")
     print(f"{'rate':>6} {'client':>9} {'us/token':>9} {'req/s':>7} {'ok':>7} {'lag p50':>8} {'p99':>7} {'max':>7} ms")
     try:
