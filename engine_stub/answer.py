@@ -4,7 +4,7 @@ text or as one tool call, in the delta shapes vLLM streams.
 vLLM splits a reasoning model's output in the server (its reasoning parser) and frames tool calls
 there too (its tool parser); the engine only generates tokens. Here the split is by count: the
 first `reasoning` output tokens of a choice are reasoning (`delta.reasoning_content`, or
-`delta.reasoning` as vLLM >= 0.11.1, or both as 0.11.2-0.15 do), the rest the answer. A tool call
+`delta.reasoning` as vLLM >= 0.16, or both as 0.11.2-0.15 do), the rest the answer. A tool call
 streams a chunk with its id and name (the first answer token), then the tokens' text as the
 pieces of its `arguments`: `{"<param>": "<text>"}`, one piece per token.
 """

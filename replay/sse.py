@@ -9,7 +9,7 @@ A *token event* carries generated tokens of either kind:
 - answer: `text` (completions), `delta.content`, `delta.refusal`, or a streamed tool call
   (`delta.tool_calls[].function.name` / `.arguments`);
 - reasoning: `delta.reasoning_content` (vLLM <= 0.15, SGLang, llama.cpp) or `delta.reasoning`
-  (vLLM >= 0.11, Ollama, OpenRouter).
+  (vLLM from about 0.11.2, Ollama, OpenRouter).
 Each gets one entry in `token_times`; `answer_at` is the index of the first answer event and
 `n_reasoning` counts the events that carried reasoning.
 
