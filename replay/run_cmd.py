@@ -214,7 +214,7 @@ def _check_apis(target: str, apis: set[str], caps: dict) -> None:
     """A run against an API the target does not stream (a chat-only gateway asked for completions)
     would only record failures: say so before it starts."""
     for api in sorted(apis):
-        probe = f"{api}_stream" if api == "chat" else "completions_stream"
+        probe = f"{api}_stream"
         if not caps.get(probe):
             why = caps["errors"].get(probe) or "it streamed no tokens"
             other = next((a for a in PATHS if a != api and caps.get(f"{a}_stream")), None)

@@ -48,11 +48,11 @@ def markdown_table(columns: list[str], rows: list[list[object]]) -> str:
 
 
 LAT_COLUMNS = ["metric", "n", "mean", "p50", "p90", "p95", "p99", "p99.9", "max", "p99 95% CI"]
-SHOWN = ("ttft_ms", "tpot_ms", "icl_ms", "itl_ms", "e2e_ms", "ntpot_ms", "ttft_sched_ms", "e2e_sched_ms")
-# with reasoning in the run: the answer's own figures, and where the time went
-SHOWN_REASONING = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
-                   "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms",
-                   "ttfa_sched_ms", "e2e_sched_ms")
+SHOWN = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms", "itl_answer_ms",
+         "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms", "ttfa_sched_ms", "e2e_sched_ms")
+# Shown only with reasoning in the run: without it the answer metrics equal their all-token twins.
+REASONING_ONLY = {"ttfa_ms", "ttfa_sched_ms", "tpot_answer_ms", "icl_answer_ms", "itl_answer_ms", "reasoning_ms",
+                  "answer_ms"}
 REASONING_COLUMNS = ["model", "with reasoning", "reasoning tok p50", "reasoning ms p50", "reasoning ms p99",
                      "ttft p50", "ttfa p50", "ttfa p99", "answer ms p50"]
 
@@ -61,18 +61,16 @@ def _has_reasoning(s: dict) -> bool:
     return bool((s.get("reasoning") or {}).get("requests"))
 
 
-def latency_names(s: dict) -> list[str]:
-    """Every latency of summary.json worth a row: without reasoning in the run, not the answer-only
-    twins (equal to their all-token metric) nor reasoning_ms / answer_ms."""
-    if _has_reasoning(s):
-        return list(s["latency"])
-    skip = {"ttfa_ms", "ttfa_sched_ms", "tpot_answer_ms", "icl_answer_ms", "itl_answer_ms", "reasoning_ms", "answer_ms"}
-    return [k for k in s["latency"] if k not in skip]
+def latency_names(s: dict, names=None) -> list[str]:
+    """The latencies worth a row (default: all of summary.json's): without reasoning in the run,
+    not the REASONING_ONLY ones."""
+    keep = _has_reasoning(s)
+    return [k for k in (names or s["latency"]) if keep or k not in REASONING_ONLY]
 
 
 def _latency_rows(s: dict) -> list[list[object]]:
     rows = []
-    for name in SHOWN_REASONING if _has_reasoning(s) else SHOWN:
+    for name in latency_names(s, SHOWN):
         d = s["latency"].get(name)
         if d and d["n"]:
             rows.append([name, d["n"], *[d[k] for k in ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")],
