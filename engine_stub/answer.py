@@ -61,10 +61,9 @@ def plan(opts: AnswerOptions, req, max_tokens: int) -> AnswerPlan:
     as for Qwen3 on vLLM. `tool_choice` "required" or a named function calls a tool whenever
     `tools` are offered; "auto" (the default) does with `--tool-calls`; "none" never does."""
     extra = req.model_extra or {}
-    own = extra.get("reasoning_tokens")
     thinking = (extra.get("chat_template_kwargs") or {}).get("enable_thinking", True)
-    if isinstance(own, int) and not isinstance(own, bool) and own >= 0:
-        n, report = own, True
+    if req.reasoning_tokens is not None:
+        n, report = req.reasoning_tokens, True
     elif opts.reasoning is None or thinking is False:
         n, report = 0, opts.reasoning is not None
     elif isinstance(opts.reasoning, float):

@@ -66,6 +66,7 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    reasoning_tokens: int | None = Field(None, ge=0)   # engine-stub extension (answer.py)
 
 
 def usage(prompt: int, completion: int, cached: int = 0, reasoning: int | None = None) -> dict:

@@ -16,8 +16,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     "type": "object", "properties": {"unit": {"type": "string"}, "city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-def req(**extra):
-    return SimpleNamespace(model_extra=extra)
+def req(reasoning_tokens=None, **extra):
+    return SimpleNamespace(model_extra=extra, reasoning_tokens=reasoning_tokens)
 
 
 @pytest.mark.parametrize("spec,want", [("0.3", 0.3), ("30%", 0.3), ("20", 20), ("0", 0), (None, None)])
@@ -87,6 +87,8 @@ def test_engine_streams_reasoning_then_answer(engine):
     assert usage.completion_tokens == 12 and usage.completion_tokens_details.reasoning_tokens == 8
     off = chat_stream(engine, max_tokens=6, extra_body={"ignore_eos": True, "reasoning_tokens": 0})
     assert not any(getattr(c.choices[0].delta, "reasoning_content", None) for c in off if c.choices)
+    with pytest.raises(openai.BadRequestError, match="reasoning_tokens"):
+        chat_stream(engine, max_tokens=6, extra_body={"reasoning_tokens": -1})
 
 
 def test_engine_streams_a_tool_call(engine):
