@@ -5,8 +5,7 @@ time (perf_counter of T0 + scheduled_s; never relative sleeps, so lag cannot acc
 and hands each request to its own greenlet, in a `Group` while in flight (a finished one parks
 and takes a later request); sending never waits for responses.
 Each request streams through the lean client (`replay.client`), writes exactly one record,
-and fires one Locust request event for E2E, one for TTFT and, after reasoning, one for TTFA
-(never one per token).
+and fires one Locust request event for E2E and one for TTFT (never one per token).
 `stop()` ends dispatching: unsent rows become `not_sent`, in-flight requests get a grace
 time and are then killed (`cancelled`).
 
@@ -208,10 +207,6 @@ class Job:
         if res.first_token is not None:
             self.events.request.fire(request_type="TTFT", name=name,
                                      response_time=(res.first_token - res.sent) * 1000,
-                                     response_length=0, exception=None, context={})
-        if res.reasoning_chunks and res.first_answer is not None:   # a reasoning model's answer
-            self.events.request.fire(request_type="TTFA", name=name,
-                                     response_time=(res.first_answer - res.sent) * 1000,
                                      response_length=0, exception=None, context={})
 
     @property
