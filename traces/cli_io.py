@@ -81,7 +81,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=EXPORT_FORMATS, help="default: the format the trace was imported from")
     p.set_defaults(func=_user_errors(cmd_export))
 
-    p = sub.add_parser("describe", help="statistics of a trace: rate, burstiness, lengths, model mix, prefix reuse")
+    p = sub.add_parser("describe", help="statistics of a trace: rate, burstiness, lengths, model mix, prefix reuse, images")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--windows", default="1,10,60", help="index-of-dispersion windows in seconds (default 1,10,60)")

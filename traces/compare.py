@@ -17,7 +17,26 @@ TOLERANCES = {
     "spearman": ("abs", 0.10),
     "model_share": ("abs", 0.02),
     "prefix_hit": ("abs", 0.05),
+    "image_share": ("abs", 0.02),
+    "image_mean": ("rel", 0.10),
 }
+MIN_COUNT_SHARE = 0.01    # image counts this rare in both traces get no row of their own
+
+
+def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The image-count distribution: share of requests with images, mean images per request,
+    and the share of each count (0, 1, 2, ...) that holds >= 1% of either trace. A trace
+    without `num_images` sends no images: it compares as all zeros."""
+    none = {"share_with_images": 0.0, "mean_images": 0.0, "count_histogram": {"0": 1}}
+    ia, ib = ia or none, ib or none
+    rows = [_row("images.share_with_images", "image_share", ia["share_with_images"], ib["share_with_images"]),
+            _row("images.mean_per_request", "image_mean", ia["mean_images"], ib["mean_images"])]
+    sa, sb = ({int(k): v / max(sum(h.values()), 1) for k, v in h.items()}
+              for h in (ia["count_histogram"], ib["count_histogram"]))
+    for k in sorted(set(sa) | set(sb)):
+        if max(sa.get(k, 0.0), sb.get(k, 0.0)) >= MIN_COUNT_SHARE:
+            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0)))
+    return rows
 
 
 def _row(metric: str, family: str, a: float | None, b: float | None) -> dict[str, Any]:
@@ -57,6 +76,9 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     if pa_ or pb_:
         rows.append(_row("prefix_block_hit_ratio", "prefix_hit", (pa_ or {}).get("block_hit_ratio"),
                          (pb_ or {}).get("block_hit_ratio")))
+    ia, ib = stats.image_stats(a), stats.image_stats(b)
+    if ia or ib:
+        rows += _image_rows(ia, ib)
     return rows
 
 

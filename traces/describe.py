@@ -33,6 +33,26 @@ def _qline(name: str, q: dict) -> str:
     return f"  {name:<14}" + "".join(f"{k}={_f(q[k], 0 if k != 'mean' else 1):>9}  " for k in ("p50", "p90", "p99", "max", "mean"))
 
 
+def _image_lines(im: dict[str, Any], shown: int = 12) -> list[str]:
+    """Share with images, mean and max, the count histogram as shares (the first `shown`
+    counts; the rest summed, up to 65 counts would not fit a line) and the top sizes."""
+    items = list(im["count_histogram"].items())
+    total = sum(v for _, v in items) or 1
+    hist = [f"{k}: {v / total:.1%}" for k, v in items[:shown]]
+    if len(items) > shown:
+        hist.append(f">{items[shown - 1][0]}: {sum(v for _, v in items[shown:]) / total:.1%}")
+    lines = [f"images           {im['share_with_images']:.2%} of requests have images; "
+             f"mean {_f(im['mean_images'], 3)} per request, max {im['max_images']}",
+             f"  count          {', '.join(hist)}"]
+    if im["image_px"]:
+        more = im["image_px_distinct"] - len(im["image_px"])
+        null = im["image_px_defaulted"]
+        lines.append("  image_px       " + ", ".join(f"{k} {v:.1%}" for k, v in im["image_px"].items())
+                     + (f" (+{more} other sizes)" if more > 0 else "")
+                     + (f"; {null:.1%} null, sent as the default" if null else ""))
+    return lines
+
+
 def render(d: dict[str, Any], file: str) -> str:
     src = d.get("source") or {}
     lines = [f"{file}: {d['requests']:,} requests over {_f(d['duration_s'])} s"
@@ -66,6 +86,8 @@ def render(d: dict[str, Any], file: str) -> str:
         lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pcache['block_hit_ratio'])}, "
                      f"tokens {_f(pcache['token_hit_ratio'])} (block_size {_f(d['block_size'])}), "
                      f"requests with a hit {_f(pcache['requests_with_hit'])}")
+    if d.get("images"):
+        lines += _image_lines(d["images"])
     if d["failed_in_source"]:
         lines.append(f"failed in source {d['failed_in_source']:,} requests (flagged, kept)")
     if d["output_tokens_null"]:

@@ -3,7 +3,8 @@
 Per client (the trace's `client_id` when it has at most 64 of them, else one client): the
 rate profile and arrival process (`fit_dists`), per model the input and output lengths and
 their Spearman rho, the model mix (per window when it drifts), SLO classes, failures,
-sessions (turns, think time, new user tokens per turn) and the prefix structure of hash_ids.
+sessions (turns, think time, new user tokens per turn), the prefix structure of hash_ids, and
+per model the images per request (the exact count PMF) and the most common image size.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import stats as sst
 
+from . import stats
 from .errors import TraceError
 from .fit_dists import fit_arrival, fit_length, fit_profile
 
@@ -109,6 +111,19 @@ def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
     return out
 
 
+def _fit_images(t: pa.Table, counts: np.ndarray, rows: np.ndarray) -> dict[str, Any] | None:
+    """Images of the requests in `rows` (a mask): the count's exact PMF (counts are 0..64, so
+    no family is needed) and the most common size; None when none of them has an image (the
+    generator then writes 0 for them)."""
+    k = counts[rows]
+    if not (k > 0).any():
+        return None
+    hist = np.bincount(k)
+    pmf = {int(c): round(float(hist[c] / len(k)), 6) for c in np.flatnonzero(hist)}
+    px, _ = stats.image_px_shares(t, rows, top=1)
+    return {"count": pmf, "px": next(iter(px))}
+
+
 def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> tuple[list[dict], bool]:
     """Model weights, one per `window` when a chi-square test says the mix drifts."""
     nb = max(int(t.max() // window) + 1, 1)
@@ -160,13 +175,18 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float) -> dict[
         m["input"], m["output"] = fit_length(x), fit_length(out[sel] if sel.any() else y)
         if len(x) > 2 and x.std() > 0 and y.std() > 0:
             m["rho"] = round(float(sst.spearmanr(x, y)[0]), 4)
+    counts = stats.image_counts(t)
+    for i, m in enumerate(c["models"] if counts is not None else []):
+        images = _fit_images(t, counts, models == i)
+        if images:
+            m["images"] = images
     sc = _codes(t, "slo_class")
     if sc is not None:
         cnt = np.bincount(sc[0][sc[0] >= 0], minlength=len(sc[1]))
         c["slo_class"] = {n: int(k) for n, k in zip(sc[1], cnt) if k}
     if len(c["models"]) == 1:  # one model: its lengths are the client's
         m = c["models"][0]
-        c.update({k: m.pop(k) for k in ("input", "output", "rho") if k in m})
+        c.update({k: m.pop(k) for k in ("input", "output", "rho", "images") if k in m})
         c["models"] = {m["name"]: 1.0}
     return c
 
@@ -201,7 +221,12 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
                 c["prefix"] = p
         spec["clients"].append(c)
     # plain Python numbers only: the spec is written as YAML and embedded as JSON
-    return json.loads(json.dumps(spec, default=lambda v: v.item()))
+    spec = json.loads(json.dumps(spec, default=lambda v: v.item()))
+    for c in spec["clients"]:  # image counts stay numbers (`0: 0.7` in YAML, not '0': 0.7)
+        for holder in [c, *(c["models"] if isinstance(c["models"], list) else [])]:
+            if "images" in holder:
+                holder["images"]["count"] = {int(k): v for k, v in holder["images"]["count"].items()}
+    return spec
 
 
 def write_spec(spec: dict[str, Any], path: Path) -> None:

@@ -1,17 +1,17 @@
 """`generate(spec, seed)`: a synthetic trace from a generator spec, vectorised NumPy.
 
 Each client draws from its own child of `SeedSequence(seed)` (one stream per aspect:
-arrivals, sessions, models, lengths, failures, prefixes), so the output is bit-for-bit a
-function of (spec, seed); a stream is read by one thread only, so the two threads used here
-(arrival times beside the sizes; Parquet writes beside the next row group, `generate_to`)
-change nothing in it. The spec and seed are embedded in the metadata key `generator`, so
-`replay trace generate --spec T.parquet` re-creates T.
+arrivals, sessions, models, lengths, failures, prefixes, images), so the output is
+bit-for-bit a function of (spec, seed); a stream is read by one thread only, so the two
+threads used here (arrival times beside the sizes; Parquet writes beside the next row group,
+`generate_to`) change nothing in it. The spec and seed are embedded in the metadata key
+`generator`, so `replay trace generate --spec T.parquet` re-creates T.
 """
 from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_p
 from .pages import reused_pages
 from .schema import schema_for
 from .spec import parse_spec
-from .spec_types import Client, Spec
+from .spec_types import Client, Images, Spec
 from .trace import ROW_GROUP, Trace, is_text_path, parquet_writer, with_schema_version
 
 GENERATOR_VERSION = 1
@@ -77,7 +77,9 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     """One client's rows as NumPy columns, session-major (a session's turns are adjacent),
     including the turns that fall outside [0, duration); `order` lists the others by arrival.
     The arrival times and their sort run on `pool` while this thread draws the sizes."""
-    r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in ss.spawn(6))
+    # spawn(7)[:6] are the same streams as spawn(6): adding the image stream changed no draw
+    streams = ss.spawn(7)
+    r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
     T = spec.duration
     if c.sessions:
         mean_turns = discrete_mean(c.sessions.turns)
@@ -112,11 +114,42 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
         rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
+    if _client_px(c):  # (no stream, no columns without images: the common path stays as fast)
+        rows.update(_image_rows(c, model, np.random.default_rng(streams[6])))
     rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
         rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
     return rows
+
+
+def _model_images(c: Client) -> list[Images | None]:
+    """Each model's images: its own, else the client's, else none."""
+    return [m.images or c.images for m in c.models]
+
+
+def _client_px(c: Client) -> list[str]:
+    """The image sizes a client can draw, sorted (its local dictionary for `px` codes)."""
+    return sorted({s for img in _model_images(c) if img is not None for s in img.px})
+
+
+def _image_rows(c: Client, model: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Images per row, independent of the lengths: `nimg` from the model's count distribution
+    (0 for a model without images), `px` a size index into `_client_px(c)`. Models sharing
+    one images spec are drawn together."""
+    sizes = _client_px(c)
+    nimg, px = np.zeros(len(model), np.int16), np.zeros(len(model), np.int32)
+    groups: dict[int, tuple[Images, list[int]]] = {}
+    for mi, img in enumerate(_model_images(c)):
+        if img is not None:
+            groups.setdefault(id(img), (img, []))[1].append(mi)
+    for img, mis in groups.values():
+        rows = slice(None) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
+        k = len(model) if isinstance(rows, slice) else len(rows)
+        nimg[rows] = sample(img.count, rng, k)
+        codes = np.array([sizes.index(s) for s in img.px], np.int32)
+        px[rows] = codes[_pick(np.array(list(img.px.values())), rng.random(k))] if len(codes) > 1 else codes[0]
+    return {"nimg": nimg, "px": px}
 
 
 def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -314,6 +347,7 @@ class _Rows:
     classes: list[str]               # the SLO class dictionary
     sessions: bool                   # whether session_id / turn / parent_id are columns
     meta: dict[str, Any]
+    pixels: list[str] = field(default_factory=list)  # the image_px dictionary
 
     @property
     def n(self) -> int:
@@ -348,10 +382,13 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     # one dictionary over every client's model labels and SLO classes
     names = sorted({m.name for c in clients for m in c.models})
     classes = sorted({s for c in clients for s in c.slo_class})
+    pixels = sorted({s for c in clients for s in _client_px(c)})
     for c, p in zip(clients, parts):
         p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
+        if "px" in p:
+            p["px"] = np.array([pixels.index(s) for s in _client_px(c)], np.int32)[p["px"]]
     col, order, kept = _concat_sorted(parts)
     sessions = any(c.sessions is not None and m > 0 for c, m in zip(clients, kept))
     new_index = None
@@ -364,7 +401,7 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return _Rows(col, order, new_index, clients, names, classes, sessions, meta)
+    return _Rows(col, order, new_index, clients, names, classes, sessions, meta, pixels)
 
 
 def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
@@ -397,5 +434,10 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
         pid = _id_strings(col.pop("parent"))
         cols["parent_id"] = pc.if_else(pa.array(col.pop("no_parent")), None, pid)
     cols["client_id"] = client_str
+    if "nimg" in col:  # a client without images has 0 of them (filled by _concat_sorted)
+        nimg = col.pop("nimg")
+        cols["num_images"] = pa.array(nimg)
+        cols["image_px"] = pa.DictionaryArray.from_arrays(  # no size where there is no image
+            pa.array(col.pop("px"), mask=nimg == 0), pa.array(rows.pixels, pa.string())).cast(pa.string())
     schema = schema_for(list(cols))
     return pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)

@@ -86,6 +86,17 @@ def _multi_lora(d: float) -> dict[str, Any]:
     return {"clients": clients}
 
 
+def _vision(d: float) -> dict[str, Any]:
+    # a vision-language model (70% of requests; 45% of its requests carry images, mostly one,
+    # a few with batches of 4-8 screenshots or scans) beside a text-only model
+    images = {"count": {0: 0.55, 1: 0.3, 2: 0.08, 4: 0.05, 8: 0.02},
+              "px": {"512x512": 0.5, "1024x1024": 0.3, "1280x720": 0.2}}
+    return {"clients": [{"name": "vision-chat", "rate": 1.0, "arrival": {"process": "gamma", "cv": 1.5},
+                         "models": [{"name": "vlm", "weight": 0.7, "images": images},
+                                    {"name": "text", "weight": 0.3}],
+                         "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2}]}
+
+
 PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {
     # name: (builder, default duration s, default total rate req/s)
     "chat": (_chat, 600.0, 5.0),
@@ -95,6 +106,7 @@ PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {
     "multi-turn": (_multi_turn, 600.0, 3.0),
     "diurnal": (_diurnal, 3600.0, 5.0),
     "multi-lora": (_multi_lora, 600.0, 5.0),
+    "vision": (_vision, 600.0, 3.0),
 }
 
 

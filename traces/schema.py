@@ -37,8 +37,18 @@ COLUMNS: tuple[Column, ...] = (
     Column("failed_in_source", pa.bool_(), False, True, "source marked the request failed"),
     Column("observed_latency_s", pa.float64(), False, True, "latency observed in the source"),
     Column("client_id", pa.string(), False, True, "originating client / tenant"),
+    Column("num_images", pa.int16(), False, True, "images sent with the request (0..64); null = none"),
+    Column("image_px", pa.string(), False, True, "image size WxH in pixels; null = 512x512"),
     Column("extra", pa.string(), False, True, "unknown source columns as JSON"),
 )
+
+# Images (multimodal requests). More than 64 images in one chat request is absurd: such a
+# count is a mapping or unit mistake, and replay would build that many image parts per
+# request. 8192 px a side bounds one image the same way (8192x8192 RGB is 200 MB raw).
+MAX_IMAGES = 64
+MAX_IMAGE_SIDE = 8192
+DEFAULT_IMAGE_PX = "512x512"       # what replay sends for a row with images and no image_px
+IMAGE_PX_PATTERN = r"^\d+x\d+$"
 
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 REQUIRED: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)

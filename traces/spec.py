@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
+from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES
 from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, PROCESSES, PROFILES, Arrival, Client, Dist,
-                         ModelSpec, Prefix, Profile, Sessions, Spec, onoff_mean_rate, weibull_cv)
+                         Images, ModelSpec, Prefix, Profile, Sessions, Spec, onoff_mean_rate, weibull_cv)
+from .validate import image_px_problem
 
 
 class SpecError(TraceError):
@@ -211,6 +213,67 @@ def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
     return weights
 
 
+def _count_pmf(r: _Reader) -> dict[str, Any]:
+    """`{0: 0.7, 1: 0.2, 4: 0.1}`: image count -> probability (keys are numbers in YAML and
+    strings once embedded as JSON: both read the same)."""
+    if not r.d:
+        raise SpecError(r.path, "must not be empty: image count -> probability", r.file)
+    if len({isinstance(k, str) for k in r.d}) > 1:  # JSON embedding would have to sort them
+        raise SpecError(r.path, "keys must be all numbers or all strings", r.file)
+    pairs = []
+    for k, w in r.d.items():
+        try:
+            c = float(k) if not isinstance(k, bool) else math.nan
+        except (TypeError, ValueError):
+            c = math.nan
+        if not (math.isfinite(c) and c == int(c) and 0 <= c <= MAX_IMAGES):
+            raise SpecError(f"{r.path}.{k}", f"an image count must be a whole number in 0..{MAX_IMAGES}", r.file)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise SpecError(f"{r.path}.{k}", f"must be a probability (weight) >= 0, got {w!r}", r.file)
+        pairs.append((c, float(w)))
+    pairs.sort()  # the key order (YAML, JSON, sorted metadata) never changes the draws
+    if sum(w for _, w in pairs) <= 0:
+        raise SpecError(r.path, "weights must have a positive sum", r.file)
+    return {"values": [c for c, _ in pairs], "weights": [w for _, w in pairs]}
+
+
+def parse_images(r: _Reader) -> Images:
+    """`images: {count: {0: 0.7, 1: 0.2, 4: 0.1}, px: 512x512}`. `count`: a pmf (count ->
+    probability), one whole number, or any length distribution (`{dist: zipf, a: 2, max: 8}`),
+    within 0..MAX_IMAGES; `px`: one size `WxH` or a mapping `WxH` -> weight (default 512x512)."""
+    r.check_keys({"count", "px"})
+    if "count" not in r.d:
+        raise r.err("count", "is required: images per request, e.g. {0: 0.7, 1: 0.2, 4: 0.1} "
+                             "(count -> probability)")
+    v = r.d["count"]
+    if isinstance(v, dict) and "dist" in v:
+        cr = r.sub("count")
+        count = parse_dist(cr, 0, MAX_IMAGES)
+        if count.hi > MAX_IMAGES:
+            raise cr.err("max", f"must be <= {MAX_IMAGES} images per request, got {count.hi:g}")
+        bad = [x for x in count.params.get("values", []) if x != int(x) or x > MAX_IMAGES]
+        if bad:
+            raise cr.err("values", f"image counts must be whole numbers in 0..{MAX_IMAGES}, got {bad[0]:g}")
+    elif isinstance(v, dict):
+        count = Dist("empirical", _count_pmf(r.sub("count")), 0, MAX_IMAGES)
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        count = Dist("constant", {"value": float(r.num("count", lo=0, hi=MAX_IMAGES, integer=True))}, 0, MAX_IMAGES)
+    else:
+        raise r.err("count", "must be a mapping count -> probability, a whole number or a distribution")
+    px = r.d.get("px", DEFAULT_IMAGE_PX)
+    if isinstance(px, str):
+        sizes = {px: 1.0}
+    elif isinstance(px, dict) and px:
+        sizes = _weights(r, "px", px)
+    else:
+        raise r.err("px", "must be an image size WxH (e.g. 512x512) or a mapping WxH -> weight")
+    for size in sizes:
+        problem = image_px_problem(size)
+        if problem:
+            raise r.err("px", problem)
+    return Images(count, sizes)
+
+
 def parse_models(r: _Reader) -> list[ModelSpec]:
     v = r.d.get("models", {"default": 1.0})
     if isinstance(v, (str, dict)):
@@ -220,14 +283,15 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
     out = []
     for i, m in enumerate(v):
         mr = _Reader(m, f"{r.at('models')}[{i}]", r.file)
-        mr.check_keys({"name", "weight", "input", "output", "rho"})
+        mr.check_keys({"name", "weight", "input", "output", "rho", "images"})
         w = m.get("weight", 1.0)
         w = w if isinstance(w, list) else [w]
         wr = _Reader(dict(enumerate(w)), mr.at("weight"), r.file)
         out.append(ModelSpec(str(m.get("name", f"model-{i}")), [wr.num(j, lo=0) for j in range(len(w))],
                              parse_dist(mr.sub("input")) if "input" in m else None,
                              parse_dist(mr.sub("output")) if "output" in m else None,
-                             mr.num("rho", None, lo=-1, hi=1) if "rho" in m else None))
+                             mr.num("rho", None, lo=-1, hi=1) if "rho" in m else None,
+                             parse_images(mr.sub("images")) if "images" in m else None))
     lens = {len(m.weight) for m in out} - {1}
     if len(lens) > 1:
         raise r.err("models", "per-window weight lists must all have the same length")
@@ -241,7 +305,7 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
 
 
 CLIENT_KEYS = {"name", "rate", "arrival", "profile", "models", "mix_window", "slo_class", "input",
-               "output", "rho", "failures", "sessions", "prefix", "bootstrap"}
+               "output", "rho", "failures", "sessions", "prefix", "bootstrap", "images"}
 
 
 def parse_client(r: _Reader, i: int) -> Client:
@@ -284,7 +348,8 @@ def parse_client(r: _Reader, i: int) -> Client:
         slo_class=_weights(r, "slo_class", r.d["slo_class"]) if "slo_class" in r.d else {},
         input=inp, output=out, rho=r.num("rho", 0.0, lo=-1, hi=1),
         failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions, prefix=prefix,
-        bootstrap=None if boot is None else str(boot))
+        bootstrap=None if boot is None else str(boot),
+        images=parse_images(r.sub("images")) if "images" in r.d else None)
 
 
 def parse_spec(d: Any, file: str | None = None) -> Spec:

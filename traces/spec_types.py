@@ -47,12 +47,21 @@ class Profile:
 
 
 @dataclass
+class Images:
+    """Images per request: a count distribution over 0..MAX_IMAGES (drawn per request,
+    independent of the lengths) and the image sizes `WxH` -> weight (keys sorted)."""
+    count: Dist
+    px: dict[str, float]
+
+
+@dataclass
 class ModelSpec:
     name: str
     weight: list[float]                 # one weight, or one per `mix_window`
     input: Dist | None = None           # per-model lengths override the client's
     output: Dist | None = None
     rho: float | None = None
+    images: Images | None = None        # per-model images override the client's
 
 
 @dataclass
@@ -87,6 +96,7 @@ class Client:
     sessions: Sessions | None
     prefix: Prefix | None
     bootstrap: str | None
+    images: Images | None = None        # None: no images (unless a model sets its own)
 
 
 @dataclass

@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from scipy import optimize, special, stats
 
+from .schema import DEFAULT_IMAGE_PX
+
 DEFAULT_WINDOWS_S = (1.0, 10.0, 60.0)
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
 # Shape fits use at most this many gaps (evenly spaced, deterministic): the MLE of a shape
@@ -308,6 +310,56 @@ def prefix_cache_hits(table: Any, block_size: int | None = None) -> dict[str, An
     return res
 
 
+TOP_IMAGE_PX = 5   # image sizes listed by describe (the rest are counted, not named)
+
+
+def image_counts(table: Any) -> np.ndarray | None:
+    """`num_images` per row as int64 (null = 0: replay sends no image); None without the column."""
+    t = _tbl(table)
+    if "num_images" not in t.column_names:
+        return None
+    return t.column("num_images").fill_null(0).to_numpy().astype(np.int64, copy=False)
+
+
+def image_px_shares(table: Any, rows: np.ndarray | None = None, top: int | None = None) -> tuple[dict[str, float], int]:
+    """Share of each `image_px` among requests with images (optionally only `rows`, a mask),
+    largest first (ties in order of first appearance), at most `top` of them; and the number
+    of distinct sizes. A null size counts as the 512x512 replay sends."""
+    t = _tbl(table)
+    k = image_counts(t)
+    has = None if k is None else (k > 0 if rows is None else (k > 0) & rows)
+    if has is None or not has.any():
+        return {}, 0
+    px = (t.column("image_px").filter(pa.array(has)) if "image_px" in t.column_names
+          else pa.nulls(int(has.sum()), pa.string()))
+    vc = pc.value_counts(pc.fill_null(px, DEFAULT_IMAGE_PX))
+    counts = vc.field("counts").to_numpy()
+    order = np.argsort(-counts, kind="stable")[:top]
+    values = vc.field("values").take(pa.array(order)).to_pylist()
+    return {v: float(counts[i] / has.sum()) for v, i in zip(values, order)}, len(counts)
+
+
+def image_stats(table: Any) -> dict[str, Any] | None:
+    """The image-count distribution (DESIGN.md section 9): share of requests with >= 1 image,
+    mean images per request (over all requests), max, the count histogram {count: requests},
+    the top image sizes by share of requests with images (`image_px_distinct` counts all) and
+    the share of those whose size is null (sent as 512x512). None without `num_images`."""
+    k = image_counts(table)
+    if k is None:
+        return None
+    hist = np.bincount(k, minlength=1) if len(k) else np.zeros(1, np.int64)
+    px, distinct = image_px_shares(table, top=TOP_IMAGE_PX)
+    t = _tbl(table)
+    defaulted = int((k > 0).sum()) if "image_px" not in t.column_names else int(
+        pc.sum(pc.and_(pc.is_null(t.column("image_px")), pa.array(k > 0))).as_py() or 0)
+    return {"share_with_images": float((k > 0).mean()) if len(k) else 0.0,
+            "mean_images": float(k.mean()) if len(k) else 0.0,
+            "max_images": int(k.max(initial=0)),
+            "count_histogram": {str(c): int(hist[c]) for c in np.flatnonzero(hist)},
+            "image_px": px, "image_px_distinct": distinct,
+            "image_px_defaulted": float(defaulted / max(int((k > 0).sum()), 1))}
+
+
 def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = None) -> dict[str, Any]:
     """Every statistic above in one JSON-able dict (the body of `replay trace describe --json`)."""
     t = _tbl(table)
@@ -326,4 +378,5 @@ def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = 
         "model_mix": model_mix(t),
         "sessions": session_stats(t),
         "prefix_cache": prefix_cache_hits(t, block_size),
+        "images": image_stats(t),
     }

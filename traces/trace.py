@@ -17,14 +17,14 @@ import pyarrow.parquet as pq
 
 from .errors import TraceError
 from .schema import BY_NAME, REQUIRED, SCHEMA_VERSION, schema_for
+from .validate import check_image_px, check_num_images
 
-_INT32_MAX = 2**31 - 1
 ROW_GROUP = 1 << 20                    # rows per Parquet row group
 TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 # sorted or small-step integers: delta + bit-packing is smaller than zstd on plain values and
 # 2-3x cheaper to write, so these columns are not compressed again (10M rows: write CPU -14%)
 DELTA_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "turn")
-DICTIONARY_COLUMNS = ("model", "slo_class", "api", "client_id")
+DICTIONARY_COLUMNS = ("model", "slo_class", "api", "client_id", "image_px")
 
 
 def is_text_path(path: Path) -> bool:
@@ -82,6 +82,9 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
         col = table.column(name)
         if isinstance(col.type, pa.DictionaryType) and not pa.types.is_dictionary(spec.type):
             col = col.dictionary_decode()
+        if name == "num_images":  # range first: 1000 images is absurd, not an int16 overflow
+            col = _cast_int(col, pa.int64(), name, file, n)
+            check_num_images(col, file=file)
         if pa.types.is_integer(spec.type):
             col = _cast_int(col, spec.type, name, file, n)
         else:
@@ -114,6 +117,8 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
                              file=file, column="arrival_ns",
                              rows=(np.flatnonzero(np.diff(arr) < 0) + 1)[:11].tolist(), total_rows=n)
         order = np.argsort(arr, kind="stable")
+    if "image_px" in cols:
+        check_image_px(cols["image_px"], file=file)
     if "request_id" in cols:
         rid = cols["request_id"]
         counts = pc.value_counts(rid)
@@ -144,7 +149,7 @@ def _cast_int(col: pa.ChunkedArray, typ: pa.DataType, name: str, file: str | Non
             raise TraceError("must be a whole number", file=file, column=name,
                              rows=_bad_rows(frac), total_rows=n)
     if pa.types.is_integer(t) or pa.types.is_floating(t):
-        lim = _INT32_MAX if typ == pa.int32() else 2**63 - 1
+        lim = int(np.iinfo(typ.to_pandas_dtype()).max)
         mm = pc.min_max(col)  # cheap range check first; rows only located when it fails
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         if lo is not None and (abs(lo) > lim or abs(hi) > lim):

@@ -5,6 +5,7 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from traces import Trace, TraceError
@@ -44,10 +45,12 @@ def test_azure_2024_mixed_fraction_formats(tmp_path):
     assert t.metadata["original_time_format"]["zones"] == ["+00:00"]
 
 
-def test_azure_2025_z_suffix_and_extra_column(tmp_path):
+def test_azure_2025_z_suffix_and_num_images(tmp_path):
     t = _imp("azure", "azure_2025_multimodal.csv", tmp_path)
     assert _col(t, "arrival_ns") == [0, 76_543_300, 1_876_543_300]
-    assert [json.loads(e) for e in _col(t, "extra")] == [{"NumImages": "1"}, {"NumImages": "3"}, {"NumImages": "0"}]
+    assert _col(t, "num_images") == [1, 3, 0]  # a schema column now, no longer in `extra`
+    assert t.table.schema.field("num_images").type == pa.int16()
+    assert "extra" not in t.table.column_names
 
 
 @pytest.mark.parametrize("name", ["azure_2023_code.csv", "azure_2024_conv.csv", "azure_2025_multimodal.csv",

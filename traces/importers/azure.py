@@ -2,8 +2,9 @@
 
 Source columns: `TIMESTAMP` (ISO-8601 wall clock, UTC: 2023 naive with 7 fractional digits;
 2024 `+00:00` with the fraction omitted when zero; 2025 `...Z`), `ContextTokens` (prompt
-tokens), `GeneratedTokens` (output tokens); any other column (2025: `NumImages`) goes to
-`extra` verbatim. CRLF line ends and a missing final newline are handled and remembered.
+tokens), `GeneratedTokens` (output tokens); 2025's `NumImages` (images per request) is
+`num_images`; any other column goes to `extra` verbatim. CRLF line ends and a missing final
+newline are handled and remembered.
 """
 from __future__ import annotations
 
@@ -19,12 +20,15 @@ from .common import csv_batches, extra_columns, extra_json, file_layout, write_c
 from .timeparse import format_iso, iso_ns, merge_time_format
 DOC = "Azure LLM inference trace CSV: TIMESTAMP (ISO-8601 UTC), ContextTokens, GeneratedTokens"
 TIME, INPUT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
+IMAGES = "NumImages"
+KNOWN = (TIME, INPUT, OUTPUT, IMAGES)
 LICENSE = "CC-BY-4.0 (Azure Public Dataset)"
 
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [TIME, INPUT, OUTPUT])
-    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64(), IMAGES: pa.int64()},
+                                 [TIME, INPUT, OUTPUT])
+    others = [n for n in names if n not in KNOWN]
     meta["source"].update(license=LICENSE, columns=names, **file_layout(src))
     meta["time_origin_kind"] = "unix_epoch_utc"
     row0, fmt = 0, None
@@ -34,6 +38,8 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
         meta["original_time_format"] = fmt
         cols = {"arrival_ns": pa.array(ns, pa.int64()), "input_tokens": t.column(INPUT),
                 "output_tokens": t.column(OUTPUT)}
+        if IMAGES in names:
+            cols["num_images"] = t.column(IMAGES)
         extra = extra_json(t, others)
         if extra is not None:
             cols["extra"] = extra
@@ -49,8 +55,12 @@ def export(trace: Trace, out: Path) -> None:
     src = meta.get("source", {}) if meta.get("source", {}).get("format") == "azure" else {}
     origin = int(meta.get("time_origin_ns") or 0)
     ts = format_iso(t.column("arrival_ns").to_numpy() + origin, meta.get("original_time_format"))
-    names = src.get("columns") or [TIME, INPUT, OUTPUT]
-    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
+    has_images = "num_images" in t.column_names
+    names = src.get("columns") or [TIME, INPUT, OUTPUT, *([IMAGES] if has_images else [])]
+    # a trace imported before num_images existed still has NumImages in `extra`
+    others = [n for n in names if n not in (TIME, INPUT, OUTPUT) and not (n == IMAGES and has_images)]
     cols = {TIME: ts, INPUT: t.column("input_tokens"), OUTPUT: t.column("output_tokens"),
             **{k: pa.array(v, pa.string()) for k, v in extra_columns(t, others).items()}}
+    if has_images:
+        cols[IMAGES] = t.column("num_images")
     write_csv(pa.table({n: cols[n] for n in names}), out, src or {"line_terminator": "\r\n"})

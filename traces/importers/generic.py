@@ -80,7 +80,7 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
 def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
     names = csv_header(src)
     mapping, unit = parse_map(getattr(opts, "map", None), names)
-    ints = {s: pa.int64() for t, s in mapping.items() if t in ("input_tokens", "output_tokens", "turn")}
+    ints = {s: pa.int64() for t, s in mapping.items() if t in ("input_tokens", "output_tokens", "turn", "num_images")}
     _, batches = csv_batches(src, ints, list(mapping.values()))
     others = [n for n in names if n not in mapping.values()]
     meta["source"].update(columns=names, map=mapping, arrival_unit=unit, **file_layout(src))
