@@ -17,6 +17,7 @@ from dataclasses import replace
 from .answer import REASONING_FIELDS, AnswerOptions, parse_reasoning
 from .config import POLICIES, PRESETS, EngineConfig
 from .faults import DroppedConnection, FaultConfig, Faults
+from .images import MERGE, PATCH, ImageOptions
 from .pacing import PROFILES
 from .server import ServerOptions, build_app
 
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
            "vLLM 0.11.2-0.15 both (default reasoning_content)")
     a("--tool-calls", action="store_true", help="chat requests that offer `tools` (tool_choice auto) get a tool "
       "call as their answer (tool_choice required or a named function always do)")
+    a("--image-patch", type=int, default=PATCH, help=f"vision patch side in pixels for counting image tokens "
+      f"(default {PATCH})")
+    a("--image-merge", type=int, default=MERGE, help=f"spatial merge of patches: an image costs "
+      f"ceil(W/(patch*merge)) * ceil(H/(patch*merge)) + 2 tokens (default {MERGE})")
     for name, help_ in [("error-rate", "fraction answered HTTP 500"), ("reject-rate", "fraction answered 429"),
                         ("stall-ms", "pause streams this long at their midpoint"),
                         ("stall-rate", "fraction of streams that stall (default 1)"),
@@ -124,7 +129,10 @@ async def serve(args) -> int:
                          args.fault_drop_rate, args.fault_malformed_rate, args.fault_seed)
     faults.validate()
     answer = AnswerOptions(parse_reasoning(args.reasoning), args.reasoning_field, args.tool_calls)
-    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes, answer), Faults(faults))
+    images = ImageOptions(args.image_patch, args.image_merge)
+    images.validate()
+    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes, answer, images),
+                           Faults(faults))
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

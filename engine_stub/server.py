@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from .answer import AnswerOptions, AnswerPlan, ChoiceDeltas, plan
 from .engine import AsyncEngine, EngineCore, RequestOutput
 from .faults import DroppedConnection, Faults, RequestFaults
+from .images import ImageError, ImageOptions, chat_images
 from .protocol import ChatRequest, ChunkWriter, CompletionRequest, usage
 from .request import EngineRequest, SamplingParams
 
@@ -57,6 +58,7 @@ class ServerOptions:
     max_waiting: int = 0            # 0: unbounded
     max_body_bytes: int = 4 << 20
     answer: AnswerOptions = AnswerOptions()     # reasoning and tool calls in chat answers
+    images: ImageOptions = ImageOptions()       # image tokens of chat requests (images.py)
 
 
 class State:
@@ -138,7 +140,7 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
         engine = state.engine
         core = engine.cores[served.core]
-        prompts = _prompt_ids(core, req, chat)
+        prompts = _prompt_ids(core, req, chat, opts.images)
         params = _sampling(core, req, chat, prompts)
         fault = faults.draw()
         if fault.error:
@@ -208,10 +210,10 @@ async def _read_json(request: Request, limit: int):
     return body
 
 
-def _prompt_ids(core: EngineCore, req, chat: bool) -> list[list[int]]:
+def _prompt_ids(core: EngineCore, req, chat: bool, image_opts: ImageOptions = ImageOptions()) -> list[list[int]]:
     tok, vocab = core.tokenizer, core.cfg.model.vocab_size
     if chat:
-        return [tok.chat_prompt([m.model_dump() for m in req.messages])]
+        return [_chat_prompt(core, req, image_opts)]
     out = []
     for p in req.prompts():
         if isinstance(p, str):
@@ -224,6 +226,37 @@ def _prompt_ids(core: EngineCore, req, chat: bool) -> list[list[int]]:
     return out
 
 
+def _chat_prompt(core: EngineCore, req, image_opts: ImageOptions) -> list[int]:
+    """The ChatML prompt with each image's tokens at its part's place. Images are base64-decoded
+    and hashed here, in the request handler, never on the engine thread."""
+    messages = [m.model_dump() for m in req.messages]
+    for i, m in enumerate(messages):
+        content = m.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if part.get("type") == "text" and not isinstance(part.get("text", ""), str):
+                raise APIError(400, f"invalid request: messages.{i}.content.{j}.text: must be a string", "messages")
+    try:
+        images = chat_images(messages)
+    except ImageError as e:
+        raise APIError(400, f"invalid image: {e}", "messages") from None
+    if not images:
+        return core.tokenizer.chat_prompt(messages)
+    counts = [img.tokens(image_opts) for img in images]
+    limit = core.cfg.max_model_len
+    if sum(counts) >= limit:  # refused whatever the text: do not materialize the placeholder ids
+        length = len(core.tokenizer.chat_prompt(messages, [()] * len(images))) + sum(counts)
+        raise _context_error(limit, length, req.max_completion_tokens or req.max_tokens or 1)
+    vocab = core.cfg.model.vocab_size
+    return core.tokenizer.chat_prompt(messages, [img.token_ids(vocab, image_opts) for img in images])
+
+
+def _context_error(limit: int, longest: int, max_tokens: int) -> APIError:
+    return APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                         f"{longest + max_tokens} tokens ({longest} in the messages, {max_tokens} in the "
+                         f"completion). Please reduce the length of the messages or completion.",
+                    "max_tokens" if longest < limit else "prompt")
+
+
 def _sampling(core: EngineCore, req, chat: bool, prompts: list[list[int]]) -> SamplingParams:
     limit = core.cfg.max_model_len
     longest = max(len(p) for p in prompts)
@@ -231,10 +264,7 @@ def _sampling(core: EngineCore, req, chat: bool, prompts: list[list[int]]) -> Sa
     if max_tokens is None:
         max_tokens = max(1, limit - longest) if chat else 16
     if longest + max_tokens > limit:
-        raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                            f"{longest + max_tokens} tokens ({longest} in the messages, {max_tokens} in the "
-                            f"completion). Please reduce the length of the messages or completion.",
-                       "max_tokens" if longest < limit else "prompt")
+        raise _context_error(limit, longest, max_tokens)
     if req.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({req.min_tokens}) must be <= max_tokens ({max_tokens})", "min_tokens")
     vocab = core.cfg.model.vocab_size

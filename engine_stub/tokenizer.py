@@ -9,9 +9,13 @@ import itertools
 import re
 from collections import Counter
 from functools import lru_cache
+from typing import Sequence
 
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<unused5>", "<unused6>", "<unused7>"]
-PAD, BOS, EOS, IM_START, IM_END = range(5)
+from .images import is_image_part
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+            "<unused7>"]
+PAD, BOS, EOS, IM_START, IM_END, VISION_START, VISION_END = range(7)
 BYTE_OFFSET = len(SPECIALS)
 
 _WORDS = """the of and to in is that for it as was with be by on not he this are or his from at which
@@ -96,12 +100,28 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
-        """ChatML: <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n"""
+    def chat_prompt(self, messages: list[dict], images: Sequence[Sequence[int]] = ()) -> list[int]:
+        """ChatML: <|im_start|>role\\ncontent<|im_end|>\\n ... <|im_start|>assistant\\n
+
+        `images` are the token ids of the image parts in order of appearance (images.chat_images):
+        each goes in at its part's place, the text around it encoded on either side of it."""
         ids: list[int] = []
+        pending = iter(images)
         for m in messages:
             ids.append(IM_START)
-            ids.extend(self.encode(f"{m['role']}\n{_content_text(m.get('content'))}"))
+            content = m.get("content")
+            if images and isinstance(content, list) and any(is_image_part(p) for p in content):
+                text = f"{m['role']}\n"
+                for part in content:
+                    if is_image_part(part):
+                        ids.extend(self.encode(text))
+                        ids.extend(next(pending))
+                        text = ""
+                    elif isinstance(part, dict):
+                        text += part.get("text", "")
+                ids.extend(self.encode(text))
+            else:
+                ids.extend(self.encode(f"{m['role']}\n{_content_text(content)}"))
             ids.append(IM_END)
             ids.extend(self.encode("\n"))
         ids.append(IM_START)
