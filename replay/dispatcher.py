@@ -118,7 +118,7 @@ class Job:
             item = get_hub().switch()   # resumed by _start_now; _drain kills the parked ones
 
     def _prepare(self, row: tuple):
-        api = row[plan.API] or self.c.api
+        api = "chat" if row[plan.IMAGES] else row[plan.API] or self.c.api   # images need chat
         model = self.c.target_model(row[plan.MODEL])
         history, user_tokens = None, None
         if self.sessions is not None and row[plan.SESSION] is not None and api == "chat":
@@ -179,7 +179,7 @@ class Job:
         if res.sent is not None:
             self.lags.append(res.sent - self.t0 - row[plan.SCHED])
         self.tokens += res.completion_tokens or len(res.token_times or ())
-        if ok:
+        if ok and not row[plan.IMAGES]:     # image tokens are not text: no drift to learn from them
             self.prompts.observe(api, chars, res.prompt_tokens)
         self._fire(row, res)
         if self.sessions is not None and row[plan.SESSION] is not None:

@@ -21,9 +21,9 @@ from traces.errors import TraceError
 from traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
-IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH = range(12)
+IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX = range(14)
 ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
-               "turn", "slo_class", "api", "prompt", "hash_ids")
+               "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px")
 
 
 @dataclass
@@ -48,6 +48,7 @@ class RunConfig:
     master_host: str = "127.0.0.1"
     master_port: int = 0
     seed: int = 0
+    image_url_base: str | None = None        # images by URL ({base}/{W}x{H}.png) instead of inline data
     sessions: str = "off"                    # off | timestamps | closed
     prompt_mode: str = "ids"                 # ids | text
     tokenizer: str | None = None
@@ -136,7 +137,8 @@ class TraceWindow:
             yield list(zip(range(offset, offset + n), rid, sched, cols["input_tokens"],
                            cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
                            cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
-                           cols["prompt"] or none, cols["hash_ids"] or none))
+                           cols["prompt"] or none, cols["hash_ids"] or none, cols["num_images"] or none,
+                           cols["image_px"] or none))
 
 
 def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:

@@ -9,7 +9,8 @@
 Each `hash_ids` block is generated from (seed, hash id) alone, so equal blocks are
 byte-identical and the trace's prefix sharing reaches the server's prefix cache; the tail
 after the blocks is seeded by the row, so distinct requests never share it. A `prompt`
-column is sent verbatim.
+column is sent verbatim. A row with `num_images` is a chat request whose user message is
+its text followed by that many generated images (`replay.images`) of size `image_px`.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import numpy as np
 
 from . import plan
+from .images import Images
 
 ID_LOW, ID_HIGH = 1000, 8000
 _WORDS = ("time year people way day man thing woman life child world school state family student "
@@ -75,6 +77,7 @@ class PromptBuilder:
         self.cal = dict(config.calibration or {})
         self.drift: dict[str, float] = {}
         self.tok = load_tokenizer(config.tokenizer) if config.tokenizer else None
+        self.images = Images(config.seed, config.image_url_base)
 
     # --- token ids ----------------------------------------------------------------
     def _block(self, h: int, text_chars: int = 0):
@@ -149,9 +152,11 @@ class PromptBuilder:
         if text is None and (api == "chat" or self.mode == "text"):
             text = self.text(row, api, user_tokens)
         req: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
+        images = row[plan.IMAGES]
         if api == "chat":
             path = "/v1/chat/completions"
-            req["messages"] = [*(history or ()), {"role": "user", "content": text}]
+            content = [{"type": "text", "text": text}, _IMAGES] if images else text
+            req["messages"] = [*(history or ()), {"role": "user", "content": content}]
         else:
             path = "/v1/completions"
             req["prompt"] = text if text is not None else self.ids(row)
@@ -161,7 +166,15 @@ class PromptBuilder:
             if self.c.force_output_len:
                 req["min_tokens"] = max(1, out)
                 req["ignore_eos"] = True
-        return path, json.dumps(req, separators=(",", ":")).encode(), len(text or ""), text
+        body = json.dumps(req, separators=(",", ":")).encode()
+        if images and api == "chat":    # spliced in as bytes: one copy of the images' base64
+            head, tail = body.split(_IMAGES_JSON, 1)
+            body = b"".join([head, *self.images.parts(images, row[plan.IMAGE_PX], row[plan.IDX]), tail])
+        return path, body, len(text or ""), text
+
+
+_IMAGES = "@@llm-replay-images@@"          # where the image parts go in the JSON body
+_IMAGES_JSON = json.dumps(_IMAGES).encode()
 
 
 def load_tokenizer(path: str):

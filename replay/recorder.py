@@ -41,7 +41,7 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res) ->
             None if res.first_answer is None else res.first_answer - t0,
             None if sent is None else (res.token_times, sent),
             res.chunk_tokens,
-            row[plan.IN], row[plan.OUT], res.prompt_tokens, res.completion_tokens,
+            row[plan.IN], row[plan.OUT], row[plan.IMAGES], res.prompt_tokens, res.completion_tokens,
             res.reasoning_tokens, res.reasoning_chunks or None,
             res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX])
 
@@ -51,7 +51,7 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
     """The record of a row that never completed (not_sent, or cancelled without a result)."""
     return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED], None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
-            None, None, None, None, status, None, error)
+            row[plan.IMAGES], None, None, None, None, status, None, error)
 
 
 def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:

@@ -65,7 +65,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
-    p.add_argument("--seed", type=int, default=0, help="prompt content seed")
+    p.add_argument("--seed", type=int, default=0, help="prompt (and image) content seed")
+    p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
+                   "(files from `python3 -m replay.images`) instead of inline PNG data URLs")
     p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
                    help="multi-turn sessions: turns at trace times, or closed loop with think time")
     p.add_argument("--prompt-mode", choices=("ids", "text"),
@@ -144,7 +146,8 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        timeout_s=args.timeout, grace_s=args.grace, api_key_env=args.api_key_env,
                        workers=args.workers, remote_workers=args.remote_workers, master_host=host or "0.0.0.0",
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
-                       seed=args.seed, sessions=args.sessions, tokenizer=args.tokenizer,
+                       seed=args.seed, image_url_base=args.image_url_base, sessions=args.sessions,
+                       tokenizer=args.tokenizer,
                        scrape_url=args.scrape, scrape_interval_s=args.scrape_interval,
                        progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
     c.rows, c.window_s = plan.scan(c)
@@ -200,14 +203,25 @@ PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def _apis_used(c: plan.RunConfig) -> set[str]:
-    """The run's default API and every `api` value in the trace's rows."""
+    """The run's default API, every `api` value in the trace's rows, and chat for rows that
+    carry images (they are always chat requests)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-    if "api" not in pq.read_schema(c.trace).names:
-        return {c.api}
-    col = pq.read_table(c.trace, columns=["api"]).column("api")
-    values = set(pc.unique(col).to_pylist())
-    return {c.api if v is None else v for v in values} if values else {c.api}
+    names = pq.read_schema(c.trace).names
+    cols = [n for n in ("api", "num_images") if n in names]
+    t = pq.read_table(c.trace, columns=cols) if cols else None
+    apis = {c.api}
+    if t is not None and "api" in cols:
+        values = set(pc.unique(t.column("api")).to_pylist())
+        apis = {c.api if v is None else v for v in values} or apis
+    if t is not None and "num_images" in cols:
+        n = pc.sum(pc.greater(t.column("num_images"), 0)).as_py() or 0
+        if n:
+            apis.add("chat")
+            print(f"replay: {n} rows carry images: sent as chat requests with "
+                  f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
+                  file=sys.stderr)
+    return apis
 
 
 def _check_apis(target: str, apis: set[str], caps: dict) -> None:

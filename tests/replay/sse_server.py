@@ -17,7 +17,8 @@ makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-fiel
 or `reasoning`), the rest the answer; `--tool-calls` (or `X-Tool-Call: 1`) streams the answer as one
 tool call (a chunk with its name, then its arguments in pieces); `--report-reasoning` adds
 `completion_tokens_details.reasoning_tokens` to the usage. `--first-delay S` (`X-First-Delay`)
-delays the first token event (prefill) instead of `--interval`.
+delays the first token event (prefill) instead of `--interval`. `--chat-only` answers 404 on
+/v1/completions, `--html` a 200 HTML page to everything, `--no-images` 400 to image parts.
 """
 from __future__ import annotations
 
@@ -126,6 +127,11 @@ class Server:
             req = None
         if path not in ("/v1/completions", "/v1/chat/completions") or not isinstance(req, dict):
             err = json.dumps({"error": {"message": f"bad request to {path}", "code": 400}}).encode()
+            return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
+        if a.no_images and any(isinstance(m.get("content"), list) and any(
+                isinstance(p, dict) and p.get("type") == "image_url" for p in m["content"])
+                for m in req.get("messages") or () if isinstance(m, dict)):   # a text-only model, as vLLM answers
+            err = json.dumps({"error": {"message": "The model does not support image inputs", "code": 400}}).encode()
             return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
         model = str(req.get("model", ""))
         fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
@@ -279,6 +285,7 @@ def main(argv=None) -> None:
     ap.add_argument("--first-delay", type=float, help="seconds before the first token event (default --interval)")
     ap.add_argument("--chat-only", action="store_true", help="404 on /v1/completions, as chat-only gateways")
     ap.add_argument("--html", action="store_true", help="answer every request with a 200 HTML page")
+    ap.add_argument("--no-images", action="store_true", help="400 for chat requests with image parts")
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")

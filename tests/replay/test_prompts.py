@@ -11,8 +11,8 @@ from replay.prompts import ID_HIGH, ID_LOW, PromptBuilder, PromptError, corpus_t
 from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server, write_trace
 
 
-def row(idx, n_in, hash_ids=None, n_out=8, prompt=None):
-    return (idx, str(idx), 0.0, n_in, n_out, None, None, None, None, None, prompt, hash_ids)
+def row(idx, n_in, hash_ids=None, n_out=8, prompt=None, images=None, px=None):
+    return (idx, str(idx), 0.0, n_in, n_out, None, None, None, None, None, prompt, hash_ids, images, px)
 
 
 def builder(**kw) -> PromptBuilder:

@@ -11,7 +11,7 @@ from replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent
 
 
 def _row(i: int) -> tuple:
-    row = [None] * 12
+    row = [None] * 14
     row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = str(i), i * 0.01, 8, 3
     return tuple(row)
 

@@ -1,0 +1,149 @@
+"""Generated images for multimodal requests: PNG data URLs of any size, distinct per request,
+each in a few microseconds.
+
+A target's vision encoder and its multimodal cache see the image bytes, so a replayed image
+must have the trace's size, be a real decodable image, and differ between requests (identical
+images would hit the server's multimodal/prefix cache, which real traffic rarely does). Encoding
+a fresh PNG per request costs milliseconds, so each size's image is built once per seed and
+only its last row is the request's own:
+
+    signature, IHDR, a tEXt chunk that pads the prefix to a multiple of 3 bytes,
+    IDAT 1: zlib stream of rows 0..H-2, compressed once, ending in a full flush  } constant,
+    IDAT 2: the last row as a final stored deflate block + the stream's Adler-32 } per request
+    IEND
+
+The Adler-32 of the whole stream continues from the constant rows' (zlib.adler32 takes a start
+value), and the prefix's base64 is computed once: base64 of bytes whose length is a multiple of
+3 concatenates. The pixels are black-or-white noise per channel, which zlib stores at ~0.4 bytes
+a pixel: the size of a JPEG photo of the same dimensions (512x512: ~100 KB).
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import struct
+import zlib
+
+import numpy as np
+
+DEFAULT_PX = (512, 512)
+PREFIX = b"data:image/png;base64,"
+_PX = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+
+
+def parse_px(px: str | None) -> tuple[int, int]:
+    """`WxH` (a trace's `image_px`) as (width, height); null is DEFAULT_PX."""
+    if px is None:
+        return DEFAULT_PX
+    m = _PX.match(px)
+    if not m or not (0 < int(m.group(1)) <= 8192 and 0 < int(m.group(2)) <= 8192):
+        raise ValueError(f"image_px {px!r}: expected WxH with sides in 1..8192, e.g. 512x512")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+class PngTemplate:
+    """One size's constant part (built once) and `url(key)`: the data URL of image `key`."""
+
+    def __init__(self, width: int, height: int, seed: int = 0) -> None:
+        self.width, self.height = width, height
+        rng = np.random.default_rng([seed & 0xFFFFFFFF, width, height])
+        rows = np.empty((height - 1, 1 + 3 * width), np.uint8)
+        rows[:, 0] = 0                                          # filter: none
+        rows[:, 1:] = rng.integers(0, 2, (height - 1, 3 * width), np.uint8) * 255
+        raw = rows.tobytes()
+        z = zlib.compressobj(6)
+        stream = z.compress(raw) + z.flush(zlib.Z_FULL_FLUSH)   # ends on a byte boundary, not final
+        self._adler = zlib.adler32(raw)
+        head = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        idat = _chunk(b"IDAT", stream)
+        pad = (-(len(head) + 12 + 8 + len(idat))) % 3
+        prefix = head + _chunk(b"tEXt", b"Comment\x00" + b" " * pad) + idat
+        assert len(prefix) % 3 == 0
+        self.b64 = PREFIX + base64.b64encode(prefix)   # the data URL up to the request's own bytes
+        self._row = 3 * width
+        n = 1 + self._row
+        self._stored = b"\x01" + struct.pack("<HH", n, n ^ 0xFFFF)   # final stored block header
+        self._iend = _chunk(b"IEND", b"")
+
+    def png_suffix(self, key: bytes) -> bytes:
+        """IDAT 2 and IEND for image `key`: its last row drawn from `key`."""
+        row = b"\x00" + hashlib.shake_128(key).digest(self._row)
+        data = self._stored + row + struct.pack(">I", zlib.adler32(row, self._adler))
+        return struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(data, _IDAT_CRC)) \
+            + self._iend
+
+    def url(self, key: bytes) -> bytes:
+        """The data URL (ASCII bytes) of a PNG distinct for each `key`."""
+        return self.b64 + base64.b64encode(self.png_suffix(key))
+
+    def png(self, key: bytes) -> bytes:
+        """The PNG file itself (for hosting with --image-url-base, and for tests)."""
+        return base64.b64decode(self.b64[len(PREFIX):]) + self.png_suffix(key)
+
+
+_IDAT_CRC = zlib.crc32(b"IDAT")
+
+
+class Images:
+    """Per-process cache of templates, one per (size, seed)."""
+
+    def __init__(self, seed: int = 0, url_base: str | None = None) -> None:
+        self.seed, self.url_base = seed, url_base.rstrip("/") if url_base else None
+        self.templates: dict[tuple[int, int], PngTemplate] = {}
+
+    def template(self, px: str | None) -> PngTemplate:
+        size = parse_px(px)
+        t = self.templates.get(size)
+        if t is None:
+            t = self.templates[size] = PngTemplate(*size, seed=self.seed)
+        return t
+
+    def parts(self, n: int, px: str | None, key: int) -> list[bytes]:
+        """Byte pieces that joined are the JSON of `n` `image_url` content parts of size `px`
+        for request `key` (a row index), comma-separated: data URLs distinct per (key, image),
+        or with `url_base` the hosted file of that size, `{base}/{W}x{H}.png`. Pieces, so that the
+        request body is copied once, by its final join (a 512x512 image is ~170 KB of base64)."""
+        out: list[bytes] = []
+        if self.url_base is not None:
+            w, h = parse_px(px)
+            url = [f"{self.url_base}/{w}x{h}.png".encode()]
+        else:
+            t = self.template(px)
+        for k in range(n):
+            if self.url_base is None:
+                suffix = base64.b64encode(t.png_suffix(struct.pack("<IQI", self.seed & 0xFFFFFFFF,
+                                                                   key & 0xFFFFFFFFFFFFFFFF, k)))
+                url = [t.b64, suffix]
+            out += [_OPEN if not k else b"," + _OPEN, *url, _CLOSE]
+        return out
+
+
+_OPEN, _CLOSE = b'{"type":"image_url","image_url":{"url":"', b'"}}'
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m replay.images --px 512x512 [--px ...] -o DIR`: the files that
+    `replay run --image-url-base` expects at `{base}/{W}x{H}.png`."""
+    import argparse
+    from pathlib import Path
+    ap = argparse.ArgumentParser(prog="python3 -m replay.images", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--px", action="append", required=True, help="image size WxH (repeatable)")
+    ap.add_argument("-o", "--out", required=True, help="directory to write WxH.png files into")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for px in a.px:
+        w, h = parse_px(px)
+        (out / f"{w}x{h}.png").write_bytes(PngTemplate(w, h, a.seed).png(b"hosted"))
+        print(out / f"{w}x{h}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
