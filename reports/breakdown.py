@@ -97,6 +97,11 @@ def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> 
     return out
 
 
+def image_groups(images: np.ndarray, top: int = 9) -> tuple[np.ndarray, list[str]]:
+    """Codes of the image count per request: 0..top-1 each, then `top+`."""
+    return np.minimum(images, top).astype(np.int64), [str(i) for i in range(top)] + [f"{top}+"]
+
+
 def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarray, list[str]]:
     """Codes of input-length buckets [edges[i], edges[i+1]); unknown lengths get their own."""
     e = np.asarray(edges, dtype=np.float64)

@@ -57,6 +57,12 @@ def _charts(s: dict, plots: dict) -> list[str]:
         if queue:
             out.append(chart(queue, title="Server queue depth", xlabel="time (s)", ylabel="requests",
                              y2label="preemptions", band=band))
+    imgs = (s.get("breakdowns") or {}).get("num_images") or []
+    if len(imgs) > 1:
+        x = [int(r["key"].rstrip("+")) for r in imgs]
+        out.append(chart([{"label": f"TTFT {q}", "x": x, "y": [r["ttft_ms"][q] for r in imgs]} for q in ("p50", "p99")],
+                         title="TTFT vs images per request", xlabel="images per request (the last: that many or more)",
+                         ylabel="TTFT (ms)"))
     sc = plots.get("scatter") or {}
     if sc.get("input_len"):
         out.append(chart([{"label": "TTFT", "x": sc["input_len"], "y": sc["ttft_ms"]},

@@ -81,6 +81,7 @@ class RequestMetrics:
     n_out_from_usage: np.ndarray    # bool
     input_len: np.ndarray           # prompt_tokens if reported, else input_tokens
     one_token: np.ndarray           # bool: successes whose usage total is their chunk count (one token a chunk)
+    images: np.ndarray              # int16: images sent with the request (0: none)
     has_reasoning: bool             # some record streamed reasoning or reported reasoning tokens
     reasoning: np.ndarray           # reasoning tokens (NaN: none)
     reasoning_chunks: np.ndarray    # chunks before the first answer (0: no reasoning phase)
@@ -95,7 +96,8 @@ class RequestMetrics:
 
 # Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
 STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "first_answer_s", "input_tokens",
-                    "output_tokens", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_chunks")
+                    "output_tokens", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_chunks",
+                    "num_images")
 METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
 ARRAYS = ("scheduled", "sent", "end", "n_out", "input_len")
 OUTPUTS = (*ARRAYS, "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms", "answer_ms", "ttft_sched_ms", "e2e_sched_ms",
@@ -130,7 +132,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     status_codes = lut[scodes]
     del scodes
     ok = status_codes == 0
-    usage, one_token = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+    usage, one_token, images = np.empty(n, dtype=bool), np.empty(n, dtype=bool), np.empty(n, dtype=np.int16)
     out = {k: np.empty(n) for k in OUTPUTS}
     rsn: dict | None = None
     checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
@@ -147,10 +149,14 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         first, last = as_f64(tb.column("first_token_s")), as_f64(tb.column("last_token_s"))
         lengths = {k: as_f64(tb.column(k)) for k in ("input_tokens", "output_tokens", "prompt_tokens",
                                                       "completion_tokens")}
+        im = images[sl]
+        im[:] = tb.column("num_images").fill_null(0).to_numpy()
         for kind, (want, got) in LENGTH_CHECKS.items():
             both, rows, diffs = checks[kind]
             a, b = lengths[want], lengths[got]
             np.logical_not(np.isnan(a) | np.isnan(b), out=both[sl])
+            if kind == "input":     # the server counts image tokens in prompt_tokens; the trace does not
+                both[sl] &= im == 0
             bad = np.flatnonzero(both[sl] & (a != b))
             rows.append(bad + sl.start)
             diffs.append(b[bad] - a[bad])
@@ -216,7 +222,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         cols.update({k: rsn[k] for k in REASONING_OUTPUTS if k.endswith("_ms")})
         reasoning, reasoning_chunks = rsn["reasoning"], rsn["reasoning_chunks"]
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
-                          usage & ok, out["input_len"], one_token & usage & ok, rsn is not None, reasoning,
+                          usage & ok, out["input_len"], one_token & usage & ok, images, rsn is not None, reasoning,
                           reasoning_chunks, cols, encode(table.column("model"), np.int32),
                           encode(table.column("slo_class"), np.int32),
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 2   # 2: first_answer_s, reasoning_tokens, reasoning_chunks (v1 files read as without reasoning)
+RECORDS_SCHEMA_VERSION = 2   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent")
@@ -31,6 +31,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("chunk_tokens", pa.list_(pa.int16())),
     pa.field("input_tokens", pa.int32()),
     pa.field("output_tokens", pa.int32()),
+    pa.field("num_images", pa.int16()),        # images sent with the request (the trace's num_images)
     pa.field("prompt_tokens", pa.int32()),
     pa.field("completion_tokens", pa.int32()),
     pa.field("reasoning_tokens", pa.int32()),  # usage's when reported (> 0), else reasoning chunks; null: none

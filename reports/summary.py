@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
-from .breakdown import LENGTH_EDGES, breakdowns, length_buckets, timeseries
+from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
 from .metrics import BATCH, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
@@ -159,8 +159,10 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
     # with two workers, 10-11 s alone), their page faults and allocations contend.
     latency = _latency(an)
-    by = breakdowns(an, {"model": rm.model, "slo_class": rm.slo_class,
-                         "input_length": length_buckets(rm.input_len, length_edges)})
+    kinds = {"model": rm.model, "slo_class": rm.slo_class, "input_length": length_buckets(rm.input_len, length_edges)}
+    if rm.images.any():
+        kinds["num_images"] = image_groups(rm.images)
+    by = breakdowns(an, kinds)
     series = timeseries(an, run.server_metrics, window_s)
     slo: SloSpec | None = an.slo
     summary = {

@@ -117,6 +117,11 @@ def format_summary(summary: dict) -> str:
         parts.append(render_table("Per model", ["model", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
                                   [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
                                     r["attainment"]] for r in s["breakdowns"]["model"]]))
+    if "num_images" in s["breakdowns"]:
+        parts.append(render_table("Per image count", ["images", "issued", "ok", "ttft p50", "ttft p99", "e2e p99",
+                                                      "attainment"],
+                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
+                                    r["e2e_ms"]["p99"], r["attainment"]] for r in s["breakdowns"]["num_images"]]))
     if s.get("gate"):
         parts.append(render_table(f"SLO gate (exit {s['gate']['exit_code']})",
                                   ["objective", "scope", "measured", "limit", "n", "verdict"],
