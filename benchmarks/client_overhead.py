@@ -16,6 +16,8 @@ pinned to CPU 0:
   replay x1/x2  the real runner, `replay run --workers N` (Locust; 2 workers only at >= 1000
            req/s, not pinned), CPU from run.json's client_cpu_s (runner, or master + workers,
            over the replay; not start-up, finalising or the report).
+With `--images N [--image-px WxH]` every request is a chat request carrying N generated images
+(replay.images, built by the runner's PromptBuilder, whose cost per body is printed first).
 With `--reasoning N` every request is a chat request whose first N tokens the server streams as
 reasoning (`delta.<--reasoning-field>`, vLLM's shape) and the rest as `delta.content`: the same
 measurement on a reasoning model's streams (the baseline counts both kinds, as vLLM's does).
@@ -50,7 +52,7 @@ def arrivals(rate: float, duration: float, seed: int) -> list[float]:
         out.append(t)
 
 
-CHAT = {"on": False}     # --reasoning: chat requests (set in main, passed on to the client processes)
+CHAT = {"on": False}     # --reasoning/--images: chat requests (set in main, passed on to the client processes)
 
 
 def path() -> str:
@@ -58,6 +60,10 @@ def path() -> str:
 
 
 def payload(i: int, tokens: int) -> bytes:
+    if CHAT.get("images"):
+        b = _builder()
+        return b.body(_image_row(i, tokens, CHAT["images"], CHAT["px"]), "m", "chat")[1] \
+            .replace(b'"stream":true', b'"stream":true,"user":"%d"' % i, 1)
     body = {"model": "m", "max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True},
             "user": str(i)}
     if CHAT["on"]:
@@ -65,6 +71,43 @@ def payload(i: int, tokens: int) -> bytes:
     else:
         body["prompt"] = [1, 2, 3, 4, 5, 6, 7, 8]
     return json.dumps(body).encode()
+
+
+_BUILDER: list = []
+
+
+def _builder():
+    """The runner's own PromptBuilder (images from replay.images), one per process."""
+    if not _BUILDER:
+        from replay import plan
+        from replay.prompts import PromptBuilder
+        _BUILDER.append(PromptBuilder(plan.RunConfig(trace="t", target="http://x", run_dir="r", prompt_mode="ids",
+                                                     force_output_len=False)))
+    return _BUILDER[0]
+
+
+def _image_row(i: int, tokens: int, images: int, px: str) -> tuple:
+    from replay import plan
+    row = [None] * 14
+    row[plan.IDX], row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = i, str(i), 0.0, 8, tokens
+    row[plan.PROMPT], row[plan.IMAGES], row[plan.IMAGE_PX] = "one two three four five six seven eight", images, px
+    return tuple(row)
+
+
+def image_body_cost(images: int, px: str, n: int = 2000) -> tuple[float, float, float]:
+    """CPU to build a request body in the runner (PromptBuilder.body): (first request of the size,
+    later ones with `images` images, the same rows without images), seconds."""
+    b = _builder()
+    c = time.process_time()
+    b.body(_image_row(0, 40, images, px), "m", "chat")
+    first = time.process_time() - c
+    per = []
+    for k in (images, 0):
+        c = time.process_time()
+        for i in range(1, n + 1):
+            b.body(_image_row(i, 40, k, px), "m", "chat")
+        per.append((time.process_time() - c) / n)
+    return first, per[0], per[1]
 
 
 def summarize(role: str, cpu: float, sys_cpu: float, lags: list[float], tokens: int, ok: int, n: int,
@@ -269,7 +312,8 @@ def client(role: str, url: str, rate: float, duration: float, tokens: int, seed:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [sys.executable, __file__, "--role", role, "--url", url, "--rates", str(rate),
             "--duration", str(duration), "--tokens", str(tokens), "--seed", str(seed),
-            "--reasoning", str(CHAT.get("reasoning", 0))]
+            "--reasoning", str(CHAT.get("reasoning", 0)), "--images", str(CHAT.get("images", 0)),
+            "--image-px", CHAT.get("px", "512x512")]
     if cpu is not None:
         args += ["--cpu", str(cpu)]
     out = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=duration * 10 + 120)
@@ -290,11 +334,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="alternate the clients this many times; medians")
     ap.add_argument("--reasoning", type=int, default=0, help="chat requests; the first N tokens are reasoning")
     ap.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"))
+    ap.add_argument("--images", type=int, default=0, help="chat requests with N generated images each")
+    ap.add_argument("--image-px", default="512x512", help="their size")
     ap.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    CHAT.update(on=a.reasoning > 0, reasoning=a.reasoning)
+    CHAT.update(on=a.reasoning > 0 or a.images > 0, reasoning=a.reasoning, images=a.images, px=a.image_px)
     if a.role:   # child: one client run, JSON on stdout
         if a.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {a.cpu})
@@ -303,6 +349,11 @@ def main() -> None:
         return
     ncpu = os.cpu_count() or 1
     srv_cpu, cli_cpu = (ncpu - 1, 0) if ncpu > 1 else (None, None)
+    if a.images:
+        first, per, plain = image_body_cost(a.images, a.image_px)
+        print(f"request body with {a.images} images of {a.image_px} (PromptBuilder.body): first of the size "
+              f"{first * 1e3:.1f} ms, then {per * 1e6:.0f} us a request, {(per - plain) * 1e6:.0f} us more than "
+              f"without images (target: < 200 us)", flush=True)
     extra = ("--reasoning", str(a.reasoning), "--reasoning-field", a.reasoning_field) if a.reasoning else ()
     proc, url = start_server(a.interval, srv_cpu, *extra)
     print(f"server {url} on cpu {srv_cpu}, clients on cpu {cli_cpu}; {a.tokens} tokens/request"
