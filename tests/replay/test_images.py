@@ -55,6 +55,15 @@ def test_png_template_images_decode_and_differ(w, h):
         assert 0.3 < len(a) / (w * h) < 0.6
 
 
+def test_images_decode_with_pillow():
+    Image = pytest.importorskip("PIL.Image")
+    import io
+    t = PngTemplate(100, 30, seed=2)
+    img = Image.open(io.BytesIO(from_url(t.url(b"k").decode())))
+    img.load()                                    # decodes every pixel
+    assert img.size == (100, 30) and img.mode == "RGB" and img.format == "PNG"
+
+
 def test_parse_px():
     assert parse_px(None) == DEFAULT_PX == (512, 512) and parse_px("1024x768") == (1024, 768)
     for bad in ("512", "0x10", "9000x10", "axb"):
