@@ -80,7 +80,7 @@ class RequestMetrics:
     n_out: np.ndarray               # completion_tokens if reported, else token chunks
     n_out_from_usage: np.ndarray    # bool
     input_len: np.ndarray           # prompt_tokens if reported, else input_tokens
-    one_token: np.ndarray           # bool: successes whose usage total is their chunk count (one token a chunk)
+    chunk_kind: np.ndarray          # int8 CHUNK_KINDS: what each success's chunks carried, for ITL
     images: np.ndarray              # int16: images sent with the request (0: none)
     has_reasoning: bool             # some record streamed reasoning or reported reasoning tokens
     reasoning: np.ndarray           # reasoning tokens (NaN: none)
@@ -92,6 +92,21 @@ class RequestMetrics:
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
+
+    @property
+    def one_token(self) -> np.ndarray:
+        """Successes whose chunks carried one token each: confirmed by the usage, or assumed."""
+        return (self.chunk_kind == ONE_TOKEN) | (self.chunk_kind == ASSUMED)
+
+
+# What a successful request's chunks carried, as far as the records tell (ITL needs tokens per
+# chunk). ONE_TOKEN: the usage total is the chunk count, up to a few tokens that yield no text
+# (EOS, a reasoning model's </think>); ASSUMED: no usage, so one token a chunk is assumed;
+# SEVERAL: the usage counts more tokens than that (speculative decoding, stream intervals), or
+# fewer than the chunks: tokens per chunk unknown.
+NO_CHUNKS, ONE_TOKEN, ASSUMED, SEVERAL = range(4)
+CHUNK_KINDS = ("none", "one_token_usage", "one_token_assumed", "several_tokens")
+SILENT_TOKENS = 3       # tokens a stream may count without a chunk (EOS, think delimiters)
 
 
 # Used only to compute the per-request arrays, so they can be streamed in (request_metrics).
@@ -132,7 +147,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     status_codes = lut[scodes]
     del scodes
     ok = status_codes == 0
-    usage, one_token, images = np.empty(n, dtype=bool), np.empty(n, dtype=bool), np.empty(n, dtype=np.int16)
+    usage, chunk_kind, images = np.empty(n, dtype=bool), np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int16)
     out = {k: np.empty(n) for k in OUTPUTS}
     rsn: dict | None = None
     checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
@@ -165,7 +180,12 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
-        np.equal(completion, n_chunks, out=one_token[sl])
+        with np.errstate(invalid="ignore"):
+            excess = completion - n_chunks
+            one = (excess >= 0) & (excess <= np.maximum(SILENT_TOKENS, 0.02 * n_chunks))
+        ck = chunk_kind[sl]
+        ck[:] = np.where(usage[sl], np.where(one, ONE_TOKEN, SEVERAL), ASSUMED)
+        ck[~ok[sl] | ~(n_chunks >= 1)] = NO_CHUNKS
         prompt = lengths["prompt_tokens"]
         np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
         # Seconds to ms, NaN for failed requests: one multiply (x * 1e3 is what x * 1e3 * 1.0 was).
@@ -222,7 +242,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         cols.update({k: rsn[k] for k in REASONING_OUTPUTS if k.endswith("_ms")})
         reasoning, reasoning_chunks = rsn["reasoning"], rsn["reasoning_chunks"]
     return RequestMetrics(n, status_codes, ok, out["scheduled"], out["sent"], out["end"], out["n_out"],
-                          usage & ok, out["input_len"], one_token & usage & ok, images, rsn is not None, reasoning,
+                          usage & ok, out["input_len"], chunk_kind, images, rsn is not None, reasoning,
                           reasoning_chunks, cols, encode(table.column("model"), np.int32),
                           encode(table.column("slo_class"), np.int32),
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
@@ -251,25 +271,34 @@ def _gaps(values: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.diff(values), mask
 
 
+def chunk_token_rows(table: pa.Table, rows: np.ndarray | None = None) -> np.ndarray:
+    """Requests (among `rows`) whose records carry chunk_tokens as long as token_times."""
+    tt, ct = table.column("token_times"), table.column("chunk_tokens")
+    have = np.zeros(len(tt), bool)
+    if ct.null_count < len(ct):
+        tl = pc.fill_null(pc.list_value_length(tt), 0).to_numpy(zero_copy_only=False)
+        kl = pc.fill_null(pc.list_value_length(ct), 0).to_numpy(zero_copy_only=False)
+        have = (kl == tl) & (kl > 0)
+    return have if rows is None else have & rows
+
+
 def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None, one_token: np.ndarray | None = None,
                 reasoning_chunks: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Gaps between consecutive token chunks of a request, pooled over requests (ms):
     - `icl_ms`: every gap;
     - `itl_ms`, per token: a gap divided by the tokens of the chunk that ends it, once per token,
       where the records carry chunk_tokens of the same length as token_times; and each gap as it
-      is where `one_token` says every chunk carried one token (the usage total is the chunk count);
+      is where `one_token` says every chunk carried one token (RequestMetrics.one_token);
     - `icl_answer_ms`, `itl_answer_ms`: the same over the answer phase only, the gaps between
       chunks from index `reasoning_chunks` on (without it they are icl_ms and itl_ms).
     `rows` selects the requests."""
     tt = table.column("token_times")
     sel = np.ones(len(tt), bool) if rows is None else rows
     phase = reasoning_chunks is not None
-    ct = table.column("chunk_tokens")
-    have = np.zeros(len(tt), bool)
-    if ct.null_count < len(ct):
+    have = chunk_token_rows(table, sel)
+    if have.any():
         tv_all, tl_all = _flat(tt)
-        kv_all, kl_all = _flat(ct)
-        have = (kl_all == tl_all) & (kl_all > 0) & sel
+        kv_all, kl_all = _flat(table.column("chunk_tokens"))
     one = np.zeros(len(tt), bool) if one_token is None else one_token & sel & ~have
     # Two passes over the chunks (rows never span chunks): the list lengths say how many gaps
     # there are, so each chunk's gaps go straight into one array allocated once (no per-chunk

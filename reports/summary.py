@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
-from .metrics import BATCH, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, request_metrics
+from .metrics import BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, chunk_token_rows, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -132,6 +132,19 @@ def _latency(an: Analysis) -> dict:
     return out
 
 
+def _itl_source(an: Analysis) -> dict:
+    """Where ITL's tokens per chunk came from, per measured success (metrics.CHUNK_KINDS):
+    per-chunk usage (`chunk_tokens`), one token a chunk confirmed by the usage total or assumed
+    without usage, or unknown (several tokens a chunk: left out of ITL, their gaps are in ICL)."""
+    okm = an.mask & an.rm.ok
+    have = chunk_token_rows(an.table, okm)
+    kinds = np.bincount(an.rm.chunk_kind[okm & ~have], minlength=len(CHUNK_KINDS))
+    out = {"chunk_tokens": int(have.sum()), **{k: int(v) for k, v in zip(CHUNK_KINDS[1:], kinds[1:])}}
+    used = [k for k in ("chunk_tokens", "one_token_usage", "one_token_assumed") if out[k]]
+    out["used"] = used[0] if len(used) == 1 else ("mixed" if used else None)
+    return out
+
+
 def _reasoning(an: Analysis) -> dict:
     """Reasoning in the measured successes: how many requests streamed it, reported it without
     streaming it (hidden: it is inside their TTFT), or never reached an answer."""
@@ -179,6 +192,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                                           "total_tokens_per_s")} | {"duration_s": an.duration_s},
         "latency": latency,
         "reasoning": _reasoning(an),
+        "itl_source": _itl_source(an),
         "goodput": {"slo": slo.to_dict() if slo else None,
                     "per_request_slo": bool(slo and slo.has_per_request),
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
@@ -211,6 +225,11 @@ def _warnings(s: dict) -> list[str]:
     if s["n_out_source"]["used"] == "mixed":
         w.append("output token counts come from server usage for some requests and chunk counts for "
                  "others; TPOT mixes both")
+    several = s["itl_source"]["several_tokens"]
+    if several:
+        w.append(f"{several} of {s['counts']['ok']} successful requests streamed chunks of several tokens (their "
+                 f"usage total exceeds the chunk count, e.g. speculative decoding or a stream interval): their "
+                 f"per-token ITL is unknown and left out of itl_ms; icl_ms has their chunk gaps")
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         if set(s["latency"][key].get("thin", [])) - {"p99.9"}:
             w += [f"{key}: {msg}" for msg in s["latency"][key]["warnings"]]

@@ -89,7 +89,15 @@ def _headline(s: dict) -> list[list[object]]:
              g["attainment"]],
             ["goodput req/s", g["goodput_rps"]], ["token goodput/s", g["token_goodput_per_s"]],
             ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
-            ["n_out from", s["n_out_source"]["used"]]]
+            ["n_out from", s["n_out_source"]["used"]],
+            ["ITL tokens per chunk from", _itl_line(s)]]
+
+
+def _itl_line(s: dict) -> str:
+    src = s.get("itl_source") or {}
+    parts = [f"{k.replace('_', ' ')} {src[k]:,}" for k in ("chunk_tokens", "one_token_usage", "one_token_assumed",
+                                                           "several_tokens") if src.get(k)]
+    return ", ".join(parts) or "-"
 
 
 def _reasoning_rows(s: dict) -> list[list[object]]:

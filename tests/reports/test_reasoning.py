@@ -54,8 +54,8 @@ def test_answer_gaps_split_by_chunk_index_not_time():
     assert sorted(pooled["icl_ms"]) == pytest.approx(sorted([100] * 4 + [100, 0, 100, 100] + [100] * 2 + [100] * 3), abs=1e-3)
     # answer phase: a's last gap; b's two gaps after its first answer chunk (the 0 gap is reasoning -> answer)
     assert sorted(pooled["icl_answer_ms"]) == pytest.approx([100] * 6, abs=1e-3)
-    # ITL: one token per chunk where the usage total equals the chunk count (a, c, d), not b (no usage)
-    assert len(pooled["itl_ms"]) == 4 + 2 + 3 and len(pooled["itl_answer_ms"]) == 1 + 3
+    # ITL: one token per chunk, confirmed by the usage total (a, c, d) or assumed without usage (b)
+    assert len(pooled["itl_ms"]) == 4 + 4 + 2 + 3 and len(pooled["itl_answer_ms"]) == 1 + 2 + 3
 
 
 def test_itl_is_icl_when_every_chunk_carried_one_token():
@@ -106,3 +106,14 @@ def test_records_without_the_new_columns_read_as_without_reasoning(tmp_path):
     # without reasoning, the answer metrics are their all-token twins and the tables do not repeat them
     assert s["latency"]["tpot_answer_ms"] == s["latency"]["tpot_ms"]
     assert "ttfa_ms" not in (tmp_path / "summary.md").read_text()
+
+
+def test_itl_source_counts_and_several_token_chunks(tmp_path):
+    rows = [HAND[0], HAND[1], HAND[3],
+            dict(HAND[3], request_id="e", completion_tokens=12)]     # 12 tokens in 4 chunks: several per chunk
+    pq.write_table(records(rows), tmp_path / "records.parquet")
+    s = summarize_run(tmp_path)
+    src = s["itl_source"]
+    assert (src["one_token_usage"], src["one_token_assumed"], src["several_tokens"], src["chunk_tokens"]) == (2, 1, 1, 0)
+    assert src["used"] == "mixed" and any("several tokens" in w for w in s["warnings"])
+    assert s["latency"]["itl_ms"]["n"] == 4 + 4 + 3 and s["latency"]["icl_ms"]["n"] == 4 + 4 + 3 + 3
