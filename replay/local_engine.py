@@ -22,6 +22,18 @@ class LocalEngine:
     def __init__(self, proc: subprocess.Popen, url: str, log: list[str] | None = None) -> None:
         self.proc, self.url, self.log = proc, url, log if log is not None else []
 
+    def pin(self, cpus: set[int]) -> bool:
+        """Keep every thread of the engine on `cpus` (threads it starts later inherit it). False
+        where CPU affinity is not available."""
+        if not hasattr(os, "sched_setaffinity"):
+            return False
+        try:
+            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+                os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            return False
+        return True
+
     def stop(self, timeout: float = 10) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -6,6 +6,7 @@ its own `python -m replay run ...` child.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,13 +46,14 @@ def run_args(options: dict[str, Any]) -> list[str]:
 
 
 def replay_run(trace: Path, target: str, run_dir: Path, *, extra: list[str] | None = None,
-               timeout: float | None = None, echo: bool = False) -> RunOutcome:
-    """Replay `trace` against `target` into `run_dir` in a child process."""
+               timeout: float | None = None, echo: bool = False, cpus: set[int] | None = None) -> RunOutcome:
+    """Replay `trace` against `target` into `run_dir` in a child process (on `cpus` when given)."""
     env = child_env()
     cmd = [sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", target,
            "-o", str(run_dir), *(extra or [])]
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
     if echo:  # the child's live progress goes straight to our terminal
-        proc = subprocess.run(cmd, env=env, timeout=timeout, text=True)
+        proc = subprocess.run(cmd, env=env, timeout=timeout, text=True, preexec_fn=pin)
     else:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True, preexec_fn=pin)
     return RunOutcome(Path(run_dir), proc.returncode, (proc.stdout or "") + (proc.stderr or ""))

@@ -26,6 +26,12 @@ def test_demo_closes_the_loop(tmp_path):
     assert (run_dir / "server_metrics.parquet").exists()  # the engine's /metrics were scraped
     assert (run_dir / "report.html").stat().st_size > 10_000
     assert "headline:" in p.stdout and str(run_dir / "report.html") in p.stdout
+    # the demo leaves the client a core of its own: on a quiet host its replay keeps the schedule
+    lag = summary["dispatch_lag"]
+    if lag["behind_schedule"] and lag["cause"] != "client":
+        pytest.skip(f"the host was busy during the demo (cause {lag['cause']}; cpu {lag['cpu']}): "
+                    f"its schedule could not be judged")
+    assert not lag["behind_schedule"] and not any("bottleneck" in w for w in summary["warnings"]), lag["warning"]
 
 
 def test_sweep_brackets_capacity(tmp_path):
