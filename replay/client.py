@@ -50,6 +50,7 @@ class StreamResult:
     reasoning_tokens: int | None = None   # usage's when it reports some, else reasoning events counted
     text: str | None = None
     reused_connection: bool = False   # sent on a kept-alive connection
+    connect_s: float | None = None    # seconds to open its new connection (TCP + TLS); None: reused one
 
 
 class _Stream:
@@ -179,6 +180,7 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
         for attempt in (0, 1):
             conn = pool.acquire(deadline)
             res.reused_connection = conn.reused
+            res.connect_s = None if conn.reused else conn.connect_s
             try:
                 res.sent = send_all(conn.sock, _encrypt(conn, req) if conn.tls else req, deadline)
                 break

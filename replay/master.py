@@ -49,7 +49,7 @@ class Master:
     def start(self, t0_wall: float) -> None:
         self.t0 = time.perf_counter() + (t0_wall - time.time())
         for k, cid in enumerate(self.ids):
-            self.runner.send_message("replay_setup", {"config": self.c.to_json(), "worker": k,
+            self.runner.send_message("replay_setup", {"config": self.c.to_json(), "worker": k, "workers": self.n,
                                                       "t0_wall": t0_wall}, client_id=cid)
             self._ship(k)
         gevent.spawn(self._watch)

@@ -40,6 +40,7 @@ class RunConfig:
     duration_s: float | None = None
     max_requests: int | None = None
     warmup: int = 0
+    preconnect: int = 0                      # keep-alive connections opened before T0 (split across workers)
     timeout_s: float = 300.0
     grace_s: float = 5.0
     api_key_env: str | None = None           # the NAME of the env var; the key itself is never stored

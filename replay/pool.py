@@ -36,22 +36,46 @@ class Deadline(Exception):
 class Conn:
     """One TCP (optionally TLS) connection and its reusable read watcher."""
 
-    __slots__ = ("sock", "io", "tls", "tls_in", "tls_out", "reused")
+    __slots__ = ("sock", "io", "tls", "tls_in", "tls_out", "reused", "connect_s")
 
     def __init__(self, sock: _socket.socket, tls=None, tls_in=None, tls_out=None) -> None:
         self.sock, self.tls, self.tls_in, self.tls_out = sock, tls, tls_in, tls_out
         self.io = get_hub().loop.io(sock.fileno(), 1)
         self.reused = False
+        self.connect_s: float | None = None   # seconds it took to open (TCP connect + TLS handshake)
 
     def alive(self) -> bool:
         """An idle keep-alive connection is usable when the peer has neither closed it nor sent
         anything (a non-blocking peek; EAGAIN means alive)."""
         try:
-            self.sock.recv(1, socket.MSG_PEEK)   # b"" (closed) or stray bytes: unusable
-            return False
+            if not self.sock.recv(1, socket.MSG_PEEK):   # b"": closed
+                return False
         except BlockingIOError:
             return True
         except OSError:
+            return False
+        # stray bytes: unusable, unless they are TLS records without application data (a TLS 1.3
+        # server's session tickets arrive after the handshake, on a connection opened and parked
+        # by `preconnect` before any request read them)
+        return self.tls is not None and self._absorb_tls()
+
+    def _absorb_tls(self) -> bool:
+        while True:
+            try:
+                data = self.sock.recv(RECV_SIZE)
+            except BlockingIOError:
+                break
+            except OSError:
+                return False
+            if not data:
+                return False
+            self.tls_in.write(data)
+        try:
+            self.tls.read(RECV_SIZE)     # application data (or close_notify): unusable
+            return False
+        except ssl.SSLWantReadError:     # only post-handshake records: consumed, still usable
+            return True
+        except ssl.SSLError:
             return False
 
     def close(self) -> None:
@@ -113,6 +137,37 @@ class ConnectionPool:
             conn.close()
         self._slots.release()
 
+    def preconnect(self, n: int, concurrency: int = 64, deadline: float | None = None) -> tuple[int, str | None]:
+        """Open `n` keep-alive connections now, at most `concurrency` at a time (each within the
+        connect timeout), and park them idle, so that the first requests reuse them instead of
+        opening them when due (the connect in their dispatch lag, and a burst of new connections
+        for the server to accept while it serves them). No new attempt starts after the first
+        failure or after `deadline` (perf_counter). Returns (connections opened, first error)."""
+        import gevent
+        left, opened, errors = [n], [0], []
+
+        def work() -> None:
+            while left[0] > 0 and not errors:
+                now = perf_counter()
+                if deadline is not None and now >= deadline:
+                    errors.append("stopped at the deadline (T0)")
+                    return
+                left[0] -= 1
+                try:
+                    conn = self._connect(self.connect_timeout if deadline is None
+                                         else min(self.connect_timeout, deadline - now))
+                except Deadline as e:
+                    errors.append(e.args[1])
+                except ssl.SSLError as e:    # before OSError, its base class
+                    errors.append(f"TLS: {e.reason or e}")
+                except OSError as e:
+                    errors.append(f"{e.strerror or e}")
+                else:
+                    self._idle.append(conn)
+                    opened[0] += 1
+        gevent.joinall([gevent.spawn(work) for _ in range(max(0, min(n, concurrency)))])
+        return opened[0], (errors[0] if errors else None)
+
     def _resolve(self) -> list | None:
         """The origin's addresses (e.g. localhost: ::1 then 127.0.0.1), resolved once, up front, by
         the C resolver. gevent's patched `getaddrinfo` would start its thread pool, whose idle
@@ -129,7 +184,8 @@ class ConnectionPool:
     def _connect(self, timeout: float) -> Conn:
         if self._addrs is None:   # failed up front: retry, in the calling greenlet only
             self._addrs = self._addresses(socket.getaddrinfo)
-        deadline = perf_counter() + timeout
+        start = perf_counter()
+        deadline = start + timeout
         for k, (af, addr) in enumerate(self._addrs):
             try:
                 conn = self._connect_to(af, addr, deadline)
@@ -137,6 +193,7 @@ class ConnectionPool:
                 if k == len(self._addrs) - 1:
                     raise
                 continue
+            conn.connect_s = perf_counter() - start   # TCP connect (+ TLS handshake), all addresses tried
             if k:
                 self._addrs.insert(0, self._addrs.pop(k))   # remember the address that worked
             return conn

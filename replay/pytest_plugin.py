@@ -34,15 +34,19 @@ class ReplayResult:
     returncode: int
     output: str = ""
     gates: list = field(default_factory=list)
+    allow_bottleneck: bool = False      # --replay-allow-client-bottleneck
 
     @property
     def metrics(self) -> dict[str, float]:
         import reports
         return reports.headline(self.summary)
 
-    def gate(self, slo: Any):
+    def gate(self, slo: Any, allow_client_bottleneck: bool = False):
+        """Gate this run; objectives on figures that a replay behind its schedule taints cannot
+        be evaluated (exit 2) unless `allow_client_bottleneck` (or --replay-allow-client-bottleneck)."""
         import reports
-        result = reports.evaluate_slo(self.run_dir, _load_slo(slo))
+        result = reports.evaluate_slo(self.run_dir, _load_slo(slo),
+                                      allow_bottleneck=allow_client_bottleneck or self.allow_bottleneck)
         self.gates.append(result)
         return result
 
@@ -86,6 +90,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="extra argument for the auto-started engine-stub (repeatable)")
     group.addoption("--replay-arg", action="append", default=[],
                     help="extra argument for every `replay run` (repeatable)")
+    group.addoption("--replay-allow-client-bottleneck", action="store_true",
+                    help="gate objectives even on figures tainted by a replay that fell behind its schedule")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -132,7 +138,8 @@ def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
         if not (run_dir / "records.parquet").exists():
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
                                f"{outcome.output[-3000:]}")
-        result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output)
+        result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output,
+                              allow_bottleneck=request.config.getoption("--replay-allow-client-bottleneck"))
         for name, value in reports.headline(result.summary).items():
             request.node.user_properties.append((f"replay.{len(runs)}.{name}", value))
         runs.append(result)

@@ -36,6 +36,7 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res) ->
     return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED],
             None if sent is None else sent - t0,
+            res.connect_s,
             None if res.first_token is None else res.first_token - t0,
             None if res.last_token is None else res.last_token - t0,
             None if res.first_answer is None else res.first_answer - t0,
@@ -50,7 +51,7 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
            error: str | None = None) -> tuple:
     """The record of a row that never completed (not_sent, or cancelled without a result)."""
     return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
-            row[plan.SCHED], None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
+            row[plan.SCHED], None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
             row[plan.IMAGES], None, None, None, None, status, None, error)
 
 

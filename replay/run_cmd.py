@@ -62,6 +62,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--duration", type=parse_duration, help="replay only this much trace time")
     p.add_argument("--max-requests", type=int, help="replay at most this many rows")
     p.add_argument("--warmup", type=int, default=0, help="unrecorded warm-up requests before T0")
+    p.add_argument("--preconnect", type=int, default=0, metavar="N",
+                   help="open N keep-alive connections before T0 (64 at a time; split across workers), so the "
+                        "first requests reuse them instead of opening their own")
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
@@ -138,11 +141,14 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         raise RunError(f"--target {args.target!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8000")
     if args.workers < 1 or args.remote_workers < 0:
         raise RunError("--workers must be >= 1 and --remote-workers >= 0")
+    if args.preconnect < 0:
+        raise RunError("--preconnect must be >= 0")
     run_dir = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     host, _, port = args.master_bind.rpartition(":")
     c = plan.RunConfig(trace=str(args.trace), target=args.target.rstrip("/").removesuffix("/v1"),
                        run_dir=run_dir, api=args.api, speed=args.speed, start_s=args.start,
                        duration_s=args.duration, max_requests=args.max_requests, warmup=args.warmup,
+                       preconnect=args.preconnect,
                        timeout_s=args.timeout, grace_s=args.grace, api_key_env=args.api_key_env,
                        workers=args.workers, remote_workers=args.remote_workers, master_host=host or "0.0.0.0",
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
@@ -285,11 +291,21 @@ def _run_child(run_dir: Path) -> int:
                              start_new_session=True)  # Ctrl-C reaches us; we forward it once
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    from .hostcpu import CpuSampler
+    sampler = CpuSampler(child.pid)   # while we wait anyway: the client's and the host's CPU
     try:
-        rc = child.wait()
+        while True:
+            try:
+                rc = child.wait(timeout=max(0.0, sampler.due - time.monotonic()) if sampler.ok else None)
+                break
+            except subprocess.TimeoutExpired:
+                sampler.sample()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    t0_wall = json.loads((run_dir / "run.json").read_text()).get("t0_wall")
+    if t0_wall:
+        sampler.write(run_dir, t0_wall)
     if rc not in (0, 130):  # the runner died: keep what it flushed, account for every other row
         from .output import update_run_json
         from .recorder import salvage

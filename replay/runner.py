@@ -96,6 +96,27 @@ def warmup(job: Job, n: int) -> None:
     group.join(timeout=60)
 
 
+PRECONNECT_AT_ONCE = 64   # --preconnect: connections being opened at the same time
+PRECONNECT_LEAD_S = 2.0   # distributed runs with --preconnect: T0 this much later (workers stop at T0)
+
+
+def preconnect(pool, n: int, deadline: float | None = None, who: str = "") -> int:
+    """--preconnect: `n` keep-alive connections opened before T0 and parked idle in `pool`, so the
+    first requests reuse them (a connection the server closes while idle is replaced on use, as
+    any other). Says on stderr how many and how long; a failure is a warning, never an error."""
+    if n <= 0:
+        return 0
+    t = time.perf_counter()
+    opened, err = pool.preconnect(n, PRECONNECT_AT_ONCE, deadline)
+    took = time.perf_counter() - t
+    if opened == n:
+        print(f"replay: {who}preconnect: opened {n} connections in {took:.2f} s", file=sys.stderr)
+    else:
+        print(f"replay: warning: {who}preconnect opened {opened} of {n} connections in {took:.2f} s "
+              f"({err}); the first requests open the others themselves", file=sys.stderr)
+    return opened
+
+
 def install_stop(stop) -> None:
     """SIGINT/SIGTERM: first one stops dispatching gracefully, a second one skips the grace."""
     hits = []
@@ -116,6 +137,7 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     job = ctx.job = Job(config, 0, 0.0, plan.prefetch(plan.TraceWindow(config, batch_size=256).rows()),
                         out.recorder, env.events)
     warmup(job, config.warmup)
+    preconnect(job.pool, config.preconnect)
     out.progress.live = lambda: (job.sent, job.in_flight)
     freeze_gc()
     t0_wall = time.time() + config.lead_s
@@ -150,7 +172,8 @@ def start_master(env, config: plan.RunConfig, out: Output) -> Master:
     """Ship setup, T0 and the first rows to every connected worker."""
     master = Master(config, env.runner, out)
     freeze_gc()
-    t0_wall = time.time() + max(config.lead_s, 2.0)
+    # workers open their --preconnect share between setup and T0: give them time for it
+    t0_wall = time.time() + max(config.lead_s, 2.0) + (PRECONNECT_LEAD_S if config.preconnect > 0 else 0.0)
     out.start(t0_wall, perf_at(t0_wall))
     master.start(t0_wall)
     return master

@@ -83,14 +83,18 @@ class WorkerSide:
         from .dispatcher import Job
         from .output import flush_periodically
         from .recorder import Recorder
-        from .runner import freeze_gc, perf_at
+        from .runner import freeze_gc, perf_at, preconnect
         config = plan.RunConfig.from_json(msg.data["config"])
         self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
         self.recorder = Recorder(self._ship)
-        self.job = Job(config, msg.data["worker"], perf_at(msg.data["t0_wall"]), self.feed, self.recorder,
-                       self.env.events)
+        k = msg.data["worker"]
+        self.job = Job(config, k, perf_at(msg.data["t0_wall"]), self.feed, self.recorder, self.env.events)
         self.ctx.job, self.ctx.on_done = self.job, self._done
         gevent.spawn(flush_periodically, self.recorder, self.job.finished)
+        # this worker's share of --preconnect, opened before T0 (stopped short of it if slow)
+        n, workers = config.preconnect, max(1, msg.data.get("workers") or 1)
+        preconnect(self.job.pool, n // workers + (k < n % workers), deadline=self.job.t0 - 0.1,
+                   who=f"worker {k}: ")
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()

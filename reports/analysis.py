@@ -113,6 +113,7 @@ class Analysis:
     duration_s: float | None         # D = max(end) - min(sent) over measured requests (metrics.py: end)
     good: np.ndarray                 # bool over all rows
     slo: SloSpec | None
+    bottleneck: dict | None = None   # bottleneck.assess: whether the replay kept its schedule, and why not
     _pooled: dict = field(default_factory=dict)
 
     @property

@@ -44,7 +44,8 @@ def cmd_report(args) -> int:
 
 def cmd_gate(args) -> int:
     from . import evaluate_slo
-    return _show(evaluate_slo(args.run, args.slo, **_window(args)), args.json)
+    return _show(evaluate_slo(args.run, args.slo, allow_bottleneck=args.allow_client_bottleneck, **_window(args)),
+                 args.json)
 
 
 def cmd_compare(args) -> int:
@@ -84,6 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "1: an objective failed; 2: could not evaluate (too few samples, bad input).")
     p.add_argument("run", help="run directory or records file")
     p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
+    p.add_argument("--allow-client-bottleneck", action="store_true",
+                   help="judge objectives on figures that a replay behind its schedule taints (otherwise: exit 2)")
     _window_args(p)
     p.set_defaults(func=cmd_gate)
 

@@ -117,8 +117,10 @@ def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "") -
     return GateRow(obj.text, scope, float(value), obj.limit, int(n), ci, "pass" if ok else "fail", note)
 
 
-def gate(an: Analysis, spec: SloSpec) -> GateResult:
-    """Evaluate every objective (run-wide, then per class) on an analysed run."""
+def gate(an: Analysis, spec: SloSpec, allow_bottleneck: bool = False) -> GateResult:
+    """Evaluate every objective (run-wide, then per class) on an analysed run. When the replay
+    fell behind its schedule (an.bottleneck), objectives on the figures that taints cannot be
+    evaluated, unless `allow_bottleneck`."""
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
     rows = [_evaluate(an, o, an.mask, "all", spec) for o in spec.objectives]
@@ -135,22 +137,46 @@ def gate(an: Analysis, spec: SloSpec) -> GateResult:
         rows += [_evaluate(an, o, an.mask & sel, name, spec) for o in cls.objectives]
     if not rows:
         notes.append("the SLO spec has no objectives to gate on")
+    rows, why = _untainted(rows, spec, an.bottleneck, allow_bottleneck)
+    notes += why
     sc = an.scalars()
     return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes)
 
 
+def _untainted(rows: list[GateRow], spec: SloSpec, bottleneck: dict | None, allow: bool) -> tuple[list[GateRow], list]:
+    """Rows on figures the bottleneck taints become 'cannot evaluate' (good requests too, when
+    per-request thresholds judge tainted latencies)."""
+    tainted = set((bottleneck or {}).get("tainted") or ())
+    if not tainted:
+        return rows, []
+    cause = bottleneck.get("cause") or "unknown cause"
+    if allow:
+        return rows, [f"the replay fell behind its schedule ({cause}); gated anyway (--allow-client-bottleneck)"]
+    if spec.has_per_request and tainted & {"ttft_ms", "e2e_ms", "tpot_ms"}:
+        tainted |= {"attainment", "goodput_rps", "token_goodput_per_s"}
+    note = f"tainted: the replay fell behind its schedule ({cause}); --allow-client-bottleneck to gate anyway"
+    out = [replace(r, verdict="cannot evaluate", note=note) if r.verdict != "cannot evaluate"
+           and r.objective.split()[0].split(".")[0] in tainted else r for r in rows]
+    return out, []
+
+
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
-                 cooldown=None, steady_state: float | None = None) -> GateResult:
-    """Gate a run (directory, records file, records table or Analysis) on an SLO spec."""
+                 cooldown=None, steady_state: float | None = None, allow_bottleneck: bool = False) -> GateResult:
+    """Gate a run (directory, records file, records table or Analysis) on an SLO spec. A run
+    directory also tells whether the replay kept its schedule (run.json, cpu.parquet)."""
     spec = load_slo(slo)
     if isinstance(run_dir_or_records, Analysis):
-        return gate(run_dir_or_records, spec)
+        return gate(run_dir_or_records, spec, allow_bottleneck)
     with plain_pages():
+        run = None
         if isinstance(run_dir_or_records, pa.Table):
             from .records import conform_records
             table = conform_records(run_dir_or_records)
         else:
             from .records import ANALYSIS_COLUMNS, load_run
-            table = load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS).records
+            run = load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS)
+            table = run.records
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
-        return gate(an, spec)
+        from .bottleneck import assess, load_cpu
+        an.bottleneck = assess(an, run.config if run else None, load_cpu(run.dir) if run else None)
+        return gate(an, spec, allow_bottleneck)

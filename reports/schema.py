@@ -4,13 +4,16 @@
 gates, importers of other tools' outputs) relies only on this.
 All times are seconds relative to the run's t0 (float64), except `token_times`,
 which are float32 seconds relative to `sent_s`: one per chunk carrying generated tokens of any
-kind: the reasoning phase (`token_times[:reasoning_chunks]`), then the answer.
+kind: the reasoning phase (`token_times[:reasoning_chunks]`), then the answer. `connect_s` is a
+duration (float32 seconds), not a time: how long the request's new connection took to open (TCP
+connect, plus the TLS handshake for https); null when it was sent on a kept-alive connection
+(or never got one). Older files without it read as all null.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 2   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images)
+RECORDS_SCHEMA_VERSION = 3   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent")
@@ -24,6 +27,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("worker", pa.int32()),
     pa.field("scheduled_s", pa.float64()),
     pa.field("sent_s", pa.float64()),          # null when not sent
+    pa.field("connect_s", pa.float32()),       # seconds to open its connection (TCP + TLS); null: reused one
     pa.field("first_token_s", pa.float64()),   # first generated token of any kind (answer or reasoning)
     pa.field("last_token_s", pa.float64()),
     pa.field("first_answer_s", pa.float64()),  # first answer token (text or tool call), after any reasoning

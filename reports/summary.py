@@ -12,7 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
+from .bottleneck import assess, load_cpu
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
+from .connections import connections
 from .metrics import BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, chunk_token_rows, request_metrics
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
@@ -23,8 +25,6 @@ SUMMARY_SCHEMA_VERSION = 1
 REPORTED = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
             "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms", "ttft_sched_ms", "ttfa_sched_ms",
             "e2e_sched_ms", "ntpot_sched_ms")
-LATE_MS = 10.0            # a request sent more than this after its schedule is late
-BOTTLENECK_SHARE = 0.01   # more than this share of late requests: the client was the bottleneck
 PLOT_SAMPLES = 200_000    # plots (not numbers) are drawn from at most this many requests
 
 
@@ -55,24 +55,6 @@ def _errors(an: Analysis) -> dict:
                 out[key] = {str(d["values"]): d["counts"] for d in vc}
             else:
                 out[key] = [{"message": d["values"][:300], "count": d["counts"]} for d in vc[:5]]
-    return out
-
-
-def _dispatch_lag(an: Analysis, config: dict | None) -> dict:
-    lag = an.rm.columns["lag_ms"][an.mask]
-    lag = lag[~np.isnan(lag)]
-    out = describe(lag, ci=())
-    out.pop("ci", None)
-    late = float((lag > LATE_MS).mean()) if len(lag) else None
-    out.update(late_threshold_ms=LATE_MS, late_share=late,
-               client_bottleneck=bool(late is not None and late > BOTTLENECK_SHARE), warning=None)
-    if out["client_bottleneck"]:
-        out["warning"] = (f"the client was the bottleneck: {late:.1%} of requests were sent more than "
-                          f"{LATE_MS:g} ms after their schedule (p99 lag {out['p99']:.1f} ms, max "
-                          f"{out['max']:.1f} ms); the offered load was lower than the trace's. "
-                          f"Add workers or lower the rate.")
-    if isinstance(config, dict):
-        out["client"] = config.get("client")
     return out
 
 
@@ -197,8 +179,9 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     "per_request_slo": bool(slo and slo.has_per_request),
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
-        "dispatch_lag": _dispatch_lag(an, run.config),
+        "dispatch_lag": an.bottleneck or assess(an, run.config, None),
         "length_mismatch": _mismatches(an, run),
+        "connections": connections(an, run.config),
         "breakdowns": by,
         "timeseries": series,
     }
@@ -214,6 +197,8 @@ def _warnings(s: dict) -> list[str]:
         w.append("every measured request failed: no latency to report")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
+    if s["connections"]["warning"]:
+        w.append(s["connections"]["warning"])
     r = s["reasoning"]
     if r["no_answer"]:
         w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the "
@@ -254,6 +239,7 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)
+        an.bottleneck = assess(an, run.config, load_cpu(run.dir))
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
         if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
             from .gate import gate

@@ -90,7 +90,15 @@ def _headline(s: dict) -> list[list[object]]:
             ["goodput req/s", g["goodput_rps"]], ["token goodput/s", g["token_goodput_per_s"]],
             ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
             ["n_out from", s["n_out_source"]["used"]],
-            ["ITL tokens per chunk from", _itl_line(s)]]
+            ["ITL tokens per chunk from", _itl_line(s)],
+            ["connections opened / reused (connect p99 ms)", _connections_line(s)]]
+
+
+def _connections_line(s: dict) -> str:
+    cn = s.get("connections") or {}
+    if not cn.get("recorded"):
+        return "-"
+    return f"{cn['opened']:,} / {cn['reused']:,} ({fmt(cn['connect_ms']['p99'])})"
 
 
 def _itl_line(s: dict) -> str:

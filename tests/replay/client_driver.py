@@ -43,7 +43,7 @@ def summary(r: StreamResult, pool: ConnectionPool | None = None) -> dict:
             "first_ok": r.first_token == (tt[0] if tt else None), "last_ok": r.last_token == (tt[-1] if tt else None),
             "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "chunk_tokens": r.chunk_tokens, "text": r.text, "reused": r.reused_connection,
-            "sent": r.sent is not None, "opened": pool.opened if pool else None}
+            "sent": r.sent is not None, "opened": pool.opened if pool else None, "connect_s": r.connect_s}
 
 
 def post(pool, path="/v1/completions", data=None, timeout=3.0, **kw) -> dict:
@@ -175,6 +175,28 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     gevent.joinall(gs, timeout=30)
     out["capped"] = [g.value for g in gs]
 
+    # preconnect: parked connections are reused by the next requests (no connect_s on them)
+    p = ConnectionPool(url, headers={"X-Interval": "0.002"})
+    t = time.perf_counter()
+    opened, err = p.preconnect(5, concurrency=2)
+    gs = [gevent.spawn(post, p, data=body(3)) for _ in range(5)]
+    gevent.joinall(gs, timeout=10)
+    out["preconnect"] = {"opened": opened, "error": err, "took": time.perf_counter() - t,
+                         "results": [g.value for g in gs]}
+    t = time.perf_counter()
+    opened, err = ConnectionPool(f"http://127.0.0.1:{port}").preconnect(500)   # refused
+    out["preconnect_refused"] = {"opened": opened, "error": err, "took": time.perf_counter() - t}
+    out["preconnect_late"] = ConnectionPool(url).preconnect(3, deadline=time.perf_counter())   # T0 has passed
+
+    if tls_url:
+        ctx = ssl.create_default_context(cafile=cafile)
+        p = ConnectionPool(tls_url, ssl_context=ctx, headers={"X-Interval": "0.002"})
+        opened, err = p.preconnect(2)
+        gevent.sleep(0.2)   # a TLS 1.3 server's session tickets reach the parked connections
+        gs = [gevent.spawn(post, p) for _ in range(2)]    # both parked connections at once
+        gevent.joinall(gs, timeout=10)
+        out["tls_preconnect"] = {"opened": opened, "error": err, "results": [g.value for g in gs],
+                                 "total_opened": p.opened}
     if tls_url:
         ctx = ssl.create_default_context(cafile=cafile)
         p = ConnectionPool(tls_url, ssl_context=ctx, headers={"X-Interval": "0.002"})

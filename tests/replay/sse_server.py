@@ -10,7 +10,8 @@ events per second. A fault is chosen per request by the `X-Fault` header or a mo
 `fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
 override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
 token event: `perf_counter_ns` just before and just after its write, and index -1 when the whole
-request had been read (request id: `X-Request-Id` header or the body's `user`).
+request had been read (request id: `X-Request-Id` header or the body's `user`). `--conn-log FILE`
+appends one line (the peer address) per accepted connection.
 
 Reasoning and tool calls (chat only), as vLLM streams them: `--reasoning N` (or `X-Reasoning: N`)
 makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-field reasoning_content`
@@ -48,6 +49,9 @@ class Stream(asyncio.Protocol):
         sock = tr.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.srv.conn_log is not None:   # one line per accepted connection: its peer
+            self.srv.conn_log.write(f"{tr.get_extra_info('peername')}\n")
+            self.srv.conn_log.flush()
 
     def connection_lost(self, exc) -> None:
         self.tr = None
@@ -108,6 +112,7 @@ class Server:
     def __init__(self, args) -> None:
         self.a, self.count = args, 0
         self.log = open(args.stamp_log, "a") if args.stamp_log else None
+        self.conn_log = open(args.conn_log, "a") if args.conn_log else None
 
     def handle(self, conn: Stream, method: str, path: str, hdrs: dict, body: bytes) -> None:
         self.count += 1
@@ -287,6 +292,7 @@ def main(argv=None) -> None:
     ap.add_argument("--html", action="store_true", help="answer every request with a 200 HTML page")
     ap.add_argument("--no-images", action="store_true", help="400 for chat requests with image parts")
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
+    ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
     args = ap.parse_args(argv)

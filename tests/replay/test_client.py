@@ -186,3 +186,26 @@ def test_tls(out):
     assert out["tls"]["status"] == "ok" and out["tls"]["n"] == 8 and out["tls"]["text"].startswith(" t0")
     assert out["tls_next"]["status"] == "ok" and out["tls_next"]["reused"]
     assert out["tls_untrusted"]["status"] == "connection_error" and "CERTIFICATE" in out["tls_untrusted"]["error"].upper()
+
+
+def test_connect_time_only_where_a_connection_was_opened(out):
+    first, reused = out["completions"], out["chat"]
+    assert not first["reused"] and 0 < first["connect_s"] < 1
+    assert reused["reused"] and reused["connect_s"] is None
+    assert all((r["connect_s"] is None) == r["reused"] for r in out["concurrent"] + out["concurrent_reused"])
+    if "tls" in out:   # TCP connect + TLS handshake
+        assert 0 < out["tls"]["connect_s"] < 2 and out["tls_next"]["connect_s"] is None
+
+
+def test_preconnect_parks_connections_that_the_next_requests_reuse(out):
+    pre = out["preconnect"]
+    assert pre["opened"] == 5 and pre["error"] is None
+    assert all(r["status"] == "ok" and r["reused"] and r["connect_s"] is None for r in pre["results"])
+    assert max(r["opened"] for r in pre["results"]) == 5       # no request opened one of its own
+    refused = out["preconnect_refused"]          # stops at the first failure: no 500 attempts
+    assert refused["opened"] == 0 and "refused" in refused["error"].lower() and refused["took"] < 2
+    assert out["preconnect_late"][0] == 0 and "deadline" in out["preconnect_late"][1]
+    if "tls_preconnect" in out:   # a TLS 1.3 server's session tickets do not make them look stale
+        tp = out["tls_preconnect"]
+        assert tp["opened"] == 2 and tp["total_opened"] == 2
+        assert all(r["status"] == "ok" and r["reused"] and r["connect_s"] is None for r in tp["results"])

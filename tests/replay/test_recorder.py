@@ -16,11 +16,12 @@ def _row(i: int) -> tuple:
     return tuple(row)
 
 
-def _result(i: int, n: int, chunks=None, reasoning: int = 0):
-    """n token chunks 0.1 s apart, the first `reasoning` of them reasoning."""
+def _result(i: int, n: int, chunks=None, reasoning: int = 0, connect_s: float | None = None):
+    """n token chunks 0.1 s apart, the first `reasoning` of them reasoning; `connect_s`: the
+    request opened its connection in that long (None: it reused a kept-alive one)."""
     sent = 100.0 + i
     tt = array("d", [sent + 0.1 * (k + 1) for k in range(n)])
-    return SimpleNamespace(sent=sent, first_token=tt[0] if n else None, last_token=tt[-1] if n else None,
+    return SimpleNamespace(sent=sent, connect_s=connect_s, first_token=tt[0] if n else None, last_token=tt[-1] if n else None,
                            first_answer=tt[reasoning] if reasoning < n else None, token_times=tt,
                            chunk_tokens=chunks, prompt_tokens=8, completion_tokens=n,
                            reasoning_tokens=reasoning or None, reasoning_chunks=min(reasoning, n),
@@ -53,6 +54,19 @@ def test_reasoning_columns():
     assert got["reasoning_tokens"] == [3, 4] and got["reasoning_chunks"] == [3, 4]
     assert abs(got["first_answer_s"][0] - 0.4) < 1e-9 and got["first_answer_s"][1] is None
     assert abs(got["first_token_s"][0] - 0.1) < 1e-9
+
+
+def test_connect_s_column():
+    """connect_s (float32 s) where the request opened its connection, null where it reused one
+    or was never sent; every record tuple has the schema's arity."""
+    recs = [record(_row(0), "m", 0, 100.0, _result(0, 3, connect_s=0.0125)),
+            record(_row(1), "m", 0, 100.0, _result(1, 3)), unsent(_row(2), "m", 0)]
+    assert all(len(r) == len(RECORD_SCHEMA) for r in recs)
+    got = to_batch(recs)
+    assert got.schema.field("connect_s").type == pa.float32()
+    c = got.column("connect_s").to_pylist()
+    assert abs(c[0] - 0.0125) < 1e-6 and c[1] is None and c[2] is None
+    assert got.column("sent_s").to_pylist()[:2] == [0.0, 1.0]
 
 
 def test_flush_policy_oldest_first_and_every_record_within_two_periods():

@@ -91,8 +91,10 @@ def test_client_bottleneck_and_length_mismatch_are_flagged(make_run):
     table = table.set_column(table.schema.get_field_index("completion_tokens"), "completion_tokens", comp)
     s = summarize_run(make_run("run", table), write=False)
     lag = s["dispatch_lag"]
-    assert lag["client_bottleneck"] is True and lag["late_share"] > 0.5 and lag["p99"] > 100
-    assert any("client was the bottleneck" in w for w in s["warnings"])
+    assert lag["behind_schedule"] is True and lag["late_share"] > 0.5 and lag["p99"] > 100
+    # no CPU samples with these records: the cause is unknown, and the warning says so
+    assert lag["cause"] is None and lag["client_bottleneck"] is True and "ttft_sched_ms" in lag["tainted"]
+    assert any("fell behind its schedule (no CPU samples" in w for w in s["warnings"])
     mm = s["length_mismatch"]["output"]
     assert mm["mismatched"] == pytest.approx(s["counts"]["ok"] / 10, rel=0.2) and mm["mean_diff"] == 3
     ok = table.column("status").to_numpy(zero_copy_only=False) == "ok"
