@@ -368,15 +368,18 @@ def show(label: str, r: dict) -> None:
 
 
 def judge(label: str, rate: float, ours: list[dict], base: float, cpu: float) -> None:
-    """The targets: lag p99 <= 5 ms where steal stayed under 0.1 core; CPU <= 0.7x aiohttp at 100-600/s."""
-    quiet = [r for r in ours if not r.get("steal_max", 0) >= 0.1]
+    """The targets: lag p99 <= 5 ms where steal stayed under 0.1 core; CPU <= 0.7x aiohttp at 100-600/s.
+    /proc/stat counts steal in 10 ms ticks: one tick in a 0.1 s sample reads as 0.1 core, so a run
+    counts as quiet when no sample held two (max < 0.15)."""
+    quiet = [r for r in ours if not r.get("steal_max", 0) >= 0.15]
     if quiet:
         p99 = statistics.median(r["lag_p99_ms"] for r in quiet)
         verdict = "met" if p99 <= 5 else "NOT met"
         print(f"{label:>9}    target lag p99 <= 5 ms: {verdict} ({p99:.2f} ms over {len(quiet)} run(s) with steal "
               f"< 0.1 core)", flush=True)
     else:
-        print(f"{label:>9}    target lag p99 <= 5 ms: not judged (the hypervisor stole >= 0.1 core in every run)",
+        print(f"{label:>9}    target lag p99 <= 5 ms: not judged (the hypervisor stole >= 0.2 core in a 0.1 s "
+              f"sample of every run)",
               flush=True)
     if 100 <= rate <= 600:
         print(f"{label:>9}    target CPU per token <= 0.7x aiohttp: {'met' if cpu / base <= 0.7 else 'NOT met'} "
