@@ -21,25 +21,30 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import struct
 import zlib
+from functools import lru_cache
 
 import numpy as np
 
-DEFAULT_PX = (512, 512)
+from traces.schema import DEFAULT_IMAGE_PX
+from traces.validate import image_px_problem
+
 PREFIX = b"data:image/png;base64,"
-_PX = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
+@lru_cache(maxsize=256)
 def parse_px(px: str | None) -> tuple[int, int]:
-    """`WxH` (a trace's `image_px`) as (width, height); null is DEFAULT_PX."""
-    if px is None:
-        return DEFAULT_PX
-    m = _PX.match(px)
-    if not m or not (0 < int(m.group(1)) <= 8192 and 0 < int(m.group(2)) <= 8192):
-        raise ValueError(f"image_px {px!r}: expected WxH with sides in 1..8192, e.g. 512x512")
-    return int(m.group(1)), int(m.group(2))
+    """`WxH` (a trace's `image_px`, by the trace schema's rule) as (width, height); null is
+    DEFAULT_IMAGE_PX. Cached: each request names its size, few sizes repeat."""
+    problem = image_px_problem(px or DEFAULT_IMAGE_PX)
+    if problem:
+        raise ValueError(f"image_px {px!r}: {problem}")
+    w, _, h = (px or DEFAULT_IMAGE_PX).partition("x")
+    return int(w), int(h)
+
+
+DEFAULT_PX = parse_px(None)
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
@@ -108,17 +113,15 @@ class Images:
         for request `key` (a row index), comma-separated: data URLs distinct per (key, image),
         or with `url_base` the hosted file of that size, `{base}/{W}x{H}.png`. Pieces, so that the
         request body is copied once, by its final join (a 512x512 image is ~170 KB of base64)."""
-        out: list[bytes] = []
         if self.url_base is not None:
             w, h = parse_px(px)
-            url = [f"{self.url_base}/{w}x{h}.png".encode()]
+            urls = [[f"{self.url_base}/{w}x{h}.png".encode()]] * n
         else:
-            t = self.template(px)
-        for k in range(n):
-            if self.url_base is None:
-                suffix = base64.b64encode(t.png_suffix(struct.pack("<IQI", self.seed & 0xFFFFFFFF,
-                                                                   key & 0xFFFFFFFFFFFFFFFF, k)))
-                url = [t.b64, suffix]
+            t, seed = self.template(px), self.seed & 0xFFFFFFFF
+            urls = [[t.b64, base64.b64encode(t.png_suffix(struct.pack("<IQI", seed, key & 0xFFFFFFFFFFFFFFFF, k)))]
+                    for k in range(n)]
+        out: list[bytes] = []
+        for k, url in enumerate(urls):
             out += [_OPEN if not k else b"," + _OPEN, *url, _CLOSE]
         return out
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .metrics import LATENCIES, SCHED_ALIAS
 from .stats import describe
 
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
@@ -28,10 +29,13 @@ WAITING = 0.1             # tasks waited for a CPU this share of an interval (PS
                           # to make a send LATE_MS late: the cores were contended
 EXPLAINS = 0.25           # a cause present at this share of the late sends is named
 CPU_FILE = "cpu.parquet"
-SCHED = ("ttft_sched_ms", "ttfa_sched_ms", "e2e_sched_ms", "ntpot_sched_ms", "lag_ms")
+# what a late send taints: the latencies from schedule (those that are not mere aliases) and the lag;
+# the rates when fewer requests went out than the trace offered; every latency from `sent`
+# when the host stalled (or the client stamped at read time)
+SCHED = (*(m.replace("_ms", "_sched_ms") for m in LATENCIES if m.replace("_ms", "_sched_ms") not in SCHED_ALIAS),
+         "lag_ms")
 RATES = ("requests_per_s", "output_tokens_per_s", "goodput_rps", "token_goodput_per_s")
-FROM_SENT = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
-             "itl_answer_ms", "e2e_ms", "ntpot_ms", "reasoning_ms", "answer_ms")
+FROM_SENT = tuple(m for m in LATENCIES if m != "lag_ms")
 
 
 def load_cpu(run_dir: str | Path | None) -> pa.Table | None:
