@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reports import summarize_run  # noqa: E402
-from reports.analysis import analyze, plain_pages  # noqa: E402
-from reports.slo import load_slo  # noqa: E402
-from reports.stats import describe  # noqa: E402
+from llm_replay.reports import summarize_run  # noqa: E402
+from llm_replay.reports.analysis import analyze, plain_pages  # noqa: E402
+from llm_replay.reports.slo import load_slo  # noqa: E402
+from llm_replay.reports.stats import describe  # noqa: E402
 from tests.reports.synth import synth_records  # noqa: E402
 
 SLO = {"per_request": {"ttft_ms": 300, "tpot_ms": 40}}

@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 def arrivals(rate: float, duration: float, seed: int, preset: str | None = None) -> list[float]:
     """Poisson arrivals, or those of a generated trace preset (e.g. bursty) at that mean rate."""
     if preset:
-        from traces.generate import generate
-        from traces.presets import preset_spec
+        from llm_replay.traces.generate import generate
+        from llm_replay.traces.presets import preset_spec
         t = generate(preset_spec(preset, duration=duration, rate=rate, seed=seed), seed=seed).table
         ns = t.column("arrival_ns").to_numpy()
         return ((ns - ns[0]) / 1e9 + 0.001).tolist()
@@ -67,7 +67,7 @@ class Steal:
 
     def __enter__(self) -> "Steal":
         import threading
-        from replay.hostcpu import TICK, host_ticks
+        from llm_replay.replay.hostcpu import TICK, host_ticks
         self.samples: list[float] = []
         self._stop = threading.Event()
 
@@ -116,15 +116,15 @@ _BUILDER: list = []
 def _builder():
     """The runner's own PromptBuilder (images from replay.images), one per process."""
     if not _BUILDER:
-        from replay import plan
-        from replay.prompts import PromptBuilder
+        from llm_replay.replay import plan
+        from llm_replay.replay.prompts import PromptBuilder
         _BUILDER.append(PromptBuilder(plan.RunConfig(trace="t", target="http://x", run_dir="r", prompt_mode="ids",
                                                      force_output_len=False)))
     return _BUILDER[0]
 
 
 def _image_row(i: int, tokens: int, images: int, px: str) -> tuple:
-    from replay import plan
+    from llm_replay.replay import plan
     row = [None] * 14
     row[plan.IDX], row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = i, str(i), 0.0, 8, tokens
     row[plan.PROMPT], row[plan.IMAGES], row[plan.IMAGE_PX] = "one two three four five six seven eight", images, px
@@ -184,7 +184,7 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
     monkey.patch_all()
     import gc
     import gevent
-    from replay.client import ConnectionPool, stream_post
+    from llm_replay.replay.client import ConnectionPool, stream_post
     floor = role == "floor"
     if floor:
         _floor_reads()
@@ -222,9 +222,9 @@ def run_ours(url: str, times: list[float], tokens: int, record: dict | None = No
 def _floor_reads() -> None:
     """Swap the client's read callback for the least it could do: read, stamp, end on the
     chunked terminator. Nothing is parsed, so the token count is taken on trust."""
-    import replay.client as rc
-    from replay.pool import RECV_SIZE
-    from replay.sse import COMPLETE
+    import llm_replay.replay.client as rc
+    from llm_replay.replay.pool import RECV_SIZE
+    from llm_replay.replay.sse import COMPLETE
 
     def on_readable(self) -> None:
         try:
@@ -303,7 +303,7 @@ def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from traces.trace import Trace
+    from llm_replay.traces.trace import Trace
 
     trace, out = f"{tmp}/trace.parquet", f"{tmp}/run-{workers}"
     n = len(times)
@@ -312,7 +312,7 @@ def run_replay(url: str, times: list[float], tokens: int, workers: int, cpu: int
                     "output_tokens": np.full(n, tokens, "int32")})).write(trace)
     pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     api = ["--api", "chat", "--model-map", "*=m"] if CHAT["on"] else ["--prompt-mode", "ids"]
-    subprocess.run([sys.executable, "-m", "replay", "run", "--trace", trace, "--target", url, "-o", out,
+    subprocess.run([sys.executable, "-m", "llm_replay.replay", "run", "--trace", trace, "--target", url, "-o", out,
                     "--workers", str(workers), "--no-check", "--no-progress", *api],
                    check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
                    preexec_fn=pin, timeout=times[-1] * 10 + 120)
@@ -444,7 +444,7 @@ def main() -> None:
                   f"ours-read/aiohttp = {med['ours-read'] / med['aiohttp']:.2f}, "
                   f"floor/aiohttp = {med['floor'] / med['aiohttp']:.2f} (median of {a.repeat})", flush=True)
             judge(label, rate, res["ours"], med["aiohttp"], med["ours"])
-            if a.runner and importlib.util.find_spec("replay.runner") is not None:
+            if a.runner and importlib.util.find_spec("llm_replay.replay.runner") is not None:
                 for workers in ((1, 2) if rate >= 1000 else (1,)):
                     runs = []
                     for _ in range(a.repeat):

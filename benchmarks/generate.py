@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from traces.generate import generate_to  # noqa: E402
-from traces.presets import DAY  # noqa: E402
+from llm_replay.traces.generate import generate_to  # noqa: E402
+from llm_replay.traces.presets import DAY  # noqa: E402
 
 MODELS = {"llama-8b": 0.5, "llama-70b": 0.25, "mistral-7b": 0.15, "qwen-32b": 0.1}
 DURATION = 86400.0

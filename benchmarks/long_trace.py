@@ -27,7 +27,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from tests.replay.runkit import popen_run, records, start_sse, stop  # noqa: E402
-from traces.schema import schema_for  # noqa: E402
+from llm_replay.traces.schema import schema_for  # noqa: E402
 
 
 def write_big(path: Path, rows: int, gap_ns: int = 1_000_000) -> None:

@@ -26,8 +26,8 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from traces.importers.common import write_csv
-    from traces.importers.timeparse import format_iso
+    from llm_replay.traces.importers.common import write_csv
+    from llm_replay.traces.importers.timeparse import format_iso
     rng = np.random.default_rng(seed)
     fmt = {"sep": [" "], "fraction_digits": [7], "zones": [""]}
     with open(path, "wb") as f:
@@ -52,11 +52,11 @@ def phase(name: str, csv: Path, out: Path) -> dict:
     sys.path.insert(0, str(REPO))
     t = time.perf_counter()
     if name == "import":
-        from traces.importers import import_trace
+        from llm_replay.traces.importers import import_trace
         rows = import_trace("azure", csv, out)["rows"]["written"]
     elif name == "describe":
-        from traces.describe import describe
-        from traces.trace import Trace
+        from llm_replay.traces.describe import describe
+        from llm_replay.traces.trace import Trace
         rows = describe(Trace.read(out))["requests"]
     elif name == "pandas":
         import pandas as pd

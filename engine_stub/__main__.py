@@ -1,4 +1,4 @@
-"""`python -m engine_stub serve ...`"""
+"""`python -m llm_replay.engine_stub serve ...`"""
 import sys
 
 from .cli import main

@@ -16,13 +16,13 @@ from . import __version__
 
 # (module, ...) in the order they appear in `replay --help`.
 SUBCOMMAND_MODULES = (
-    "traces.cli",          # replay trace ...
-    "replay.run_cmd",      # replay run
-    "replay.worker",       # replay worker
-    "replay.check",        # replay check
-    "reports.cli",         # replay report / gate / compare / import-results
-    "replay.sweep",        # replay sweep
-    "replay.demo",         # replay demo
+    "llm_replay.traces.cli",          # replay trace ...
+    "llm_replay.replay.run_cmd",      # replay run
+    "llm_replay.replay.worker",       # replay worker
+    "llm_replay.replay.check",        # replay check
+    "llm_replay.reports.cli",         # replay report / gate / compare / import-results
+    "llm_replay.replay.sweep",        # replay sweep
+    "llm_replay.replay.demo",         # replay demo
 )
 
 

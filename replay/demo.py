@@ -46,9 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import reports
-    from traces.generate import generate
-    from traces.presets import preset_spec
+    from llm_replay import reports
+    from llm_replay.traces.generate import generate
+    from llm_replay.traces.presets import preset_spec
 
     from .local_engine import start_engine
     from .runproc import replay_run

@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from traces.schema import DEFAULT_IMAGE_PX
-from traces.validate import image_px_problem
+from llm_replay.traces.schema import DEFAULT_IMAGE_PX
+from llm_replay.traces.validate import image_px_problem
 
 PREFIX = b"data:image/png;base64,"
 
@@ -130,11 +130,11 @@ _OPEN, _CLOSE = b'{"type":"image_url","image_url":{"url":"', b'"}}'
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python3 -m replay.images --px 512x512 [--px ...] -o DIR`: the files that
+    """`python3 -m llm_replay.replay.images --px 512x512 [--px ...] -o DIR`: the files that
     `replay run --image-url-base` expects at `{base}/{W}x{H}.png`."""
     import argparse
     from pathlib import Path
-    ap = argparse.ArgumentParser(prog="python3 -m replay.images", description=main.__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m llm_replay.replay.images", description=main.__doc__.split("\n")[0])
     ap.add_argument("--px", action="append", required=True, help="image size WxH (repeatable)")
     ap.add_argument("-o", "--out", required=True, help="directory to write WxH.png files into")
     ap.add_argument("--seed", type=int, default=0)

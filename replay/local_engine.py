@@ -60,8 +60,8 @@ def child_env() -> dict[str, str]:
 
 
 def start_engine(*args: str, timeout: float = 90) -> LocalEngine:
-    """Start `python -m engine_stub serve --port 0 ARGS` and wait for `engine-stub ready: URL`."""
-    cmd = [sys.executable, "-m", "engine_stub", "serve", "--port", "0", *map(str, args)]
+    """Start `python -m llm_replay.engine_stub serve --port 0 ARGS` and wait for `engine-stub ready: URL`."""
+    cmd = [sys.executable, "-m", "llm_replay.engine_stub", "serve", "--port", "0", *map(str, args)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
     log: list[str] = []
     deadline = time.monotonic() + timeout

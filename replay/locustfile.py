@@ -11,24 +11,21 @@ user per worker process), and the replay options are `replay run`'s, registered 
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gevent  # noqa: E402
 from locust import events  # noqa: E402
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner  # noqa: E402
 
-from replay.dispatcher import Dispatcher  # noqa: E402,F401  (the user class Locust finds)
+from llm_replay.replay.dispatcher import Dispatcher  # noqa: E402,F401  (the user class Locust finds)
 
 _state: dict = {}
 
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
-    from replay.run_cmd import add_run_arguments
+    from llm_replay.replay.run_cmd import add_run_arguments
     parser.add_argument("--trace", help="replay: trace file (Parquet)", default="")
     parser.add_argument("--run-dir", help="replay: run directory (default runs/locust-<UTC time>)")
     add_run_arguments(parser)
@@ -38,13 +35,13 @@ def _add_arguments(parser) -> None:
 def _on_init(environment, **kw) -> None:
     runner = environment.runner
     if isinstance(runner, WorkerRunner):
-        from replay.worker import WorkerSide
+        from llm_replay.replay.worker import WorkerSide
         WorkerSide(environment)
         return
     opts = environment.parsed_options
     if opts is None or not opts.trace:
         return
-    from replay.run_cmd import build_config, prepare_run_dir
+    from llm_replay.replay.run_cmd import build_config, prepare_run_dir
     opts.target = environment.host or opts.host
     opts.out = opts.run_dir or f"runs/locust-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     opts.workers, opts.remote_workers, opts.master_bind = 1, 0, ""
@@ -60,8 +57,8 @@ def _on_test_start(environment, **kw) -> None:
     config = _state.get("config")
     if config is None or "out" in _state or isinstance(environment.runner, WorkerRunner):
         return
-    from replay.output import Output
-    from replay.runner import start_local, start_master
+    from llm_replay.replay.output import Output
+    from llm_replay.replay.runner import start_local, start_master
     out = _state["out"] = Output(config)
     if isinstance(environment.runner, LocalRunner):
         job = _state["job"] = start_local(environment, config, out)
@@ -99,7 +96,7 @@ def _on_quitting(environment, **kw) -> None:
 def _finish() -> None:
     out = _state.pop("out", None)
     if out is not None:
-        from replay.output import update_run_json
+        from llm_replay.replay.output import update_run_json
         counts = out.close()
         status = "interrupted" if getattr(_state.get("job"), "stopping", False) else "completed"
         update_run_json(out.dir, status=status, status_counts=counts, ended_wall=time.time())

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from traces.errors import TraceError
-from traces.trace import Trace, conform
+from llm_replay.traces.errors import TraceError
+from llm_replay.traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
 IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX = range(14)

@@ -38,13 +38,13 @@ class ReplayResult:
 
     @property
     def metrics(self) -> dict[str, float]:
-        import reports
+        from llm_replay import reports
         return reports.headline(self.summary)
 
     def gate(self, slo: Any, allow_client_bottleneck: bool = False):
         """Gate this run; objectives on figures that a replay behind its schedule taints cannot
         be evaluated (exit 2) unless `allow_client_bottleneck` (or --replay-allow-client-bottleneck)."""
-        import reports
+        from llm_replay import reports
         result = reports.evaluate_slo(self.run_dir, _load_slo(slo),
                                       allow_bottleneck=allow_client_bottleneck or self.allow_bottleneck)
         self.gates.append(result)
@@ -59,7 +59,7 @@ class ReplayResult:
 
 def _load_slo(slo: Any):
     """A path, a spec dict, an SloSpec, or a list of objective strings."""
-    import reports
+    from llm_replay import reports
     if isinstance(slo, (list, tuple)):
         return reports.load_slo({"objectives": list(slo)})
     return reports.load_slo(slo)
@@ -107,11 +107,11 @@ def replay_target(request: pytest.FixtureRequest):
         yield target.rstrip("/")
         return
     try:
-        import engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
+        import llm_replay.engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
     except ImportError as e:
         pytest.skip(f"no --replay-target and engine-stub is not installed ({e}); "
                     "pip install 'llm-replay[engine]' or pass --replay-target URL")
-    from replay.local_engine import start_engine
+    from llm_replay.replay.local_engine import start_engine
     engine = start_engine(*request.config.getoption("--replay-engine-arg"))
     yield engine.url
     engine.stop()
@@ -127,8 +127,8 @@ def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
     runs_dir = Path(base) / request.node.name if base else tmp_path / "runs"
 
     def run(trace: str | os.PathLike, **options: Any) -> ReplayResult:
-        import reports
-        from replay.runproc import replay_run, run_args
+        from llm_replay import reports
+        from llm_replay.replay.runproc import replay_run, run_args
         path = Path(trace)
         if not path.exists():
             path = _preset_trace(str(trace), options, tmp_path)
@@ -150,8 +150,8 @@ def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
 
 
 def _preset_trace(name: str, options: dict, tmp_path: Path) -> Path:
-    from traces.generate import generate
-    from traces.presets import preset_spec
+    from llm_replay.traces.generate import generate
+    from llm_replay.traces.presets import preset_spec
     spec = preset_spec(name, duration=options.pop("duration", 30), rate=options.pop("rate", None))
     path = tmp_path / f"{name}.parquet"
     generate(spec, seed=options.pop("seed", 0)).write(path)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reports.schema import RECORD_SCHEMA
+from llm_replay.reports.schema import RECORD_SCHEMA
 
 from . import plan
 

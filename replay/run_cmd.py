@@ -1,7 +1,7 @@
 """`replay run`: replay a trace open-loop against an OpenAI-compatible target.
 
 This module only parses, validates, probes the target and prepares the run directory;
-the replay itself runs in a child process (`python -m replay.runner RUN_DIR`) that is the
+the replay itself runs in a child process (`python -m llm_replay.replay.runner RUN_DIR`) that is the
 only one to import locust/gevent. Ctrl-C is forwarded to it (a second one skips the grace
 time); if the child dies, the records it flushed are still finalised here.
 """
@@ -70,7 +70,7 @@ def add_run_arguments(p) -> None:
     p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--seed", type=int, default=0, help="prompt (and image) content seed")
     p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
-                   "(files from `python3 -m replay.images`) instead of inline PNG data URLs")
+                   "(files from `python3 -m llm_replay.replay.images`) instead of inline PNG data URLs")
     p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
                    help="multi-turn sessions: turns at trace times, or closed loop with think time")
     p.add_argument("--prompt-mode", choices=("ids", "text"),
@@ -258,7 +258,7 @@ def _check_tokenizer(path: str) -> dict:
 def run(args) -> int:
     slo = None
     if args.slo:
-        import reports
+        from llm_replay import reports
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
@@ -287,7 +287,7 @@ def _run_child(run_dir: Path) -> int:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    child = subprocess.Popen([sys.executable, "-m", "replay.runner", str(run_dir)], env=env,
+    child = subprocess.Popen([sys.executable, "-m", "llm_replay.replay.runner", str(run_dir)], env=env,
                              start_new_session=True)  # Ctrl-C reaches us; we forward it once
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -321,7 +321,7 @@ def _run_child(run_dir: Path) -> int:
 
 def _print_summary(run_dir: Path, slo=None) -> None:
     """The reports summary table (also written as summary.json/.md and report.html)."""
-    import reports
+    from llm_replay import reports
     info = json.loads((run_dir / "run.json").read_text())
     counts = info.get("status_counts") or {}
     if (run_dir / "records.parquet").exists():

@@ -1,6 +1,6 @@
 """The runner process: Locust's Environment used as a library.
 
-`python -m replay.runner RUN_DIR` (started by `replay run`) reads RUN_DIR/run.json, then
+`python -m llm_replay.replay.runner RUN_DIR` (started by `replay run`) reads RUN_DIR/run.json, then
 - one process (`--workers 1`): `create_local_runner`, the Dispatcher user runs a Job that
   reads the trace window itself and writes records straight into RUN_DIR;
 - `--workers N`: `create_master_runner` + N local `replay.worker` processes (and any
@@ -190,7 +190,7 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
     port = config.master_port or _free_port()
     bind = config.master_host if config.remote_workers else "127.0.0.1"
     runner = env.create_master_runner(master_bind_host=bind, master_bind_port=port)
-    procs = [subprocess.Popen([sys.executable, "-m", "replay.worker", "--master", f"127.0.0.1:{port}",
+    procs = [subprocess.Popen([sys.executable, "-m", "llm_replay.replay.worker", "--master", f"127.0.0.1:{port}",
                                "--die-with-parent"]) for _ in range(config.workers)]
     want = config.workers + config.remote_workers
     if config.remote_workers:

@@ -2,7 +2,7 @@
 
 `demo`, `sweep` and the pytest plugin orchestrate replays from processes that must not
 import locust (it monkey-patches the whole process with gevent), so each replay runs in
-its own `python -m replay run ...` child.
+its own `python -m llm_replay.replay run ...` child.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def replay_run(trace: Path, target: str, run_dir: Path, *, extra: list[str] | No
                timeout: float | None = None, echo: bool = False, cpus: set[int] | None = None) -> RunOutcome:
     """Replay `trace` against `target` into `run_dir` in a child process (on `cpus` when given)."""
     env = child_env()
-    cmd = [sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", target,
+    cmd = [sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), "--target", target,
            "-o", str(run_dir), *(extra or [])]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
     if echo:  # the child's live progress goes straight to our terminal

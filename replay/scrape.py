@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from reports.schema import SERVER_METRICS_SCHEMA
+from llm_replay.reports.schema import SERVER_METRICS_SCHEMA
 
 from .recorder import IpcFile, finalize
 

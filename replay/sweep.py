@@ -75,8 +75,8 @@ def knee(rates: list[float], values: list[float]) -> float | None:
 
 class Sweeper:
     def __init__(self, args: argparse.Namespace, target: str) -> None:
-        import reports
-        from traces import Trace
+        from llm_replay import reports
+        from llm_replay.traces import Trace
         self.args, self.target = args, target
         self.out = Path(args.output)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +86,7 @@ class Sweeper:
         self.points: dict[float, Point] = {}
 
     def measure(self, rate: float) -> Point:
-        import reports
+        from llm_replay import reports
         from .runproc import replay_run
         rate = float(f"{rate:.4g}")
         if rate in self.points:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from reports.svg import chart
+from llm_replay.reports.svg import chart
 
 
 def write_capacity_html(path: Path, result: dict) -> None:

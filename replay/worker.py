@@ -1,4 +1,4 @@
-"""A distributed worker: `replay worker --master HOST:PORT` (or `python -m replay.worker`).
+"""A distributed worker: `replay worker --master HOST:PORT` (or `python -m llm_replay.replay.worker`).
 
 It joins a master started by `replay run --workers N` / `--remote-workers M` (or by
 `locust --master -f replay/locustfile.py`), receives its configuration, T0 and rows by
@@ -165,7 +165,7 @@ def main_args(args) -> int:
     from pathlib import Path
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
-    argv = [sys.executable, "-m", "replay.worker", "--master", args.master]
+    argv = [sys.executable, "-m", "llm_replay.replay.worker", "--master", args.master]
     os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))
     return 1  # not reached
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.local_engine import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
+from llm_replay.replay.local_engine import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,9 @@ def repo_env(**extra: str) -> dict[str, str]:
 
 def run_cli(module: str, *args: str, timeout: float = 120, check: bool = False,
             **kw) -> subprocess.CompletedProcess:
-    """Run `python -m <module> args...` (e.g. module='replay') and capture its output."""
+    """Run `python -m <module> args...` (e.g. module='replay', one of llm_replay's packages)."""
+    if module.split(".")[0] in ("replay", "engine_stub", "traces", "reports"):
+        module = "llm_replay." + module
     proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
                           text=True, env=repo_env(), timeout=timeout, **kw)
     if check and proc.returncode != 0:
@@ -48,7 +50,7 @@ def replay_cli():
 
 def start_engine(*args: str, timeout: float = 90):
     """Start engine-stub on a free port (see replay.local_engine); `.url`, `.stop()`."""
-    from replay.local_engine import start_engine as _start
+    from llm_replay.replay.local_engine import start_engine as _start
     return _start(*args, timeout=timeout)
 
 
@@ -56,7 +58,7 @@ def start_engine(*args: str, timeout: float = 90):
 def engine_url():
     """A default engine-stub shared by a test session (skipped where torch is absent)."""
     pytest.importorskip("torch")
-    pytest.importorskip("engine_stub.cli")
+    pytest.importorskip("llm_replay.engine_stub.cli")
     eng = start_engine()
     yield eng.url
     eng.stop()

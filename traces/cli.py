@@ -6,8 +6,8 @@ import argparse
 import importlib
 
 TRACE_COMMAND_MODULES = (
-    "traces.cli_io",      # import, validate, export, describe, transform
-    "traces.cli_synth",   # generate, fit, compare
+    "llm_replay.traces.cli_io",      # import, validate, export, describe, transform
+    "llm_replay.traces.cli_synth",   # generate, fit, compare
 )
 
 

@@ -106,7 +106,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         try:
             from .servegen import import_servegen
         except ModuleNotFoundError as e:
-            if e.name != "traces.servegen":
+            if e.name != "llm_replay.traces.servegen":
                 raise
             raise TraceError("the servegen importer (traces.servegen) is not available in this build") from None
         import_servegen(Path(args.src), Path(args.output))

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from engine_stub.answer import AnswerOptions, ChoiceDeltas, parse_reasoning, plan
+from llm_replay.engine_stub.answer import AnswerOptions, ChoiceDeltas, parse_reasoning, plan
 from tests.conftest import run_cli, start_engine
 from tests.replay.runkit import records, run_info, write_trace
 

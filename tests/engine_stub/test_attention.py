@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from engine_stub.attention import PagedAttention, PagedKVCache
-from engine_stub.request import EngineRequest, SamplingParams
-from engine_stub.runner import ModelRunner
+from llm_replay.engine_stub.attention import PagedAttention, PagedKVCache
+from llm_replay.engine_stub.request import EngineRequest, SamplingParams
+from llm_replay.engine_stub.runner import ModelRunner
 
 BS, KVH, H, HD, NBLOCKS = 4, 2, 6, 8, 160
 

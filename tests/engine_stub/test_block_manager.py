@@ -4,8 +4,8 @@ from collections import Counter
 
 from hypothesis import given, settings, strategies as st
 
-from engine_stub.block_manager import BlockManager
-from engine_stub.request import EngineRequest, SamplingParams
+from llm_replay.engine_stub.block_manager import BlockManager
+from llm_replay.engine_stub.request import EngineRequest, SamplingParams
 
 BS = 4
 

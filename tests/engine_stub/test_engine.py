@@ -6,11 +6,11 @@ import time
 import pytest
 import torch
 
-from engine_stub.config import PRESETS, EngineConfig
-from engine_stub.engine import EngineCore
-from engine_stub.pacing import PROFILES, Pacer
-from engine_stub.request import EngineRequest, SamplingParams
-from engine_stub.tokenizer import EOS, IncrementalDetokenizer, Tokenizer
+from llm_replay.engine_stub.config import PRESETS, EngineConfig
+from llm_replay.engine_stub.engine import EngineCore
+from llm_replay.engine_stub.pacing import PROFILES, Pacer
+from llm_replay.engine_stub.request import EngineRequest, SamplingParams
+from llm_replay.engine_stub.tokenizer import EOS, IncrementalDetokenizer, Tokenizer
 
 torch.set_num_threads(1)
 
@@ -132,7 +132,7 @@ def test_tokenizer_roundtrip_and_utf8_safe_detokenizer():
 
 
 def test_cli_kv_sizing_and_emulation_profiles():
-    from engine_stub.cli import build_parser, engine_configs, parse_models
+    from llm_replay.engine_stub.cli import build_parser, engine_configs, parse_models
     parse = lambda *a: build_parser().parse_args(["serve", *a])  # noqa: E731
     models = parse_models(None, [])
     assert engine_configs(parse(), *models)["tiny"].num_blocks == EngineConfig.DEFAULT_NUM_BLOCKS

@@ -15,9 +15,9 @@ import zlib
 import httpx
 import pytest
 
-from engine_stub.images import (FIRST_PLACEHOLDER, MAX_SIDE, VISION_END, VISION_START, ImageError, chat_images,
+from llm_replay.engine_stub.images import (FIRST_PLACEHOLDER, MAX_SIDE, VISION_END, VISION_START, ImageError, chat_images,
                                 decode_data_url, image_size, image_token_ids, image_tokens, load_image, part_url)
-from engine_stub.tokenizer import SPECIALS, Tokenizer
+from llm_replay.engine_stub.tokenizer import SPECIALS, Tokenizer
 from tests.conftest import repo_env, start_engine
 
 TOK = Tokenizer(8192)

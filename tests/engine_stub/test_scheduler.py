@@ -3,10 +3,10 @@ finishes with exactly its tokens, the token budget and max_num_seqs hold, preemp
 newest running request, `reserve` never preempts, `prefill-first` never mixes prompts and decodes."""
 from hypothesis import given, settings, strategies as st
 
-from engine_stub.block_manager import BlockManager
-from engine_stub.config import EngineConfig
-from engine_stub.request import EngineRequest, SamplingParams, Status
-from engine_stub.scheduler import Scheduler
+from llm_replay.engine_stub.block_manager import BlockManager
+from llm_replay.engine_stub.config import EngineConfig
+from llm_replay.engine_stub.request import EngineRequest, SamplingParams, Status
+from llm_replay.engine_stub.scheduler import Scheduler
 
 BS = 4
 

@@ -10,7 +10,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_stub.tokenizer import Tokenizer
+from llm_replay.engine_stub.tokenizer import Tokenizer
 from tests.conftest import start_engine
 
 pytest.importorskip("torch")

@@ -149,7 +149,7 @@ def test_bad_flags_exit_2_with_a_message():
 def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
     # the HTTP socket listens before the engine process is up: 503 + Retry-After until then
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine_stub", "serve", "--port", str(port), "--engine-process",
+    proc = subprocess.Popen([sys.executable, "-m", "llm_replay.engine_stub", "serve", "--port", str(port), "--engine-process",
                              "--model", "m=micro"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=repo_env())
     eng = Engine(proc, f"http://127.0.0.1:{port}")

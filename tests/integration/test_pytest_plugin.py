@@ -32,7 +32,7 @@ def test_marker_passes(replay):
 def _plugin_args() -> list[str]:
     # installed: the pytest11 entry point loads it; from a plain checkout, name it
     eps = importlib.metadata.entry_points(group="pytest11")
-    return [] if any(ep.value == "replay.pytest_plugin" for ep in eps) else ["-p", "replay.pytest_plugin"]
+    return [] if any(ep.value == "llm_replay.replay.pytest_plugin" for ep in eps) else ["-p", "llm_replay.replay.pytest_plugin"]
 
 
 def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
 """The knee of a capacity curve (Kneedle over log rate)."""
-from replay.sweep import knee
+from llm_replay.replay.sweep import knee
 
 
 def test_knee_is_where_latency_turns_up():

@@ -18,7 +18,7 @@ import time  # noqa: E402
 import gevent  # noqa: E402
 from gevent.monkey import get_original  # noqa: E402
 
-from replay.client import ConnectionPool, StreamResult, stream_post  # noqa: E402
+from llm_replay.replay.client import ConnectionPool, StreamResult, stream_post  # noqa: E402
 
 STREAM_FAULTS = ("done_early", "trailers", "split", "coalesce", "crlf", "comments", "identity", "no_done")
 
@@ -68,7 +68,7 @@ def busy_client(url: str, kernel_timestamps: bool) -> dict:
 def alarm_preempted(url: str) -> dict:
     """A dispatcher asleep on the pool's Alarm (its timerfd 60 s away) whose `due` has passed, as
     when a burst of reads holds the timerfd back: the stream's next read must wake it."""
-    from replay.alarm import Alarm
+    from llm_replay.replay.alarm import Alarm
     a = Alarm()
     p = ConnectionPool(url, headers={"X-Interval": "0.01"})
     p.alarm = a

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tests.conftest import repo_env, run_cli
-from traces.trace import Trace
+from llm_replay.traces.trace import Trace
 
 
 def write_trace(path: Path, n: int, gap_s: float = 0.005, input_tokens: int = 20, output_tokens: int = 6,
@@ -67,7 +67,7 @@ def replay_run(trace: Path, target: str, out: Path, *args: str, timeout: float =
 
 
 def popen_run(trace: Path, target: str, out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", target,
+    return subprocess.Popen([sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), "--target", target,
                              "-o", str(out), "--no-check", "--no-progress", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=repo_env())
 

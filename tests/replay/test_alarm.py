@@ -14,7 +14,7 @@ from tests.conftest import repo_env
 CHILD = r"""
 import json, time
 import gevent
-from replay.alarm import Alarm
+from llm_replay.replay.alarm import Alarm
 a = Alarm()
 out = {"timerfd": a.fd >= 0, "early": 0}
 for k in range(200):   # due times spread over 0..4 ms, some already past

@@ -43,7 +43,7 @@ def test_a_starved_client_is_a_host_stall_not_a_client_bottleneck(tmp_path):
         if hog.stdout.readline().strip() != "ready":
             pytest.skip("real-time scheduling is not permitted here")
         with sse_server("--interval", "0.002") as url:
-            p = subprocess.run([sys.executable, "-m", "replay", "run", "--trace", str(trace), "--target", url,
+            p = subprocess.run([sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), "--target", url,
                                 "-o", str(out), "--no-check", "--no-progress", "--model-map", "*=m"],
                                capture_output=True, text=True, env=repo_env(), timeout=120,
                                preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))

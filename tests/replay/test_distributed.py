@@ -25,7 +25,7 @@ def test_two_workers_same_record_set_as_local(tmp_path):
     port = free_port()
     with sse_server("--interval", "0.001") as url:
         replay_run(trace, url, tmp_path / "local", "--model-map", "*=m")
-        remote = subprocess.Popen([sys.executable, "-m", "replay", "worker", "--master", f"127.0.0.1:{port}"],
+        remote = subprocess.Popen([sys.executable, "-m", "llm_replay.replay", "worker", "--master", f"127.0.0.1:{port}"],
                                   env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "1",

@@ -10,9 +10,9 @@ import zlib
 
 import pytest
 
-from replay import plan
-from replay.images import DEFAULT_PX, Images, PngTemplate, parse_px
-from replay.prompts import PromptBuilder
+from llm_replay.replay import plan
+from llm_replay.replay.images import DEFAULT_PX, Images, PngTemplate, parse_px
+from llm_replay.replay.prompts import PromptBuilder
 from tests.conftest import run_cli
 
 

@@ -18,7 +18,7 @@ def image_trace(path, counts, sizes):
 
 def test_images_prompt_tokens_grow_by_the_documented_image_tokens(tmp_path):
     pytest.importorskip("torch")
-    from engine_stub.images import image_tokens
+    from llm_replay.engine_stub.images import image_tokens
     counts = [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]
     sizes = ["64x64"] * 5 + ["100x30"] * 5
     trace = image_trace(tmp_path / "t.parquet", counts, sizes)

@@ -43,7 +43,7 @@ def test_locust_cli_headless_run_and_run_time_limit(tmp_path):
 SLOW_QUIT = """
 import time
 from locust import events
-from replay.locustfile import *  # noqa: F401,F403  (the same listeners and user class)
+from llm_replay.replay.locustfile import *  # noqa: F401,F403  (the same listeners and user class)
 
 @events.test_stop.add_listener
 def _slow(environment, **kw):

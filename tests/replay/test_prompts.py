@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from replay import plan
-from replay.prompts import ID_HIGH, ID_LOW, PromptBuilder, PromptError, corpus_text
+from llm_replay.replay import plan
+from llm_replay.replay.prompts import ID_HIGH, ID_LOW, PromptBuilder, PromptError, corpus_text
 from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server, write_trace
 
 
@@ -79,7 +79,7 @@ def test_closed_sessions_carry_history_and_wait_for_previous_turn(tmp_path):
 
 
 def test_sessions_timestamps_mode_history_and_user_tokens():
-    from replay.sessions import Sessions
+    from llm_replay.replay.sessions import Sessions
     s = Sessions("timestamps")
     r0 = (0, "a", 0.0, 50, 5, None, "s", 0, None, None, None, None)
     r1 = (1, "b", 1.0, 80, 5, None, "s", 1, None, None, None, None)
@@ -101,7 +101,7 @@ def _tokenizer_file(path, kind: str) -> str:
     from tokenizers import decoders, models, pre_tokenizers, processors, trainers
     corpus = [corpus_text(1, i, 2000) for i in range(40)]
     if kind == "words":  # one token per corpus word: the SSE test server's count
-        from replay.prompts import _WORDS
+        from llm_replay.replay.prompts import _WORDS
         tok = tk.Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<s>", *dict.fromkeys(_WORDS)])},
                                             unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -165,7 +165,7 @@ def test_replay_run_with_tokenizer_sends_exact_text_prompts(tmp_path):
     import numpy as np
     import pyarrow as pa
 
-    from traces.trace import Trace
+    from llm_replay.traces.trace import Trace
     path = _tokenizer_file(tmp_path, "words")
     n = 60
     lengths = [LENGTHS[i % len(LENGTHS)] for i in range(n)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports import summarize_run
+from llm_replay.reports import summarize_run
 from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server, write_trace
 from tests.conftest import run_cli
 

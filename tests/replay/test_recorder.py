@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pyarrow as pa
 
-from replay import plan
-from replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent
+from llm_replay.replay import plan
+from llm_replay.replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent
 
 
 def _row(i: int) -> tuple:

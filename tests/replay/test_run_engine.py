@@ -7,7 +7,7 @@ from tests.conftest import start_engine
 from tests.replay.runkit import assert_well_formed, records, replay_run, write_trace
 
 pytest.importorskip("torch")
-pytest.importorskip("engine_stub.cli")
+pytest.importorskip("llm_replay.engine_stub.cli")
 
 
 def test_engine_exact_lengths_completions_and_chat(tmp_path, engine_url):

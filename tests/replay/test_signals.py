@@ -10,7 +10,7 @@ import psutil
 import pytest
 import pyarrow as pa
 
-from replay.recorder import read_stream
+from llm_replay.replay.recorder import read_stream
 from tests.replay.runkit import (assert_well_formed, popen_run, records, run_info, sse_server,
                                  wait_t0, write_trace)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replay.sse import COMPLETE, ProtocolError, ResponseParser
+from llm_replay.replay.sse import COMPLETE, ProtocolError, ResponseParser
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -11,8 +11,8 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replay import sse
-from replay.sse import REASONING, ResponseParser, json_string_body
+from llm_replay.replay import sse
+from llm_replay.replay.sse import REASONING, ResponseParser, json_string_body
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from reports.schema import RECORD_SCHEMA
+from llm_replay.reports.schema import RECORD_SCHEMA
 from tests.reports.synth import synth_records, write_run
 
 

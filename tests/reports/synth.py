@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from reports.schema import RECORD_SCHEMA
+from llm_replay.reports.schema import RECORD_SCHEMA
 
 
 def synth_records(n: int, *, seed: int = 0, rate: float = 50.0, models=("llama-8b", "qwen-32b"),

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reports import evaluate_slo, summarize_run
+from llm_replay.reports import evaluate_slo, summarize_run
 from tests.reports.synth import synth_records
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reports import compare_runs
+from llm_replay.reports import compare_runs
 from tests.conftest import run_cli
 
 

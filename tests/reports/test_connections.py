@@ -3,8 +3,8 @@ warning that suggests --preconnect (hand-made records)."""
 from __future__ import annotations
 
 import numpy as np
-from reports import format_summary, summarize_run
-from reports.connections import peak_per_second
+from llm_replay.reports import format_summary, summarize_run
+from llm_replay.reports.connections import peak_per_second
 from tests.reports.conftest import records
 
 

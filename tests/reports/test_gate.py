@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from reports import evaluate_slo
+from llm_replay.reports import evaluate_slo
 from tests.conftest import run_cli
 from tests.reports.conftest import records
 from tests.reports.test_metrics import HAND

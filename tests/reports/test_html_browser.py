@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from reports import summarize_run
+from llm_replay.reports import summarize_run
 from tests.reports.synth import synth_records
 from tests.reports.test_summary import _server_metrics
 

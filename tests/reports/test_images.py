@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from reports import summarize_run
+from llm_replay.reports import summarize_run
 from tests.reports.conftest import records
 
 

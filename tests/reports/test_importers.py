@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import ReportError, load_records, summarize_run
-from reports.importers import import_results
+from llm_replay.reports import ReportError, load_records, summarize_run
+from llm_replay.reports.importers import import_results
 from tests.conftest import run_cli
 
 FIX = Path(__file__).parent / "fixtures"

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from reports.analysis import analyze, good_requests
-from reports.errors import ReportError
-from reports.metrics import pooled_gaps, request_metrics
-from reports.slo import load_slo
-from reports.window import inflight, parse_bound
+from llm_replay.reports.analysis import analyze, good_requests
+from llm_replay.reports.errors import ReportError
+from llm_replay.reports.metrics import pooled_gaps, request_metrics
+from llm_replay.reports.slo import load_slo
+from llm_replay.reports.window import inflight, parse_bound
 from tests.reports.conftest import records
 
 # Three requests by hand: a 4-token stream, a single-token answer, a timeout.
@@ -130,8 +130,8 @@ def test_scraped_gauges_hold_between_scrapes_and_counters_add_up():
 
     import pyarrow as _pa
 
-    from reports.breakdown import server_series
-    from reports.schema import SERVER_METRICS_SCHEMA
+    from llm_replay.reports.breakdown import server_series
+    from llm_replay.reports.schema import SERVER_METRICS_SCHEMA
     times = [0.2, 1.2, 2.2, 3.2]
     rows = [(t, "vllm:kv_cache_usage_perc", _json.dumps({"model_name": m}), v * k)
             for t, v in zip(times, [0.1, 0.2, 0.3, 0.4]) for m, k in (("a", 1), ("b", 3))]

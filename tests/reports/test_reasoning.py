@@ -7,11 +7,11 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from reports import summarize_run
-from reports.analysis import analyze, good_requests
-from reports.gate import gate
-from reports.metrics import pooled_gaps, request_metrics
-from reports.slo import load_slo
+from llm_replay.reports import summarize_run
+from llm_replay.reports.analysis import analyze, good_requests
+from llm_replay.reports.gate import gate
+from llm_replay.reports.metrics import pooled_gaps, request_metrics
+from llm_replay.reports.slo import load_slo
 from tests.reports.conftest import records
 
 # a: 3 reasoning chunks then 2 answer chunks, one token each (usage: 5, 3 reasoning)

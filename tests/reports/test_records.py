@@ -5,8 +5,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reports import RECORD_SCHEMA, ReportError, load_records, load_run
-from reports.records import ANALYSIS_COLUMNS
+from llm_replay.reports import RECORD_SCHEMA, ReportError, load_records, load_run
+from llm_replay.reports.records import ANALYSIS_COLUMNS
 from tests.conftest import run_cli
 from tests.reports.conftest import records
 from tests.reports.test_metrics import HAND

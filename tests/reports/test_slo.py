@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports.errors import SloSpecError
-from reports.slo import load_slo
+from llm_replay.reports.errors import SloSpecError
+from llm_replay.reports.slo import load_slo
 
 YAML = """
 per_request:

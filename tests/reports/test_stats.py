@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reports.select import BitHistogram
-from reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
+from llm_replay.reports.select import BitHistogram
+from llm_replay.reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
                            quantile_cis, regrouped_percentiles)
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reports import SERVER_METRICS_SCHEMA, ReportError, format_summary, summarize_run
+from llm_replay.reports import SERVER_METRICS_SCHEMA, ReportError, format_summary, summarize_run
 from tests.conftest import run_cli
 from tests.reports.synth import synth_records
 
@@ -116,9 +116,9 @@ def test_streamed_time_columns_give_the_same_summary_from_parquet_and_arrow(make
     """summarize_run streams the time columns batch by batch (metrics.BATCH rows): a run over
     several batches and file chunks gives what request_metrics on the whole table gives."""
     import pyarrow.parquet as pq
-    from reports.analysis import analyze
-    from reports.metrics import BATCH
-    from reports.stats import describe
+    from llm_replay.reports.analysis import analyze
+    from llm_replay.reports.metrics import BATCH
+    from llm_replay.reports.stats import describe
     table = synth_records(BATCH + 3000, seed=4)
     run = make_run("run", table)
     pq.write_table(table, run / "records.parquet", row_group_size=70_000)   # batches and row groups misaligned
@@ -140,7 +140,7 @@ def test_streamed_time_columns_give_the_same_summary_from_parquet_and_arrow(make
 
 
 def test_length_buckets_count_the_edges_below_each_length():
-    from reports.breakdown import LENGTH_EDGES, length_buckets
+    from llm_replay.reports.breakdown import LENGTH_EDGES, length_buckets
     x = np.array([0, 1, 127, 128, 129, 131071, 131072, 10**7, -5, np.nan, 4096, 4095.5])
     for edges in (LENGTH_EDGES, (10, 100, 1000)):
         codes, labels = length_buckets(x, edges)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from traces import Trace
+from llm_replay.traces import Trace
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -68,7 +68,7 @@ def test_transform_chain_is_recorded(tmp_path):
 
 def test_import_servegen_dispatch(tmp_path):
     p = run_cli("replay", "trace", "import", "servegen", tmp_path, "-o", tmp_path / "s.yaml")
-    if importlib.util.find_spec("traces.servegen") is None:
+    if importlib.util.find_spec("llm_replay.traces.servegen") is None:
         assert p.returncode == 2 and "servegen importer (traces.servegen) is not available" in p.stderr
     else:  # built by the synthesis part: an empty directory is a clear error, not a traceback
         assert "Traceback" not in p.stderr

@@ -4,9 +4,9 @@ import json
 import pyarrow as pa
 
 from tests.conftest import run_cli
-from traces import Trace
-from traces.compare import compare_traces, format_table
-from traces.generate import generate
+from llm_replay.traces import Trace
+from llm_replay.traces.compare import compare_traces, format_table
+from llm_replay.traces.generate import generate
 
 
 def _trace(rate=5.0, median=300, cv=None, models=None, seed=0):

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_cli
-from traces import Trace, TraceError
-from traces.importers import FORMATS, import_trace
+from llm_replay.traces import Trace, TraceError
+from llm_replay.traces.importers import FORMATS, import_trace
 
 FIX = Path(__file__).parent / "fixtures"
 SETTINGS = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 40)), deadline=None, suppress_health_check=list(HealthCheck))
@@ -106,7 +106,7 @@ def test_cli_never_prints_a_traceback(tmp_path):
        cmd=st.sampled_from(["import", "describe", "validate", "transform"]))
 def test_cli_entry_point_random_input(fmt, data, cmd):
     """The real entry point (`replay.cli.main`, in process): exit 0 or 2, never an exception."""
-    from replay.cli import main
+    from llm_replay.replay.cli import main
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / ("in" + Path(SOURCES[fmt]).suffix)
         src.write_bytes(data)
@@ -118,6 +118,6 @@ def test_cli_entry_point_random_input(fmt, data, cmd):
 
 
 def test_cli_os_errors_are_user_errors(tmp_path):
-    from replay.cli import main
+    from llm_replay.replay.cli import main
     assert main(["trace", "import", "vidur", str(FIX / "vidur.csv"), "-o", str(tmp_path)]) == 2  # a directory
     assert main(["trace", "validate", str(tmp_path)]) == 2

@@ -6,10 +6,10 @@ import pytest
 from scipy import stats
 
 from tests.conftest import run_cli
-from traces import Trace
-from traces import stats as tstats
-from traces.generate import generate
-from traces.presets import PRESETS, preset_spec
+from llm_replay.traces import Trace
+from llm_replay.traces import stats as tstats
+from llm_replay.traces.generate import generate
+from llm_replay.traces.presets import PRESETS, preset_spec
 
 CONST = {"dist": "constant", "value": 10}
 
@@ -46,9 +46,9 @@ def test_same_seed_same_bytes_and_embedded_spec_recreates(tmp_path):
 def test_streamed_file_equals_the_in_memory_trace(tmp_path, monkeypatch):
     """generate_to builds and writes row groups one at a time (rows gathered per group, block
     ids numbered by trace row); tiny row groups put many boundaries inside sessions."""
-    import traces.generate as gen_mod
-    import traces.trace as trace_mod
-    from traces.generate import generate_to
+    import llm_replay.traces.generate as gen_mod
+    import llm_replay.traces.trace as trace_mod
+    from llm_replay.traces.generate import generate_to
     monkeypatch.setattr(gen_mod, "ROW_GROUP", 500)
     monkeypatch.setattr(trace_mod, "ROW_GROUP", 500)
     chat = _client(name="chat", rate=4, sessions={"turns": {"dist": "uniform", "low": 1, "high": 5},

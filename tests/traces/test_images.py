@@ -14,15 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_cli
-from traces import TRACE_SCHEMA, Trace, TraceError
-from traces import stats as tstats
-from traces.compare import compare_traces
-from traces.describe import describe_file
-from traces.fit import fit_trace
-from traces.generate import generate, generate_to
-from traces.importers import import_trace, module
-from traces.presets import preset_spec
-from traces.spec import SpecError, load_spec_file, parse_spec
+from llm_replay.traces import TRACE_SCHEMA, Trace, TraceError
+from llm_replay.traces import stats as tstats
+from llm_replay.traces.compare import compare_traces
+from llm_replay.traces.describe import describe_file
+from llm_replay.traces.fit import fit_trace
+from llm_replay.traces.generate import generate, generate_to
+from llm_replay.traces.importers import import_trace, module
+from llm_replay.traces.presets import preset_spec
+from llm_replay.traces.spec import SpecError, load_spec_file, parse_spec
 
 FIX = Path(__file__).parent / "fixtures"
 CONST = {"dist": "constant", "value": 10}
@@ -208,7 +208,7 @@ def test_canonical_csv_jsonl_and_transforms_carry_the_columns(tmp_path):
     # merged with a trace without images: its rows have no image columns' values
     plain = Trace(pa.table({"arrival_ns": pa.array([0, 10], pa.int64()), "input_tokens": [1, 1],
                             "output_tokens": [1, 1], "request_id": ["p0", "p1"]}))
-    from traces.transform import merge
+    from llm_replay.traces.transform import merge
     m = merge(orig, plain, "plain").table.to_pylist()
     assert [(r["num_images"], r["image_px"]) for r in m if r["request_id"].startswith("p")] == [(None, None)] * 2
 
@@ -255,7 +255,7 @@ def test_describe_shows_the_image_distribution(tmp_path):
 
 
 def test_describe_text_stays_one_line_per_part_for_wide_distributions():
-    from traces.describe import describe, render
+    from llm_replay.traces.describe import describe, render
     k = list(range(21))  # 21 distinct counts, 7 distinct sizes
     px = [None] + [f"{100 + i % 7}x100" for i in range(1, 21)]
     text = render(describe(Trace(_table(k, px))), "t.parquet")
@@ -318,8 +318,8 @@ def test_generate_images_reproduce_bit_for_bit(tmp_path, monkeypatch):
     other_seed = generate(_images_spec(duration=120), seed=5).table
     assert not generate(_images_spec(duration=120), seed=4).table.equals(other_seed)
     # streamed row groups gather the image columns like every other column
-    import traces.generate as gen_mod
-    import traces.trace as trace_mod
+    import llm_replay.traces.generate as gen_mod
+    import llm_replay.traces.trace as trace_mod
     monkeypatch.setattr(gen_mod, "ROW_GROUP", 300)
     monkeypatch.setattr(trace_mod, "ROW_GROUP", 300)
     generate_to(_images_spec(duration=120), tmp_path / "s.parquet", seed=4)

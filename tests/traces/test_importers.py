@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from traces import Trace, TraceError
-from traces.importers import import_trace, module
+from llm_replay.traces import Trace, TraceError
+from llm_replay.traces.importers import import_trace, module
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -195,7 +195,7 @@ def test_unsorted_source_needs_sort(tmp_path):
 
 
 def test_streaming_many_batches_matches_single_read(tmp_path, monkeypatch):
-    from traces.importers import common
+    from llm_replay.traces.importers import common
     monkeypatch.setattr(common, "CSV_BLOCK", 1 << 12)  # force many small blocks
     src = tmp_path / "big.csv"
     lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
@@ -234,7 +234,7 @@ def test_hash_ids_longer_than_input_allows_is_rejected(tmp_path):
 
 
 def test_extra_appearing_in_a_later_batch_is_kept(tmp_path, monkeypatch):
-    from traces.importers import common
+    from llm_replay.traces.importers import common
     monkeypatch.setattr(common, "CSV_BLOCK", 1 << 10)
     rows = [f"{i},ChatGPT,10,5,15,API log" for i in range(300)] + ["300,ChatGPT,10,5,99,API log"]
     src = tmp_path / "b.csv"

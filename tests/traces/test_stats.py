@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 from scipy import stats as st
 
-from traces import Trace, stats
+from llm_replay.traces import Trace, stats
 
 
 def _trace(arr_ns, inp=None, out=None, **cols):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import yaml
 
-from traces.errors import TraceError
-from traces.generate import generate
-from traces.servegen import import_servegen, servegen_spec
+from llm_replay.traces.errors import TraceError
+from llm_replay.traces.generate import generate
+from llm_replay.traces.servegen import import_servegen, servegen_spec
 
 SRC = Path(__file__).parent / "fixtures" / "synth" / "servegen" / "m-test"
 

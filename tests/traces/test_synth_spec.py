@@ -5,10 +5,10 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from traces.generate import generate
-from traces.presets import PRESETS, preset_spec, scale_rate
-from traces.errors import TraceError
-from traces.spec import SpecError, load_spec_file, parse_spec
+from llm_replay.traces.generate import generate
+from llm_replay.traces.presets import PRESETS, preset_spec, scale_rate
+from llm_replay.traces.errors import TraceError
+from llm_replay.traces.spec import SpecError, load_spec_file, parse_spec
 
 BASE = {"duration": 60, "clients": [
     {"name": "a", "rate": 2, "input": {"dist": "constant", "value": 10}, "output": {"dist": "constant", "value": 5}},

@@ -2,7 +2,7 @@
 import pyarrow as pa
 import pytest
 
-from traces import Trace, TraceError
+from llm_replay.traces import Trace, TraceError
 
 
 def _table(**over):

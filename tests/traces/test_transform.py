@@ -3,8 +3,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from traces import Trace, TraceError
-from traces import transform as tf
+from llm_replay.traces import Trace, TraceError
+from llm_replay.traces import transform as tf
 
 
 def _t(arr, **cols):
