@@ -117,11 +117,33 @@ def length_buckets(input_len: np.ndarray, edges=LENGTH_EDGES) -> tuple[np.ndarra
     return codes, labels + ["(unknown)"]
 
 
-def nice_window(span: float, target: int = 100) -> float:
-    """A round window length (1, 2 or 5 x 10^k s) that gives about `target` windows."""
-    raw = max(span / target, 1e-3)
+MAX_WINDOWS = 100       # a time series is read by eye: more points than this are noise
+MIN_PER_WINDOW = 10     # requests a window holds at least, on average, so its rate and p50 mean something
+
+
+def nice_window(span: float, count: int | None = None, target: int = MAX_WINDOWS,
+                per_window: int = MIN_PER_WINDOW) -> float:
+    """The time-series window: the shortest round length (1, 2 or 5 x 10^k s) that gives at most
+    `target` windows over `span` seconds and, when `count` requests spread over the span, holds
+    at least `per_window` of them on average (w >= span * per_window / count). A 135-request run
+    of 49 s gets 5 s windows (about 14 requests each), not 0.5 s ones (1.4 each)."""
+    raw = max(span / target, span * per_window / count if count else 0.0, 1e-3)
     k = 10 ** math.floor(math.log10(raw))
-    return next(m * k for m in (1, 2, 5, 10) if m * k >= raw)
+    return next(m * k for m in (1, 2, 5, 10) if m * k >= raw * (1 - 1e-9))
+
+
+def window_edges(t0: float, t1: float, w: float) -> np.ndarray:
+    """Edges of windows of width w from t0 to the run's end t1. The last window ends at t1, not
+    at the next multiple of w: its rates divide by the time it covers. A remainder shorter than
+    half a window is merged into the previous window (which then covers up to 1.5 w), so no
+    rate divides by a sliver of a window (one request in 0.05 s would read as 20 req/s)."""
+    span = t1 - t0
+    nwin = max(int(math.ceil(span / w - 1e-9)), 1)
+    if nwin > 1 and span - (nwin - 1) * w < w / 2:
+        nwin -= 1
+    edges = t0 + w * np.arange(nwin + 1, dtype=np.float64)
+    edges[-1] = max(t1, edges[-2] + (w if span <= 0 else 0.0))
+    return edges
 
 
 def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | None = None) -> dict:
@@ -135,30 +157,28 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
     if not np.isnan(first_sent):
         t0 = min(t0, float(first_sent))
     t1 = float(np.nanmax(rm.end)) if not np.isnan(rm.end).all() else float(np.nanmax(basis))
-    w = window_s or nice_window(t1 - t0)
-    nwin = max(int(math.ceil((t1 - t0) / w)), 1)
-    edges = t0 + w * np.arange(nwin + 1)
+    w = window_s or nice_window(t1 - t0, int(np.count_nonzero(~np.isnan(basis))))
+    edges = window_edges(t0, t1, w)
+    nwin, widths = len(edges) - 1, np.diff(edges)
 
     def idx(t: np.ndarray) -> np.ndarray:
         k = np.subtract(t, t0)
         k /= w
         np.floor(k, out=k)
         k[np.isnan(k)] = 0
-        return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)
-
-    widths = np.diff(edges)
-    widths[-1] = max(t1 - edges[-2], w / 100)     # the last window is partial
+        return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)   # the merged tail is in the last
 
     def per_window(window: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.bincount(window[rows], minlength=nwin)[:nwin] / widths
 
     sent_w, end_w = idx(rm.sent), idx(rm.end)      # each time's window, computed once
     out: dict = {"window_s": w, "t_s": _clean(edges[:-1] - t0 + 0.0), "t0_s": t0,
+                 "width_s": _clean(widths),        # w each, the last one what it really covers
                  "offered_rps": _clean(per_window(idx(basis), ~np.isnan(basis))),
                  "achieved_rps": _clean(per_window(end_w, rm.ok)),
                  "goodput_rps": _clean(per_window(end_w, an.good)),
                  "errors_per_s": _clean(per_window(end_w, ~rm.ok & ~np.isnan(rm.sent))),
-                 "inflight": _clean(inflight(rm.sent, rm.end, np.append(edges[:-1], edges[-2] + widths[-1])))}
+                 "inflight": _clean(inflight(rm.sent, rm.end, edges))}
     for name in ("ttft_ms", "tpot_ms", "lag_ms"):
         vals = rm.columns[name]
         _, pct = grouped_percentiles(vals, sent_w, nwin, [50, 99])
@@ -171,22 +191,25 @@ def server_series(server: pa.Table, edges: np.ndarray) -> dict:
     """Scraped samples folded into the same windows: gauges averaged (summed across label sets
     at each scrape, KV usage averaged), counters turned into increases per window."""
     df = server.to_pandas()
-    nwin, w, t0 = len(edges) - 1, edges[1] - edges[0], edges[0]
+    nwin = len(edges) - 1
+
+    def window_of(t: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(edges, t, "right") - 1, 0, nwin - 1)
     out = {}
     for key, (suffixes, how) in SERVER_SERIES.items():
         sel = df[df["name"].map(lambda n: any(str(n).endswith(s) for s in suffixes))]
-        sel = sel[(sel["time_s"] >= t0) & (sel["time_s"] < edges[-1])].dropna(subset=["value"])
+        sel = sel[(sel["time_s"] >= edges[0]) & (sel["time_s"] <= edges[-1])].dropna(subset=["value"])
         if sel.empty:
             continue
         if how == "counter":
             sel = sel.sort_values("time_s")
             inc = sel.groupby(sel["labels"].fillna(""), sort=False)["value"].diff().clip(lower=0).fillna(0)
             t, v = sel["time_s"].to_numpy(), inc.to_numpy()
-            series = np.bincount(((t - t0) // w).astype(int), weights=v, minlength=nwin)[:nwin]
+            series = np.bincount(window_of(t), weights=v, minlength=nwin)[:nwin]
         else:
             per_scrape = sel.groupby("time_s")["value"].agg("mean" if how == "mean" else "sum")
             t, v = per_scrape.index.to_numpy(), per_scrape.to_numpy()
-            wi = ((t - t0) // w).astype(int)
+            wi = window_of(t)
             cnt = np.bincount(wi, minlength=nwin)[:nwin]
             with np.errstate(invalid="ignore"):
                 series = np.bincount(wi, weights=v, minlength=nwin)[:nwin] / cnt

@@ -1,13 +1,63 @@
-"""report.html: one self-contained offline file (inline SVG and CSS, no script, no network)."""
+"""report.html: one self-contained offline file (inline SVG and CSS, no script, no network).
+
+Every table header names its unit; run.json, the measured window and the SLO are small
+key/value tables (wall-clock epochs as ISO UTC), not JSON dumps.
+"""
 from __future__ import annotations
 
-import json
+import datetime as _dt
+import math
 from pathlib import Path
 
 from .svg import chart
-from .text import LAT_COLUMNS, REASONING_COLUMNS, _headline, _reasoning_rows, fmt, latency_names
+from .text import _headline, _reasoning_rows, fmt as _fmt, latency_names
 
 TEMPLATES = Path(__file__).parent / "templates"
+NOISE = 1e-12     # below this a report number is float noise (a 1.7e-18 ms bound is 0 ms)
+
+LAT_COLUMNS = ["metric", "n (samples)", "mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)",
+               "p99.9 (ms)", "max (ms)", "p99 95% CI (ms)"]
+REASONING_COLUMNS = ["model", "with reasoning (requests)", "reasoning p50 (tokens)", "reasoning p50 (ms)",
+                     "reasoning p99 (ms)", "TTFT p50 (ms)", "TTFA p50 (ms)", "TTFA p99 (ms)", "answer p50 (ms)"]
+COMPARE_COLUMNS = ["metric", "unit", "base (unit)", "cand (unit)", "delta (unit)", "delta (%)",
+                   "99% CI of delta (%)", "p (probability)", "verdict"]
+
+
+def compare_unit(metric: str) -> str:
+    """The unit of a compare row, from its metric's name (compare.py's rows)."""
+    if "rank test" in metric:
+        return "probability"
+    if "_ms" in metric:
+        return "ms"
+    return {"error_rate": "fraction", "attainment": "fraction", "requests_per_s": "req/s",
+            "output_tokens_per_s": "tok/s"}.get(metric, "-")
+
+
+def fmt(v: object, digits: int = 4) -> str:
+    """text.fmt, with float noise shown as 0 and [lo, hi] pairs as intervals (fmt_ci)."""
+    if isinstance(v, float) and math.isfinite(v) and abs(v) < NOISE:
+        return "0"
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+        return fmt_ci(*v)
+    return _fmt(v, digits)
+
+
+def fmt_ci(lo: float | None, hi: float | None) -> str:
+    """An interval to the precision its width supports: both ends with the decimals that give the
+    width two significant figures ([232.6, 452.2] -> [233, 452]; [0.2101, 0.2513] -> [0.210,
+    0.251]). An end smaller than 1e-9 of the other (bootstrap float noise, 1.7e-18) is 0."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    scale = max(abs(lo), abs(hi))
+    lo, hi = (0.0 if abs(v) < max(NOISE, 1e-9 * scale) else v for v in (lo, hi))
+    width = hi - lo
+    if width <= 0:
+        return f"[{fmt(lo)}, {fmt(hi)}]"
+    decimals = min(max(0, 1 - math.floor(math.log10(width))), 9)
+
+    def one(v: float) -> str:
+        return "0" if v == 0 else f"{v:,.{decimals}f}"
+    return f"[{one(lo)}, {one(hi)}]"
 
 
 def _env():
@@ -15,7 +65,85 @@ def _env():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
+    env.filters["pct"] = lambda v: "-" if v is None else fmt(100 * v)
     return env
+
+
+def iso_utc(epoch_s: float) -> str:
+    return _dt.datetime.fromtimestamp(epoch_s, _dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", " UTC")
+
+
+def _is_wall(key: str, v: object) -> bool:
+    """A wall-clock epoch in run.json: started_wall, ended_wall, t0_wall (and *_epoch, *_at)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and 1e9 < v < 1e10
+            and (key.endswith(("_wall", "_epoch", "_at")) or "wall" in key))
+
+
+def kv_rows(d: dict, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested dict (run.json, the SLO) as rows of dotted key and human value."""
+    rows = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            rows += kv_rows(v, key + ".")
+        elif _is_wall(str(k), v):
+            rows.append((key, f"{iso_utc(float(v))} (epoch {v:.3f} s)"))
+        elif isinstance(v, (list, tuple)):
+            rows.append((key, ", ".join(fmt(x) if not isinstance(x, (dict, list)) else str(x) for x in v) or "-"))
+        elif v is None or v == {}:
+            rows.append((key, "-"))
+        else:
+            rows.append((key, fmt(v)))
+    return rows
+
+
+def _bound(b: dict | None, what: str) -> str:
+    if not b:
+        return "none"
+    if b["by"] == "time":
+        return f"{what} {fmt(b['value'])} s (cut at {fmt(b['cut_s'])} s)"
+    return f"{what} {int(b['value']):,} requests (cut at {fmt(b['cut_s'])} s)"
+
+
+def window_rows(s: dict) -> list[tuple[str, str]]:
+    """The measured window in words; times in s from the records' t0 (like the plots' x axis)."""
+    w = s["window"]
+    st = w.get("steady_state")
+    rows = [("warm-up excluded", _bound(w.get("warmup"), "first")),
+            ("cool-down excluded", _bound(w.get("cooldown"), "last")),
+            ("steady state", f">= {fmt(100 * st['fraction'])}% of peak concurrency: {fmt(st['start_s'])} to "
+                             f"{fmt(st['end_s'])} s" if st else "off"),
+            ("requests excluded", f"{w.get('excluded', 0):,} of {s['counts']['records']:,}")]
+    if w.get("start_s") is not None:
+        rows.append(("measured span (s)", f"{fmt(w['start_s'])} to {fmt(w['end_s'])}"))
+    rows.append(("duration D (s)", fmt(s["throughput"]["duration_s"])))
+    ts = s.get("timeseries") or {}
+    if ts.get("window_s"):
+        rows.append(("time-series window (s)", f"{fmt(ts['window_s'])} ({len(ts['t_s'])} windows)"))
+    return rows
+
+
+# The terminal headline's labels (text._headline) with their units, for the HTML page.
+HEADLINE_UNITS = {"ok / failed": "ok / failed (requests)", "requests/s": "throughput (req/s)",
+                  "output tokens/s": "output throughput (tok/s)", "total tokens/s": "total throughput (tok/s)",
+                  "goodput req/s": "goodput (req/s)", "token goodput/s": "token goodput (tok/s)"}
+
+
+def headline_rows(s: dict) -> list[list[object]]:
+    rows = []
+    for k, v in _headline(s):
+        if k.startswith("attainment"):      # a fraction in text; a percentage with its unit here
+            k, v = k.replace("attainment", "attainment (% of issued)", 1), (None if v is None else 100 * v)
+        rows.append([HEADLINE_UNITS.get(k, k), v])
+    return rows
+
+
+def _series_x(ts: dict) -> tuple[list[float], tuple[float, float]]:
+    """Each window's value is drawn at its middle; the axis spans the run."""
+    widths = ts.get("width_s") or [ts["window_s"]] * len(ts["t_s"])
+    mid = [t + w / 2 for t, w in zip(ts["t_s"], widths)]
+    return mid, (0.0, ts["t_s"][-1] + widths[-1])
 
 
 def _charts(s: dict, plots: dict) -> list[str]:
@@ -26,37 +154,40 @@ def _charts(s: dict, plots: dict) -> list[str]:
             out.append(chart([{"label": m, "x": xs, "y": ys} for m, (xs, ys) in curves.items()],
                              title=f"{name} CDF per model", xlabel=f"{name} (ms)", ylabel="fraction of requests"))
     if ts.get("t_s"):
-        t = ts["t_s"]
+        t, xlim = _series_x(ts)
         win = s.get("window") or {}
         band = None
         if win.get("start_s") is not None:
             band = (win["start_s"] - ts["t0_s"], win["end_s"] - ts["t0_s"])
-        rate = {"label": "offered req/s", "x": t, "y": ts["offered_rps"], "axis": 2, "color": "#999", "dash": 1}
+        per = f"{fmt(ts['window_s'])} s windows"
+        common = {"xlabel": f"time (s), {per}", "band": band, "xlim": xlim}
+        rate = {"label": "offered req/s (right)", "x": t, "y": ts["offered_rps"], "axis": 2, "color": "#999",
+                "dash": 1}
         for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
             out.append(chart([{"label": f"{name} p50", "x": t, "y": ts[f"{metric}_p50"]},
                               {"label": f"{name} p99", "x": t, "y": ts[f"{metric}_p99"]}, rate],
-                             title=f"{name} over time (by send time) with the arrival rate", xlabel="time (s)",
-                             ylabel=f"{name} (ms)", y2label="req/s", band=band))
-        out.append(chart([{"label": "offered", "x": t, "y": ts["offered_rps"]},
+                             title=f"{name} over time (by send time) with the arrival rate",
+                             ylabel=f"{name} (ms)", y2label="req/s", **common))
+        out.append(chart([{"label": "offered (by schedule)", "x": t, "y": ts["offered_rps"]},
                           {"label": "completed ok", "x": t, "y": ts["achieved_rps"]},
                           {"label": "goodput", "x": t, "y": ts["goodput_rps"]},
                           {"label": "errors", "x": t, "y": ts["errors_per_s"]}],
-                         title="Request rates and goodput over time", xlabel="time (s)", ylabel="req/s", band=band))
+                         title="Request rates and goodput over time", ylabel="req/s", **common))
         out.append(chart([{"label": "in flight (time-weighted mean)", "x": t, "y": ts["inflight"]}],
-                         title="In-flight concurrency", xlabel="time (s)", ylabel="requests", band=band))
+                         title="In-flight concurrency", ylabel="requests", **common))
         out.append(chart([{"label": "lag p50", "x": t, "y": ts["lag_ms_p50"]},
                           {"label": "lag p99", "x": t, "y": ts["lag_ms_p99"]}],
-                         title="Dispatch lag (sent - scheduled)", xlabel="time (s)", ylabel="ms", band=band))
+                         title="Dispatch lag (sent - scheduled)", ylabel="lag (ms)", **common))
         srv = ts.get("server") or {}
         if "kv_cache_usage" in srv:
             out.append(chart([{"label": "KV cache usage", "x": t, "y": srv["kv_cache_usage"]}],
-                             title="Server KV-cache usage", xlabel="time (s)", ylabel="fraction", band=band))
+                             title="Server KV-cache usage", ylabel="fraction of KV blocks", **common))
         queue = [{"label": k, "x": t, "y": srv[k]} for k in ("running", "waiting") if k in srv]
         if "preemptions" in srv:
-            queue.append({"label": "preemptions / window", "x": t, "y": srv["preemptions"], "axis": 2})
+            queue.append({"label": "preemptions per window (right)", "x": t, "y": srv["preemptions"], "axis": 2})
         if queue:
-            out.append(chart(queue, title="Server queue depth", xlabel="time (s)", ylabel="requests",
-                             y2label="preemptions", band=band))
+            out.append(chart(queue, title="Server queue depth", ylabel="requests", y2label="preemptions",
+                             **common))
     imgs = (s.get("breakdowns") or {}).get("num_images") or []
     if len(imgs) > 1:
         x = [int(r["key"].rstrip("+")) for r in imgs]
@@ -65,10 +196,11 @@ def _charts(s: dict, plots: dict) -> list[str]:
                          ylabel="TTFT (ms)"))
     sc = plots.get("scatter") or {}
     if sc.get("input_len"):
-        out.append(chart([{"label": "TTFT", "x": sc["input_len"], "y": sc["ttft_ms"]},
-                          {"label": "E2E", "x": sc["input_len"], "y": sc["e2e_ms"]}], kind="scatter",
-                         title="Latency vs input length (sample)", xlabel="input tokens (log scale)",
-                         ylabel="ms", logx=True))
+        # One panel each: E2E is often 10-100x TTFT, and on a shared axis TTFT lies flat at zero.
+        for metric, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):
+            out.append(chart([{"label": f"{name}, one dot a request", "x": sc["input_len"], "y": sc[metric]}],
+                             kind="scatter", title=f"{name} vs input length (sample)",
+                             xlabel="input tokens (log scale)", ylabel=f"{name} (ms)", logx=True))
     return out
 
 
@@ -76,18 +208,20 @@ def render_report(summary: dict, plots: dict) -> str:
     s = summary
     lat_rows = [[k, d["n"], d["mean"], d["p50"], d["p90"], d["p95"], d["p99"], d["p99.9"], d["max"],
                  (d.get("ci") or {}).get("p99")] for k, d in ((k, s["latency"][k]) for k in latency_names(s)) if d["n"]]
+    cfg = s["run"]["config"]
+    started = next((cfg[k] for k in ("t0_wall", "started_wall") if cfg and _is_wall(k, cfg.get(k))), None)
+    slo = s["goodput"]["slo"]
     return _env().get_template("report.html.j2").render(
-        s=s, headline=_headline(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
+        s=s, headline=headline_rows(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
         reasoning_columns=REASONING_COLUMNS, reasoning_rows=_reasoning_rows(s) if s["reasoning"]["requests"] else [],
-        config_json=json.dumps(s["run"]["config"], indent=2, default=str) if s["run"]["config"] else None,
-        window_json=json.dumps(s["window"], indent=2),
-        slo_json=json.dumps(s["goodput"]["slo"], indent=2) if s["goodput"]["slo"] else None)
+        config_rows=kv_rows(cfg) if cfg else None, started=iso_utc(started) if started else None,
+        window_rows=window_rows(s),
+        slo_rows=kv_rows({k: v for k, v in slo.items() if v not in (None, {}, [])}) if slo else None)
 
 
 def render_compare(result, base, cand, base_name: str, cand_name: str) -> str:
     """Side-by-side page for `replay compare --html`: the table and overlaid CDFs."""
     import numpy as np
-    from .compare import COLUMNS
     rng, q, charts = np.random.default_rng(0), np.linspace(0, 100, 201), []
     for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         series = []
@@ -98,7 +232,9 @@ def render_compare(result, base, cand, base_name: str, cand_name: str) -> str:
             if len(x):
                 series.append({"label": label, "x": np.percentile(x, q).tolist(), "y": (q / 100).tolist()})
         if series:
-            charts.append(chart(series, title=f"{metric} CDF: base vs candidate", xlabel=metric,
-                                ylabel="fraction"))
+            name = metric.removesuffix("_ms").upper()
+            charts.append(chart(series, title=f"{name} CDF: base vs candidate", xlabel=f"{name} (ms)",
+                                ylabel="fraction of requests"))
     return _env().get_template("compare.html.j2").render(
-        r=result, columns=COLUMNS, rows=result._rows(), charts=charts, base=base_name, cand=cand_name)
+        r=result, columns=COMPARE_COLUMNS, rows=[[r[0], compare_unit(r[0]), *r[1:]] for r in result._rows()],
+        charts=charts, base=base_name, cand=cand_name)

@@ -2,6 +2,15 @@
 
 One function, `chart`: lines or points, an optional right-hand axis, a shaded band (the
 measured window). Gaps (None/NaN) break lines.
+
+Layout rules, so a chart never hides its own data:
+- the data are drawn inside the frame with a few pixels' margin (a series at its axis' maximum
+  or at zero is not drawn on the frame's border), and the y axes end on a round tick above the
+  data;
+- the legend sits below the frame and the x-axis label, never over the data;
+- every series has its own colour and dash; lines are drawn largest first, each one thinner
+  than the one drawn before it, so a small series (errors at zero) or one equal to another
+  (goodput = completed ok without an SLO) stays visible on top.
 """
 from __future__ import annotations
 
@@ -9,7 +18,11 @@ import html
 import math
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
-W, H, L, R, T, B = 600, 280, 62, 62, 30, 42
+DASHES = ("", "7,3", "2,2", "9,3,2,3", "4,4", "1,3")
+WIDTHS = (3.2, 2.4, 1.8, 1.4, 1.2, 1.0)       # by draw order: the first drawn is the widest
+W, L, R, T, PH = 600, 62, 62, 30, 200            # width, margins left/right/top, frame height
+PAD = 6                                          # px between the frame and the data
+LEG_ROW = 15
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -20,17 +33,21 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
+    first = math.ceil(lo / step - 1e-9) * step
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
 def _label(v: float) -> str:
-    if v == 0:
+    if abs(v) < 1e-12:
         return "0"
     a = abs(v)
     if a >= 1e6 or a < 1e-3:
         return f"{v:.1e}"
     return f"{v:,.0f}" if a >= 100 else f"{v:.3g}"
+
+
+def _ok(x, y) -> bool:
+    return x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
 
 
 def _finite(vals) -> list[float]:
@@ -47,34 +64,88 @@ def _range(series: list[dict], key: str, zero: bool) -> tuple[float, float]:
     return (lo, hi) if hi > lo else (lo, lo + (abs(lo) or 1.0))
 
 
+def _nice(lo: float, hi: float, extra: int = 0) -> tuple[float, float]:
+    """The range widened to whole tick steps, so the axis ends on a labelled tick. The right-hand
+    axis gets `extra` steps more, so its maximum does not fall on the left one's (a preemption
+    count at its peak drawn over the running requests at theirs)."""
+    t = _ticks(lo, hi)
+    step = t[1] - t[0] if len(t) > 1 else (hi - lo)
+    return math.floor(lo / step + 1e-9) * step, (math.ceil(hi / step - 1e-9) + extra) * step
+
+
+def _legend(series: list[dict], styles: list[dict], top: float, kind: str) -> tuple[list[str], int]:
+    """Legend entries in rows below the plot; returns the SVG parts and the rows used."""
+    out, x, row = ['<g class="legend">'], L, 0
+    for s, st in zip(series, styles):
+        label = html.escape(str(s["label"]))
+        width = 30 + 6.2 * len(str(s["label"]))
+        if x > L and x + width > W - 8:
+            x, row = L, row + 1
+        y = top + row * LEG_ROW
+        if kind == "scatter":
+            out.append(f'<circle cx="{x + 10}" cy="{y - 4}" r="3" fill="{st["color"]}"/>')
+        else:
+            dash = f' stroke-dasharray="{st["dash"]}"' if st["dash"] else ""
+            out.append(f'<line x1="{x}" x2="{x + 20}" y1="{y - 4}" y2="{y - 4}" stroke="{st["color"]}" '
+                       f'stroke-width="2"{dash}/>')
+        out.append(f'<text x="{x + 24}" y="{y}" font-size="10">{label}</text>')
+        x += width
+    out.append("</g>")
+    return out, row + 1
+
+
 def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: str | None = None,
-          kind: str = "line", band: tuple[float, float] | None = None, logx: bool = False) -> str:
-    """series: dicts with label, x, y, optional axis (1 or 2) and dash. Returns an <svg> string.
-    With logx, x is drawn on a log10 scale (non-positive x are left out)."""
+          kind: str = "line", band: tuple[float, float] | None = None, logx: bool = False,
+          xlim: tuple[float, float] | None = None) -> str:
+    """series: dicts with label, x, y, optional axis (1 or 2), color and dash. Returns an <svg>.
+    With logx, x is drawn on a log10 scale (non-positive x are left out). xlim fixes the x range
+    (points outside it are left out)."""
     if logx:
         series = [dict(s, x=[math.log10(x) if x is not None and x > 0 else None for x in s["x"]])
                   for s in series]
     s1 = [s for s in series if s.get("axis", 1) == 1]
     s2 = [s for s in series if s.get("axis", 1) == 2]
-    x0, x1 = _range(series, "x", zero=False)
-    ranges = {1: _range(s1, "y", zero=True), 2: _range(s2, "y", zero=True)}
-    pw, ph = W - L - R, H - T - B
+    x0, x1 = xlim if xlim else _range(series, "x", zero=False)
+    ranges = {1: _nice(*_range(s1, "y", zero=True)), 2: _nice(*_range(s2, "y", zero=True), extra=1)}
+    pw, ph = W - L - R, PH
 
     def sx(x: float) -> float:
-        return L + (x - x0) / (x1 - x0) * pw
+        return L + PAD + (x - x0) / (x1 - x0) * (pw - 2 * PAD)
 
     def sy(y: float, axis: int = 1) -> float:
         lo, hi = ranges[axis]
-        return T + ph - (y - lo) / (hi - lo) * ph
+        return T + ph - PAD - (y - lo) / (hi - lo) * (ph - 2 * PAD)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
+    def inside(x, y) -> bool:
+        return _ok(x, y) and x0 <= x <= x1
+
+    # Styles follow the caller's order (legend order); draw order puts the largest first.
+    styles = [{"color": s.get("color") or PALETTE[i % len(PALETTE)],
+               "dash": {1: "5,3"}.get(s.get("dash"), s.get("dash")) if s.get("dash") else DASHES[i % len(DASHES)]}
+              for i, s in enumerate(series)]
+    seen = set()
+    for st in styles:                       # two series never look alike
+        while (st["color"], st["dash"]) in seen:
+            st["dash"] = DASHES[(DASHES.index(st["dash"]) + 1) % len(DASHES)] if st["dash"] in DASHES else ""
+        seen.add((st["color"], st["dash"]))
+
+    def size(s: dict) -> float:
+        lo, hi = ranges[s.get("axis", 1)]
+        ys = [y for x, y in zip(s["x"], s["y"]) if inside(x, y)]
+        return sum((y - lo) / (hi - lo) for y in ys) / len(ys) if ys else 0.0
+    order = sorted(range(len(series)), key=lambda i: -size(series[i]))
+
+    leg_top = T + ph + 44
+    legend, rows = _legend(series, styles, leg_top, kind)
+    h = leg_top + rows * LEG_ROW
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" '
            f'role="img" aria-label="{html.escape(title)}">',
-           f'<rect x="0" y="0" width="{W}" height="{H}" fill="#fff"/>',
+           f'<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/>',
            f'<text x="{L}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
     if band and all(v is not None for v in band):
         a, b = max(sx(band[0]), L), min(sx(band[1]), L + pw)
         if b > a:
-            out.append(f'<rect x="{a:.1f}" y="{T}" width="{b - a:.1f}" height="{ph}" fill="#eef5ff"/>')
+            out.append(f'<rect class="band" x="{a:.1f}" y="{T}" width="{b - a:.1f}" height="{ph}" fill="#eef5ff"/>')
     for t in _ticks(*ranges[1]):
         y = sy(t)
         out.append(f'<line x1="{L}" x2="{L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
@@ -88,33 +159,40 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{T + ph}" y2="{T + ph + 4}" stroke="#555"/>'
                    f'<text x="{x:.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">'
                    f'{_label(10 ** t if logx else t)}</text>')
-    out.append(f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#555"/>')
-    out.append(f'<text x="{L + pw / 2}" y="{H - 6}" font-size="11" text-anchor="middle">{html.escape(xlabel)}</text>')
+    out.append(f'<rect class="frame" x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#555"/>')
+    out.append(f'<text x="{L + pw / 2}" y="{T + ph + 32}" font-size="11" text-anchor="middle">'
+               f'{html.escape(xlabel)}</text>')
     out.append(f'<text x="14" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
                f'transform="rotate(-90 14 {T + ph / 2})">{html.escape(ylabel)}</text>')
     if y2label and s2:
         out.append(f'<text x="{W - 10}" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
                    f'transform="rotate(90 {W - 10} {T + ph / 2})">{html.escape(y2label)}</text>')
-    for i, s in enumerate(series):
-        color, axis = s.get("color") or PALETTE[i % len(PALETTE)], s.get("axis", 1)
+    for rank, i in enumerate(order):
+        s, st = series[i], styles[i]
+        axis, label = s.get("axis", 1), html.escape(str(s["label"]))
         pts = [(x, y) for x, y in zip(s["x"], s["y"])]
         if kind == "scatter":
-            out.append(f'<g fill="{color}" fill-opacity="0.45">' + "".join(
-                f'<circle cx="{sx(x):.1f}" cy="{sy(y, axis):.1f}" r="1.8"/>' for x, y in pts
-                if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)) + "</g>")
-        else:
-            d, pen = [], "M"
-            for x, y in pts:
-                if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
-                    pen = "M"
-                    continue
-                d.append(f"{pen}{sx(x):.1f},{sy(y, axis):.1f}")
-                pen = "L"
-            dash = ' stroke-dasharray="5,3"' if s.get("dash") else ""
-            out.append(f'<path d="{" ".join(d)}" fill="none" stroke="{color}" stroke-width="1.6"{dash}/>')
-        lx = L + 8 + (i % 3) * 170
-        ly = T + 14 + (i // 3) * 14
-        out.append(f'<rect x="{lx}" y="{ly - 8}" width="10" height="3" fill="{color}"/>'
-                   f'<text x="{lx + 14}" y="{ly - 3}" font-size="10">{html.escape(str(s["label"]))}</text>')
+            r = 2.6 if len(pts) < 500 else 1.8          # a few dots can be bigger than a cloud
+            out.append(f'<g class="series" data-label="{label}" fill="{st["color"]}" fill-opacity="0.5">' + "".join(
+                f'<circle cx="{sx(x):.1f}" cy="{sy(y, axis):.1f}" r="{r}"/>' for x, y in pts if inside(x, y))
+                + "</g>")
+            continue
+        segs, cur = [], []                     # runs of consecutive drawable points
+        for x, y in pts:
+            if inside(x, y):
+                cur.append((sx(x), sy(y, axis)))
+            elif cur:
+                segs.append(cur)
+                cur = []
+        segs += [cur] if cur else []
+        d = " ".join("M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in seg) for seg in segs if len(seg) > 1)
+        dash = f' stroke-dasharray="{st["dash"]}"' if st["dash"] else ""
+        width = WIDTHS[min(rank, len(WIDTHS) - 1)]
+        out.append(f'<path class="series" data-label="{label}" d="{d}" fill="none" '
+                   f'stroke="{st["color"]}" stroke-width="{width}"{dash} stroke-linejoin="round"/>')
+        # A point between two gaps has no line to be part of: a dot shows it.
+        out += [f'<circle class="series" data-label="{label}" cx="{seg[0][0]:.1f}" cy="{seg[0][1]:.1f}" '
+                f'r="2.2" fill="{st["color"]}"/>' for seg in segs if len(seg) == 1]
+    out += legend
     out.append("</svg>")
     return "".join(out)
