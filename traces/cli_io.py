@@ -63,10 +63,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--map", help="csv/jsonl: target=source[:unit],... e.g. arrival=ts:ms,input_tokens=prompt_len")
     p.add_argument("--dequantize", choices=("none", "uniform"), default="none",
                    help="mooncake/aibrix: spread requests that share a bucketed timestamp uniformly over the bucket")
-    p.add_argument("--quantum-ms", type=float, help="bucket width for --dequantize (default: detected)")
+    p.add_argument("--quantum-ms", type=float,
+                   help="bucket width for --dequantize (default: detected buckets, else the timestamp resolution)")
     p.add_argument("--tokenizer", help="sharegpt: a tokenizer.json (needs the `tokenizers` package) for exact lengths")
-    p.add_argument("--rate", type=float, default=1.0, help="sharegpt: Poisson arrival rate (req/s); the source has no times")
-    p.add_argument("--seed", type=int, default=0, help="sharegpt: seed of the arrival process")
+    p.add_argument("--rate", type=float, metavar="R",
+                   help="sources without times (sharegpt; vidur/csv/jsonl lengths-only files): synthesize arrivals "
+                        "at R req/s (sharegpt default 1); refused where the file has arrival times")
+    p.add_argument("--arrivals", metavar="SPEC",
+                   help="with --rate: the synthesized process, poisson (default), gamma:CV or weibull:CV")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthesized arrivals (default 0)")
     p.add_argument("--limit", type=int, help="sharegpt: at most this many conversations")
     p.set_defaults(func=_user_errors(cmd_import))
 
@@ -103,6 +108,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     from pathlib import Path
     from .errors import TraceError
     if args.format == "servegen":
+        from .importers.common import reject_arrival_options
+        reject_arrival_options(args, "servegen imports as a generator spec",
+                               "give the rate to `replay trace generate --spec SPEC --rate R`")
         try:
             from .servegen import import_servegen
         except ModuleNotFoundError as e:
@@ -117,6 +125,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     rows = meta["rows"]
     dropped = f", dropped {rows['dropped_failed']} failed" if rows["dropped_failed"] else ""
     print(f"wrote {args.output}: {rows['written']} requests from {rows['source']} source rows{dropped}")
+    for op in meta.get("transforms", []):
+        if op.get("op") == "dequantize":
+            from .transform import dequantize_message
+            print(dequantize_message(op))
     return 0
 
 

@@ -1,6 +1,7 @@
 """`replay trace compare A B`: realism statistics of two traces side by side, with a verdict
 per metric against a tolerance (relative for rates, dispersion and lengths; absolute for
-correlations, shares and hit ratios). The statistics come from `traces.stats`.
+correlations, shares and hit ratios). The statistics come from `traces.stats`. A trace
+without a `model` column counts as one model, the same as any single label on the other side.
 """
 from __future__ import annotations
 
@@ -70,6 +71,12 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
                 rows.append(_row(f"{prefix}{col}.{q}", "length", ga[col][q], gb.get(col, {}).get(q)))
     rows.append(_row("spearman_input_output", "spearman", stats.spearman_io(a), stats.spearman_io(b)))
     ma, mb = stats.model_mix(a), stats.model_mix(b)
+    # no model column = one unnamed model: it matches a single label on the other side (fit ->
+    # generate names it `default`); shares are compared when a side has several or they differ
+    if not ma and len(mb) == 1:
+        ma = dict(mb)
+    if not mb and len(ma) == 1:
+        mb = dict(ma)
     if len(ma) > 1 or set(ma) != set(mb):
         rows += [_row(f"model_share.{m}", "model_share", ma.get(m, 0.0), mb.get(m, 0.0)) for m in {**ma, **mb}]
     pa_, pb_ = stats.prefix_cache_hits(a, _block_size(a)), stats.prefix_cache_hits(b, _block_size(b))

@@ -18,6 +18,27 @@ def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S) -> dict[str, Any]:
     failed = trace.table.column("failed_in_source") if "failed_in_source" in trace.table.column_names else None
     out["failed_in_source"] = int(failed.fill_null(False).cast("int64").to_numpy().sum()) if failed is not None else 0
     out["output_tokens_null"] = trace.table.column("output_tokens").null_count
+    out["warnings"] = _warnings(trace, out)
+    return out
+
+
+SHAPE_RANGE = (1e-2, 1e3)   # inter-arrival shapes outside this are artefacts, not arrival processes
+
+
+def _warnings(trace: Trace, d: dict[str, Any]) -> list[str]:
+    """Bucketed timestamps (unless dequantized) and implausible inter-arrival shapes."""
+    out = []
+    b = None if any(t.get("op") == "dequantize" for t in d["transforms"]) else stats.timestamp_buckets(trace.table)
+    if b:
+        jitter = f" (0 to {b['jitter_ns'] / 1e6:g} ms)" if b["jitter_ns"] else ""
+        out.append(f"timestamps look bucketed: {b['tied_share']:.0%} of the gaps are ties{jitter}, the rest near "
+                   f"multiples of {b['quantum_ns'] / 1e6:g} ms; the inter-arrival statistics describe the buckets, "
+                   "not the arrival process (import with --dequantize uniform, or `replay trace transform "
+                   "T --dequantize '' -o OUT`)")
+    for name, v in d["interarrival_fit"].items():
+        if name.endswith("_shape") and v is not None and not SHAPE_RANGE[0] <= v <= SHAPE_RANGE[1]:
+            out.append(f"inter-arrival {name.replace('_', ' ')} {v:.3g} is implausible for an arrival process: "
+                       "timestamps are bucketed, rounded or synthetic")
     return out
 
 
@@ -94,6 +115,8 @@ def render(d: dict[str, Any], file: str) -> str:
         lines.append(f"output unknown   {d['output_tokens_null']:,} requests (server decides)")
     for t in d["transforms"]:
         lines.append(f"transform        {t}")
+    for w in d.get("warnings", []):
+        lines.append(f"warning          {w}")
     return "\n".join(lines) + "\n"
 
 

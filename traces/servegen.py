@@ -112,11 +112,18 @@ def servegen_spec(src: Path) -> dict[str, Any]:
         if rate.sum() <= 0:
             continue
         dpath = tpath.with_name(f"chunk-{cid}-dataset.json")
-        pmfs = _read_pmfs(dpath) if dpath.exists() else {}
+        if not dpath.exists():
+            raise TraceError(f"client {cid}: {dpath.name} is missing: {tpath.name} gives the rates, the lengths "
+                             "need that file's per-window input_tokens/output_tokens PMFs (copy it from the same "
+                             "ServeGen model directory)", file=str(src))
+        pmfs = _read_pmfs(dpath)
         served = rate * window
         inp, out = _mixed_pmf(pmfs, "input_tokens", t, served), _mixed_pmf(pmfs, "output_tokens", t, served)
         if inp is None or out is None:
-            raise TraceError(f"client {cid}: no input_tokens/output_tokens PMFs", file=str(dpath))
+            have = sorted({f for w in pmfs.values() for f in w})
+            lack = [f for f, d in (("input_tokens", inp), ("output_tokens", out)) if d is None]
+            raise TraceError(f"client {cid}: no {' or '.join(lack)} PMF in any window (fields with a PMF: "
+                             f"{', '.join(have) or 'none'}); the lengths need both", file=str(dpath))
         busy = pat > 0
         family = "weibull" if served[pat == 2].sum() > served[pat == 1].sum() else "gamma"
         mean_cv = float(np.average(cv[busy], weights=served[busy])) if busy.any() else 1.0

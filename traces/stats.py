@@ -161,6 +161,34 @@ def interarrival_fits(table: Any) -> dict[str, float | None]:
             "zero_gap_share": float((g <= 0).mean()) if len(g) else None}
 
 
+BUCKET_TIED_SHARE = 0.5   # bucketed: at least this share of the gaps are ties (0 or jitter) ...
+BUCKET_JUMP = 10.0        # ... and bucket steps are at least this many times the largest jitter
+
+
+def timestamp_buckets(table: Any) -> dict[str, Any] | None:
+    """Bucketed timestamps: most gaps are ties (0, or a jitter of a few ticks) and the others sit
+    near whole multiples of one bucket width (Mooncake: ~3 s buckets in ms timestamps).
+    {"quantum_ns", "jitter_ns" (the largest tie gap), "tied_share"}; None when not bucketed."""
+    d = np.diff(arrivals_ns(table))
+    pos = np.unique(d[d > 0])
+    if len(d) < 2 or not len(pos):
+        return None
+    ratio = pos[1:] / pos[:-1]
+    i = int(np.argmax(ratio)) if len(ratio) else 0
+    jitter = int(pos[i]) if len(ratio) and ratio[i] >= BUCKET_JUMP else 0
+    tied = d <= jitter
+    steps = d[~tied].astype(np.float64)
+    if tied.mean() < BUCKET_TIED_SHARE or not len(steps):
+        return None
+    k = np.maximum(np.rint(steps / np.quantile(steps, 0.05)), 1)  # empty buckets make 2, 3... steps
+    q = steps.sum() / k.sum()
+    err = np.abs(steps - k * q) / q
+    if np.median(err) > 0.05 or np.quantile(err, 0.9) > 0.15:
+        return None
+    unit = 10 ** max(int(np.log10(q)) - 2, 0)  # three significant digits: 3000.4 ms -> 3000 ms
+    return {"quantum_ns": int(round(q / unit) * unit), "jitter_ns": jitter, "tied_share": float(tied.mean())}
+
+
 def quantiles(values: np.ndarray) -> dict[str, float | None]:
     """p50/p90/p99 (NumPy linear interpolation), mean and max of `values` (NaN = null, ignored)."""
     v = np.asarray(values, dtype=np.float64)

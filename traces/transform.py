@@ -141,16 +141,42 @@ def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
 
 
 def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
-    """Spread requests that share a bucketed timestamp evenly over the bucket: the j-th of m
-    requests at time t moves to t + j * quantum // m. The quantum defaults to the greatest
-    common divisor of the arrival times (e.g. 1 ms for millisecond timestamps)."""
+    """Spread the requests of each timestamp bucket evenly over it: the j-th of m requests of a
+    bucket that starts at t moves to t + j * quantum // m (never past the next bucket's start).
+    A bucket is a run of ties: equal timestamps, or gaps within the jitter that
+    `stats.timestamp_buckets` finds (Mooncake: ~3 s buckets whose ms timestamps differ by a few
+    ms). The quantum defaults to the detected bucket width, else to the greatest common divisor
+    of the arrival times (the timestamp resolution, e.g. 1 ms). The op records where the quantum
+    came from and how many requests moved (`dequantize_message` says it in words)."""
+    from .stats import timestamp_buckets
     a = _arr(trace)
-    q = int(quantum_ns) if quantum_ns else (int(np.gcd.reduce(a[a > 0])) if (a > 0).any() else 1)
-    starts = np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]]))
+    b = timestamp_buckets(trace.table)
+    jitter = b["jitter_ns"] if b else 0
+    if quantum_ns:
+        q, source = int(quantum_ns), "given"
+    elif b:
+        q, source = b["quantum_ns"], "buckets"
+    else:
+        q, source = (int(np.gcd.reduce(a[a > 0])) if (a > 0).any() else 1), "resolution"
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(a) > jitter]))
     sizes = np.diff(np.concatenate([starts, [len(a)]]))
     j = np.arange(len(a)) - np.repeat(starts, sizes)
-    out = a + (j * q) // np.repeat(sizes, sizes)
-    return _new(trace, _set_arrivals(trace.table, out), {"op": "dequantize", "quantum_ns": q})
+    out = np.repeat(a[starts], sizes) + (j * q) // np.repeat(sizes, sizes)
+    nxt = np.append(a[starts[1:]], np.iinfo(np.int64).max)
+    out = np.minimum(out, np.repeat(nxt, sizes))
+    op = {"op": "dequantize", "quantum_ns": q, "quantum_from": source, **({"jitter_ns": jitter} if jitter else {}),
+          "spread": int((out != a).sum())}
+    return _new(trace, _set_arrivals(trace.table, out), op)
+
+
+def dequantize_message(op: dict[str, Any]) -> str:
+    """What a dequantize op did, for the CLI."""
+    q = f"{op['quantum_ns'] / 1e6:g} ms"
+    if op["quantum_from"] == "resolution":
+        return (f"dequantize: no bucketed timestamps found (fewer than half the gaps are ties); spread "
+                f"{op['spread']:,} requests sharing a timestamp over the {q} resolution")
+    jitter = f" (ties within {op['jitter_ns'] / 1e6:g} ms)" if op.get("jitter_ns") else ""
+    return f"dequantize: spread {op['spread']:,} requests evenly over their {q} buckets{jitter}"
 
 
 def _range(s: str) -> tuple[int | None, int | None]:
@@ -196,6 +222,8 @@ def run_cli(args: argparse.Namespace) -> int:
     trace = Trace.read(args.trace, sort=args.sort)
     for op, value in args.ops or []:
         trace = apply(trace, op, value, args.seed)
+        if op == "dequantize":
+            print(dequantize_message(trace.metadata["transforms"][-1]))
     trace.write(args.output)
     print(f"wrote {args.output}: {trace.num_rows} requests over {trace.duration_s:.3f} s "
           f"({len(args.ops or [])} transform(s))")

@@ -57,3 +57,44 @@ def test_cli_table_json_and_exit_codes(tmp_path):
     assert diff.returncode == 1
     rows = {r["metric"]: r for r in json.loads(diff.stdout)}
     assert rows["input_tokens.p50"]["verdict"] == "fail" and rows["input_tokens.p50"]["tolerance"] == "rel 0.1"
+
+
+def _write_model_less(path, kind, n=6000, rate=2.0, seed=4):
+    """An Azure-like CSV or a Mooncake-like JSONL without a model column (Poisson arrivals)."""
+    import datetime as dt
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    inp = rng.lognormal(6.5, 0.9, n).astype(int) + 1
+    out = rng.lognormal(4.0, 0.8, n).astype(int) + 1
+    if kind == "azure":
+        t0 = dt.datetime(2024, 5, 10)
+        path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+            f"{(t0 + dt.timedelta(seconds=float(s))):%Y-%m-%d %H:%M:%S.%f}0+00:00,{i},{o}\n"
+            for s, i, o in zip(t, inp, out)))
+    else:
+        blocks = np.cumsum(np.concatenate([[0], -(-inp // 512)]))  # every block unique: no reuse
+        path.write_text("".join(json.dumps({"timestamp": int(s * 1000), "input_length": int(i), "output_length": int(o),
+                                            "hash_ids": list(range(blocks[k], blocks[k + 1]))}) + "\n"
+                                for k, (s, i, o) in enumerate(zip(t, inp, out))))
+
+
+def test_model_less_import_matches_its_fitted_copy(tmp_path):
+    """A trace without a model column is one model: fit -> generate (labelled `default`) ->
+    compare passes instead of failing on model_share.default (issue 16 item 3)."""
+    for kind, src in (("azure", "a.csv"), ("mooncake", "m.jsonl")):
+        _write_model_less(tmp_path / src, kind)
+        t, spec, gen = (tmp_path / f"{kind}{s}" for s in (".parquet", ".yaml", ".gen.parquet"))
+        run_cli("replay", "trace", "import", kind, tmp_path / src, "-o", t, check=True)
+        run_cli("replay", "trace", "fit", t, "-o", spec, check=True)
+        run_cli("replay", "trace", "generate", "--spec", spec, "--seed", "1", "-o", gen, check=True)
+        p = run_cli("replay", "trace", "compare", t, gen, "--json")
+        rows = json.loads(p.stdout)
+        assert p.returncode == 0, (kind, [r for r in rows if r["verdict"] == "fail"])
+        assert not [r for r in rows if r["metric"].startswith("model_share")]
+    # several models on one side, or two different single labels, are still compared
+    one, two = _trace(), _trace(models={"a": 0.5, "b": 0.5})
+    no_model = one.table.drop_columns(["model"])
+    assert _verdicts(no_model, two)["model_share.a"] == "fail"
+    assert _verdicts(one, _trace(models={"x": 1}))["model_share.m"] == "fail"
+    assert not any(m.startswith("model_share") for m in _verdicts(no_model, one))

@@ -111,7 +111,7 @@ def test_mooncake_blocks_and_round_trip(tmp_path):
 def test_mooncake_dequantize_spreads_buckets(tmp_path):
     t = _imp("mooncake", "mooncake.jsonl", tmp_path, dequantize="uniform", quantum_ms=1000)
     assert _col(t, "arrival_ns") == [0, 333_333_333, 666_666_666, 3 * 10**9, 3_500_000_000, 6 * 10**9]
-    assert t.metadata["transforms"] == [{"op": "dequantize", "quantum_ns": 10**9}]
+    assert t.metadata["transforms"] == [{"op": "dequantize", "quantum_ns": 10**9, "quantum_from": "given", "spread": 3}]
 
 
 def test_qwen_bailian_conversation_tree(tmp_path):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.conftest import run_cli
 from llm_replay.traces.errors import TraceError
 from llm_replay.traces.generate import generate
 from llm_replay.traces.servegen import import_servegen, servegen_spec
@@ -48,3 +49,17 @@ def test_bad_servegen_input_is_reported(tmp_path):
     (d / "chunk-1-dataset.json").write_text('{"0": {"input_tokens": "__import__(\'os\')"}}')
     with pytest.raises(TraceError, match="not a Python dict literal"):
         servegen_spec(d)
+
+
+def test_servegen_missing_pieces_are_named(tmp_path):
+    """A directory without a client's dataset.json, or one without a length PMF, says what is
+    missing in one line (issue 16 item 4)."""
+    d = tmp_path / "m"
+    shutil.copytree(SRC, d)
+    (d / "chunk-0-dataset.json").unlink()
+    p = run_cli("replay", "trace", "import", "servegen", d, "-o", tmp_path / "s.yaml")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert "client 0: chunk-0-dataset.json is missing" in p.stderr and "input_tokens/output_tokens PMFs" in p.stderr
+    (d / "chunk-0-dataset.json").write_text('{"0": {"input_tokens": "{100: 1.0}"}, "600": {"other": "{}"}}')
+    p = run_cli("replay", "trace", "import", "servegen", d, "-o", tmp_path / "s.yaml")
+    assert p.returncode == 2 and "no output_tokens PMF in any window (fields with a PMF: input_tokens)" in p.stderr

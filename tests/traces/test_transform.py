@@ -81,3 +81,36 @@ def test_block_rule_checked_on_read():
     with pytest.raises(TraceError, match=r"more blocks than ceil\(input_tokens / 16\) allows: rows 0"):
         Trace(pa.table({"arrival_ns": [0], "input_tokens": [32], "output_tokens": [1], "hash_ids": h}),
               {"block_size": 16})
+
+
+def _buckets(jitter_ms, per_bucket, n_buckets=200, seed=0, quantum_ms=3000):
+    """Mooncake-like ms timestamps: `per_bucket(rng)` requests per 3 s bucket, each up to
+    `jitter_ms` after the bucket start."""
+    rng = np.random.default_rng(seed)
+    ms = [k * quantum_ms + int(rng.integers(0, jitter_ms + 1))
+          for k in range(n_buckets) for _ in range(per_bucket(rng))]
+    return _t(np.sort(np.array(ms, np.int64)) * 10**6)
+
+
+def test_bucket_detection_finds_jittered_buckets():
+    """~3 s buckets whose ms timestamps jitter by a few ms are found (not the 1 ms resolution),
+    and dequantize spreads each bucket over 3 s, in order (issue 16 item 9)."""
+    from llm_replay.traces.stats import timestamp_buckets
+    t = _buckets(3, lambda r: 1 + r.poisson(6))
+    b = timestamp_buckets(t.table)
+    assert b["quantum_ns"] == 3 * 10**9 and b["jitter_ns"] <= 3 * 10**6 and b["tied_share"] > 0.8
+    d = tf.dequantize(t)
+    op = d.metadata["transforms"][-1]
+    assert op["quantum_ns"] == 3 * 10**9 and op["quantum_from"] == "buckets" and op["spread"] > 0.8 * t.num_rows
+    a = d.table.column("arrival_ns").to_numpy()
+    assert (np.diff(a) >= 0).all() and np.diff(a).max() < 3 * 10**9 and (np.diff(a) == 0).mean() < 0.01
+    assert "3000 ms buckets (ties within" in tf.dequantize_message(op)
+    # exact buckets (no jitter), with empty buckets between some of them
+    assert timestamp_buckets(_buckets(0, lambda r: r.poisson(3)).table)["quantum_ns"] == 3 * 10**9
+    # Poisson arrivals in ms are not bucketed: dequantize says so and falls back to the resolution
+    rng = np.random.default_rng(1)
+    poisson = _t(np.cumsum(rng.exponential(200, 2000)).astype(np.int64) * 10**6)
+    assert timestamp_buckets(poisson.table) is None
+    op = tf.dequantize(poisson).metadata["transforms"][-1]
+    assert op["quantum_from"] == "resolution" and op["quantum_ns"] == 10**6
+    assert tf.dequantize_message(op).startswith("dequantize: no bucketed timestamps found")

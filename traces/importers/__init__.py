@@ -5,7 +5,9 @@ An importer module exposes `DOC` (one line) and
 `read(src, opts, meta) -> Iterator[pa.Table]` yielding canonical columns with absolute
 `arrival_ns` (exact int64 ns in the source's clock) while filling `meta` (source, time format).
 Formats that can be written back also expose `export(trace, out)`; `postprocess(out, opts)`
-runs on the finished file where a step needs the whole trace (e.g. `--dequantize`).
+runs on the finished file where a step needs the whole trace (e.g. `--dequantize`). Formats
+that can synthesize arrivals for lengths-only files (`--rate`, `--arrivals`) set
+`SYNTH_ARRIVALS = True`; every other format refuses those options.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ FORMATS = {
 
 # Options of `replay trace import` (the CLI defines the same ones, with help).
 OPTION_DEFAULTS: dict[str, Any] = {"sort": False, "drop_failed": False, "map": None, "dequantize": "none",
-                                   "quantum_ms": None, "tokenizer": None, "rate": 1.0, "seed": 0, "limit": None}
+                                   "quantum_ms": None, "tokenizer": None, "rate": None, "arrivals": None, "seed": 0,
+                                   "limit": None}
 
 
 def module(fmt: str) -> ModuleType:
@@ -41,6 +44,12 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
     mod = module(fmt)
     opts = argparse.Namespace(**{**OPTION_DEFAULTS, **vars(opts or argparse.Namespace()), **kw, "format": fmt})
     src, out = Path(src), Path(out)
+    if not getattr(mod, "SYNTH_ARRIVALS", False):
+        from .common import reject_arrival_options
+        reject_arrival_options(opts, f"{fmt} files carry their own arrival times")
+    if opts.dequantize != "none" and not hasattr(mod, "postprocess"):
+        raise TraceError(f"--dequantize applies to bucketed formats (mooncake, aibrix), not {fmt}; "
+                         "use `replay trace transform OUT --dequantize MS -o ...` on the imported trace")
     meta: dict[str, Any] = {"source": {"format": fmt, "file": src.name}}
     with TraceSink(out, file=str(src), sort=opts.sort, drop_failed=opts.drop_failed) as sink:
         for table in mod.read(src, opts, meta):

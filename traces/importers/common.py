@@ -253,3 +253,68 @@ def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], t
     extra = objs_extra(objs, {time_key, *fields, *consumed})
     cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
     return cols
+
+
+ARRIVALS = "poisson, gamma:CV or weibull:CV"
+
+
+def arrival_process(opts: Any) -> dict[str, Any] | None:
+    """The seeded arrival process `--rate R [--arrivals poisson|gamma:CV|weibull:CV] [--seed S]`
+    asks for (a lengths-only source gets its arrivals from it); None when neither is given."""
+    rate, spec = getattr(opts, "rate", None), getattr(opts, "arrivals", None)
+    if rate is None and spec is None:
+        return None
+    if rate is None:
+        raise TraceError("--arrivals needs --rate R (the mean request rate in req/s)")
+    if not rate > 0:
+        raise TraceError(f"--rate must be > 0, got {rate}")
+    name, _, cv = (spec or "poisson").strip().lower().partition(":")
+    proc: dict[str, Any] = {"synthesized": True, "process": name, "rate": float(rate),
+                            "seed": int(getattr(opts, "seed", 0) or 0)}
+    try:
+        if name == "poisson" and not cv:
+            return proc
+        if name in ("gamma", "weibull") and float(cv) > 0:
+            return {**proc, "cv": float(cv)}
+    except ValueError:
+        pass
+    raise TraceError(f"--arrivals {spec!r}: expected {ARRIVALS} (CV > 0)")
+
+
+def reject_arrival_options(opts: Any, what: str, hint: str = "import without them, then rescale with "
+                           "`replay trace transform OUT --rate R -o ...`", **where: Any) -> None:
+    """A source with its own arrival times cannot take --rate/--arrivals: say so, never ignore them."""
+    if getattr(opts, "rate", None) is not None or getattr(opts, "arrivals", None) is not None:
+        raise TraceError(f"--rate/--arrivals synthesize arrivals for lengths-only files, but {what}; {hint}", **where)
+
+
+class SynthArrivals:
+    """Arrival times (int64 ns from 0) of `arrival_process`'s renewal process, batch after batch
+    from one seeded stream (the first request arrives at 0); records the process in `meta`."""
+
+    def __init__(self, proc: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.proc, self.t, self.first = proc, 0, True
+        self.rng = np.random.default_rng(proc["seed"])
+        meta["source"]["arrivals"] = proc
+        meta.update(time_origin_kind="synthetic",
+                    original_time_format={"kind": "none", "arrivals": proc["process"], "rate": proc["rate"],
+                                          "seed": proc["seed"], **({"cv": proc["cv"]} if "cv" in proc else {})})
+        mean, cv = 1e9 / proc["rate"], proc.get("cv", 1.0)
+        if proc["process"] == "gamma":
+            self.draw = lambda n: self.rng.gamma(1 / cv**2, mean * cv**2, n)
+        elif proc["process"] == "weibull":
+            import math
+            from scipy import optimize
+            from ..spec_types import weibull_cv
+            k = optimize.brentq(lambda s: weibull_cv(s) - cv, 0.05, 500.0) if abs(cv - 1) > 1e-12 else 1.0
+            self.draw = lambda n: self.rng.weibull(k, n) * (mean / math.gamma(1 + 1 / k))
+        else:
+            self.draw = lambda n: self.rng.exponential(mean, n)
+
+    def __call__(self, n: int) -> pa.Array:
+        gaps = np.rint(self.draw(n)).astype(np.int64)
+        if self.first and n:
+            gaps[0], self.first = 0, False
+        arr = self.t + np.cumsum(gaps)
+        self.t = int(arr[-1]) if n else self.t
+        return pa.array(arr, pa.int64())

@@ -3,7 +3,9 @@
 Targets are canonical column names (`arrival` = `arrival_ns`, with a unit `s|ms|us|ns|iso`
 for the source column); source columns already named like canonical columns map to
 themselves; every other source column is kept verbatim in `extra`. `hash_ids` in a CSV cell
-is a list like `[1, 2, 3]` (or `1 2 3`). Also the reader behind canonical CSV/JSONL traces.
+is a list like `[1, 2, 3]` (or `1 2 3`). A lengths-only file (no arrival column) takes
+`--rate R [--arrivals poisson|gamma:CV|weibull:CV] [--seed S]` for seeded arrivals. Also the
+reader behind canonical CSV/JSONL traces.
 """
 from __future__ import annotations
 
@@ -17,14 +19,18 @@ import pyarrow.compute as pc
 
 from ..errors import TraceError
 from ..schema import BY_NAME
-from .common import column, csv_batches, csv_header, extra_json, file_layout, jsonl_batches, objs_extra
+from .common import (SynthArrivals, arrival_process, column, csv_batches, csv_header, extra_json, file_layout,
+                     jsonl_batches, objs_extra, reject_arrival_options)
 from .timeparse import UNIT_NS, decimal_ns, iso_ns, merge_time_format, num_text
 
 DOC = "any CSV or JSON-lines file, columns mapped with --map target=source[:unit]"
+SYNTH_ARRIVALS = True  # accepts --rate/--arrivals (for files without an arrival column)
 
 
-def parse_map(spec: str | None, names: list[str]) -> tuple[dict[str, str], str]:
-    """{canonical: source} and the arrival unit, from `--map` and the source's column names."""
+def parse_map(spec: str | None, names: list[str], opts: Any = None, file: str | None = None
+              ) -> tuple[dict[str, str], str | None]:
+    """{canonical: source} and the arrival unit, from `--map` and the source's column names.
+    Without an arrival column the arrivals come from `--rate`/`--arrivals` in `opts`."""
     mapping: dict[str, str] = {n: n for n in names if n in BY_NAME}
     unit = "ns"
     for item in filter(None, (s.strip() for s in (spec or "").split(","))):
@@ -45,12 +51,17 @@ def parse_map(spec: str | None, names: list[str]) -> tuple[dict[str, str], str]:
             raise TraceError(f"--map source column {source!r} is not in the input; it has: {', '.join(names)}")
         mapping = {k: v for k, v in mapping.items() if v != source}
         mapping[target] = source
-    if "arrival_ns" not in mapping:
-        raise TraceError("no arrival column: map one with --map arrival=COLUMN:UNIT (unit s, ms, us, ns or iso)")
+    synth = arrival_process(opts) is not None
+    if "arrival_ns" in mapping:
+        reject_arrival_options(opts, f"this file has an arrival column ({mapping['arrival_ns']})", file=file)
+    elif not synth:
+        raise TraceError("no arrival column: map one with --map arrival=COLUMN:UNIT (unit s, ms, us, ns or iso), "
+                         "or give --rate R [--arrivals poisson|gamma:CV|weibull:CV] to synthesize seeded arrivals "
+                         "for a lengths-only file", file=file)
     for req in ("input_tokens", "output_tokens"):
         if req not in mapping:
-            raise TraceError(f"no {req} column: map one with --map {req}=COLUMN")
-    return mapping, unit
+            raise TraceError(f"no {req} column: map one with --map {req}=COLUMN", file=file)
+    return mapping, unit if "arrival_ns" in mapping else None
 
 
 def _arrival(col: Any, unit: str, meta: dict, file: str, source: str, row0: int) -> pa.Array:
@@ -79,14 +90,15 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
 
 def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
     names = csv_header(src)
-    mapping, unit = parse_map(getattr(opts, "map", None), names)
+    mapping, unit = parse_map(getattr(opts, "map", None), names, opts, str(src))
+    arrivals = SynthArrivals(arrival_process(opts), meta) if "arrival_ns" not in mapping else None
     ints = {s: pa.int64() for t, s in mapping.items() if t in ("input_tokens", "output_tokens", "turn", "num_images")}
     _, batches = csv_batches(src, ints, list(mapping.values()))
     others = [n for n in names if n not in mapping.values()]
     meta["source"].update(columns=names, map=mapping, arrival_unit=unit, **file_layout(src))
     row0 = 0
     for t in batches:
-        cols = {}
+        cols = {"arrival_ns": arrivals(t.num_rows)} if arrivals else {}
         for target, source in mapping.items():
             c = t.column(source)
             if target == "arrival_ns":
@@ -104,13 +116,14 @@ def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iter
 
 
 def _read_jsonl(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    mapping = unit = None
+    mapping = unit = arrivals = None
     for row0, objs in jsonl_batches(src):
         if mapping is None:
             keys = list(dict.fromkeys(k for o in objs[:1000] for k in o))
-            mapping, unit = parse_map(getattr(opts, "map", None), keys)
+            mapping, unit = parse_map(getattr(opts, "map", None), keys, opts, str(src))
             meta["source"].update(map=mapping, arrival_unit=unit)
-        cols = {}
+            arrivals = SynthArrivals(arrival_process(opts), meta) if "arrival_ns" not in mapping else None
+        cols = {"arrival_ns": arrivals(len(objs))} if arrivals else {}
         for target, source in mapping.items():
             if target == "arrival_ns":
                 text = pa.array([num_text(o.get(source)) for o in objs], pa.string())

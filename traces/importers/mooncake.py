@@ -3,7 +3,8 @@
 `timestamp` is milliseconds from the trace start; `hash_ids` are prefix blocks of 512 tokens
 (equal id = identical block, chain-hashed so equal ids imply equal prefixes). Other keys are
 kept in `extra`. `--dequantize uniform` spreads requests that share a bucketed timestamp evenly
-over the bucket (`--quantum-ms`, default: the GCD of the timestamps).
+over the bucket (`--quantum-ms`, default: the detected bucket width, e.g. ~3 s buckets whose
+timestamps jitter by a few ms; else the GCD of the timestamps).
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ message text (kept verbatim), `input_tokens` / `output_tokens` = lengths of the 
 the reply, `session_id` = the conversation id, `turn` = 0-based index of the exchange,
 `parent_id` = the previous exchange. Lengths come from `--tokenizer tokenizer.json` (the
 `tokenizers` package) when given; otherwise they are estimated as ceil(UTF-8 bytes / 4)
-and the metadata says so. The source has no times: arrivals are a seeded Poisson process
-(`--rate`, `--seed`). The file is parsed incrementally, one conversation at a time.
+and the metadata says so. The source has no times: arrivals are a seeded renewal process
+(`--rate`, default 1 req/s, `--arrivals poisson|gamma:CV|weibull:CV`, `--seed`). The file is
+parsed incrementally, one conversation at a time.
 """
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from ..errors import TraceError
-from .common import check_file
+from .common import SynthArrivals, arrival_process, check_file
 
 DOC = "ShareGPT JSON: [{id, conversations: [{from: human|gpt, value}]}]; lengths by tokenizer or estimate"
+SYNTH_ARRIVALS = True  # the source has no times: --rate (default 1 req/s), --arrivals
 USER, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
 
 
@@ -83,12 +84,10 @@ def _counter(path: str | None):
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
     count, tok_meta = _counter(opts.tokenizer)
-    if not opts.rate > 0:
-        raise TraceError(f"--rate must be > 0, got {opts.rate}")
-    meta.update(tokenizer=tok_meta, time_origin_kind="synthetic",
-                original_time_format={"kind": "none", "arrivals": "poisson", "rate": opts.rate, "seed": opts.seed})
-    rng = np.random.default_rng(opts.seed)
-    t_ns, rows, conv = 0, [], 0
+    rate = 1.0 if opts.rate is None and opts.arrivals is None else opts.rate
+    arrivals = SynthArrivals(arrival_process(argparse.Namespace(**{**vars(opts), "rate": rate})), meta)
+    meta.update(tokenizer=tok_meta)
+    rows, conv = [], 0
     for item in iter_json_items(src):
         if opts.limit is not None and conv >= opts.limit:
             break
@@ -110,17 +109,8 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
             turn += 1
         conv += 1
         if len(rows) >= 20_000:
-            t_ns = yield from _emit(rows, rng, opts.rate, t_ns)
+            yield pa.Table.from_pylist(rows).append_column("arrival_ns", arrivals(len(rows)))
             rows = []
     if rows:
-        yield from _emit(rows, rng, opts.rate, t_ns)
+        yield pa.Table.from_pylist(rows).append_column("arrival_ns", arrivals(len(rows)))
     meta["source"]["conversations"] = conv
-
-
-def _emit(rows: list[dict], rng: np.random.Generator, rate: float, t_ns: int):
-    gaps = np.rint(rng.exponential(1e9 / rate, len(rows))).astype(np.int64)
-    gaps[0] = 0 if t_ns == 0 else gaps[0]
-    arr = t_ns + np.cumsum(gaps)
-    table = pa.Table.from_pylist(rows)
-    yield table.append_column("arrival_ns", pa.array(arr, pa.int64()))
-    return int(arr[-1])

@@ -1,7 +1,9 @@
 """Vidur request traces (the simulator's trace-replay CSV).
 
 Source columns: `arrived_at` (seconds from the trace start), `num_prefill_tokens` (input),
-`num_decode_tokens` (output); any other column is kept in `extra` verbatim.
+`num_decode_tokens` (output); any other column is kept in `extra` verbatim. Vidur's length
+files (e.g. arxiv_summarization / sharegpt `*_stats_*.csv`) have no `arrived_at`: import them
+with `--rate R [--arrivals poisson|gamma:CV|weibull:CV] [--seed S]` for seeded arrivals.
 """
 from __future__ import annotations
 
@@ -13,21 +15,34 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from ..errors import TraceError
+from .common import (SynthArrivals, arrival_process, csv_batches, csv_header, extra_columns, extra_json, file_layout,
+                     reject_arrival_options, write_csv)
 from .timeparse import decimal_ns, ns_to_decimal
-DOC = "Vidur CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens"
+DOC = "Vidur CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens (lengths-only files: --rate)"
+SYNTH_ARRIVALS = True  # accepts --rate/--arrivals (for files without arrived_at)
 TIME, INPUT, OUTPUT = "arrived_at", "num_prefill_tokens", "num_decode_tokens"
 
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [TIME, INPUT, OUTPUT])
+    proc = arrival_process(opts)
+    if TIME in csv_header(src):
+        reject_arrival_options(opts, "this file has arrival times", file=str(src), column=TIME)
+    elif proc is None:
+        raise TraceError(f"no {TIME} column: a lengths-only file needs --rate R (req/s) and optionally "
+                         f"--arrivals poisson|gamma:CV|weibull:CV and --seed S for synthesized arrivals", file=str(src))
+    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [INPUT, OUTPUT, *[TIME] * (not proc)])
     others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
     meta["source"].update(columns=names, **file_layout(src))
-    meta.update(time_origin_kind="trace_start", original_time_format={"kind": "decimal", "unit": "s"})
+    if proc:
+        arrivals = SynthArrivals(proc, meta)
+    else:
+        meta.update(time_origin_kind="trace_start", original_time_format={"kind": "decimal", "unit": "s"})
     row0 = 0
     for t in batches:
-        cols = {"arrival_ns": pa.array(decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0)),
-                "input_tokens": t.column(INPUT), "output_tokens": t.column(OUTPUT)}
+        ns = arrivals(t.num_rows) if proc else pa.array(
+            decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0))
+        cols = {"arrival_ns": ns, "input_tokens": t.column(INPUT), "output_tokens": t.column(OUTPUT)}
         extra = extra_json(t, others)
         if extra is not None:
             cols["extra"] = extra
@@ -40,6 +55,9 @@ def export(trace: Trace, out: Path) -> None:
     t, meta = trace.table, trace.metadata
     src = meta.get("source", {}) if meta.get("source", {}).get("format") == "vidur" else {}
     names = src.get("columns") or [TIME, INPUT, OUTPUT]
+    if TIME not in names:  # imported from a lengths-only file: write the synthesized arrivals
+        i = int(names[0] == "")  # after Vidur's unnamed index column
+        names = [*names[:i], TIME, *names[i:]]
     ns = t.column("arrival_ns").to_numpy() + int(meta.get("time_origin_ns") or 0)
     others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
     cols = {TIME: pa.array([str(x) for x in ns_to_decimal(ns, 10**9)]), INPUT: t.column("input_tokens"),
