@@ -10,10 +10,9 @@ import math
 from pathlib import Path
 
 from .svg import chart
-from .text import _headline, _reasoning_rows, fmt as _fmt, latency_names
+from .text import _headline, _reasoning_rows, fmt, fmt_ci, latency_names  # noqa: F401 (fmt_ci: tests)
 
 TEMPLATES = Path(__file__).parent / "templates"
-NOISE = 1e-12     # below this a report number is float noise (a 1.7e-18 ms bound is 0 ms)
 
 LAT_COLUMNS = ["metric", "n (samples)", "mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)",
                "p99.9 (ms)", "max (ms)", "p99 95% CI (ms)"]
@@ -31,33 +30,6 @@ def compare_unit(metric: str) -> str:
         return "ms"
     return {"error_rate": "fraction", "attainment": "fraction", "requests_per_s": "req/s",
             "output_tokens_per_s": "tok/s"}.get(metric, "-")
-
-
-def fmt(v: object, digits: int = 4) -> str:
-    """text.fmt, with float noise shown as 0 and [lo, hi] pairs as intervals (fmt_ci)."""
-    if isinstance(v, float) and math.isfinite(v) and abs(v) < NOISE:
-        return "0"
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-        return fmt_ci(*v)
-    return _fmt(v, digits)
-
-
-def fmt_ci(lo: float | None, hi: float | None) -> str:
-    """An interval to the precision its width supports: both ends with the decimals that give the
-    width two significant figures ([232.6, 452.2] -> [233, 452]; [0.2101, 0.2513] -> [0.210,
-    0.251]). An end smaller than 1e-9 of the other (bootstrap float noise, 1.7e-18) is 0."""
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return "-"
-    scale = max(abs(lo), abs(hi))
-    lo, hi = (0.0 if abs(v) < max(NOISE, 1e-9 * scale) else v for v in (lo, hi))
-    width = hi - lo
-    if width <= 0:
-        return f"[{fmt(lo)}, {fmt(hi)}]"
-    decimals = min(max(0, 1 - math.floor(math.log10(width))), 9)
-
-    def one(v: float) -> str:
-        return "0" if v == 0 else f"{v:,.{decimals}f}"
-    return f"[{one(lo)}, {one(hi)}]"
 
 
 def _env():

@@ -5,10 +5,16 @@ import io
 import math
 
 
+NOISE = 1e-12     # below this a report number is float noise (a 1.7e-18 ms bound is 0 ms)
+
+
 def fmt(v: object, digits: int = 4) -> str:
-    """Numbers with `digits` significant figures, thousands kept whole; None/NaN as '-'."""
+    """Numbers with `digits` significant figures, thousands kept whole; None/NaN as '-'; float
+    noise as 0; [lo, hi] pairs as intervals (fmt_ci)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if isinstance(v, float) and math.isfinite(v) and abs(v) < NOISE:
+        return "0"
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, int):
@@ -19,9 +25,29 @@ def fmt(v: object, digits: int = 4) -> str:
         if abs(v) >= 10 ** digits:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+        return fmt_ci(*v)
     if isinstance(v, (list, tuple)) and len(v) == 2:
         return f"[{fmt(v[0], digits)}, {fmt(v[1], digits)}]"
     return str(v)
+
+
+def fmt_ci(lo: float | None, hi: float | None) -> str:
+    """An interval to the precision its width supports: both ends with the decimals that give the
+    width two significant figures ([232.6, 452.2] -> [233, 452]; [0.2101, 0.2513] -> [0.210,
+    0.251]). An end smaller than 1e-9 of the other (bootstrap float noise, 1.7e-18) is 0."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    scale = max(abs(lo), abs(hi))
+    lo, hi = (0.0 if abs(v) < max(NOISE, 1e-9 * scale) else v for v in (lo, hi))
+    width = hi - lo
+    if width <= 0:
+        return f"[{fmt(lo)}, {fmt(hi)}]"
+    decimals = min(max(0, 1 - math.floor(math.log10(width))), 9)
+
+    def one(v: float) -> str:
+        return "0" if v == 0 else f"{v:,.{decimals}f}"
+    return f"[{one(lo)}, {one(hi)}]"
 
 
 def render_table(title: str | None, columns: list[str], rows: list[list[object]], *,

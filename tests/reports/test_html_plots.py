@@ -257,3 +257,9 @@ def test_compare_page_has_units_and_clean_intervals(tmp_path, make_run):
     for svg in _svgs(page):
         x0, y0, x1, y1 = _frame(svg)
         assert all(x0 < x < x1 and y0 < y < y1 for e in _series(svg) for x, y in _points(e))
+
+
+def test_terminal_and_markdown_intervals_share_the_rule():
+    from llm_replay.reports.text import fmt as text_fmt
+    assert text_fmt([1.735e-18, 3.2]) == "[0, 3.2]" and text_fmt(2e-19) == "0"
+    assert text_fmt([232.64668775398513, 452.2024268735863]) == "[233, 452]"
