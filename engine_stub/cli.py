@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-cache-bytes", type=int, help="KV budget in bytes per model (instead of --num-blocks)")
     a("--max-num-seqs", type=int, default=64)
     a("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
-    a("--max-model-len", type=int, default=2048)
+    a("--max-model-len", type=int, default=EngineConfig.max_model_len,
+      help=f"longest prompt + output (default {EngineConfig.max_model_len}; clamped to the KV pool)")
     a("--policy", choices=POLICIES, default="chunked")
     a("--no-prefix-caching", action="store_true")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 WINDOW_HELP = "'30s' (seconds) or '200' (requests)"
@@ -28,17 +29,36 @@ def _show(result, as_json: bool) -> int:
     return result.exit_code
 
 
+def _report_suffix(args) -> str:
+    """The output-name suffix of a report whose options change the run's own summary, e.g.
+    `warmup-30s.slo-prod` (summary.warmup-30s.slo-prod.json); '' when no option does."""
+    from pathlib import Path
+    parts = [(name, value) for name, value in (
+        ("warmup", args.warmup), ("cooldown", args.cooldown), ("steady-state", args.steady_state),
+        ("slo", args.slo and Path(args.slo).stem), ("window", args.window_s)) if value is not None]
+    return ".".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}-{value:g}" if isinstance(value, float)
+                           else f"{name}-{value}") for name, value in parts)
+
+
 def cmd_report(args) -> int:
+    from pathlib import Path
     from . import summarize_run
     from .text import format_summary
+    suffix = "" if args.force or args.no_write else _report_suffix(args)
+    out = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
+    if suffix and not any((out / f).exists() for f in ("summary.json", "summary.md", "report.html")):
+        suffix = ""   # nothing of the run's own to keep
     summary = summarize_run(args.run, slo=args.slo, window_s=args.window_s, write=not args.no_write,
-                            **_window(args))
+                            suffix=suffix, **_window(args))
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
         print(format_summary(summary), end="")
-        for name, path in summary.get("files", {}).items():
-            print(f"wrote {path}")
+    log = sys.stderr if args.json else sys.stdout
+    for name, path in summary.get("files", {}).items():
+        print(f"wrote {path}", file=log)
+    if suffix:
+        print("(the run's own summary.json and report.html are kept; --force writes over them)", file=log)
     return 0
 
 
@@ -77,6 +97,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                  "objectives are gated in the report too")
     p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
+    p.add_argument("--force", action="store_true",
+                   help="with --warmup/--cooldown/--steady-state/--slo/--window-s, write over the run's own "
+                        "summary.json, summary.md and report.html (default: beside them, named after the options, "
+                        "e.g. summary.warmup-30s.json)")
     _window_args(p)
     p.set_defaults(func=cmd_report)
 

@@ -12,13 +12,16 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
+from .schema import STATUSES
 from .slo import Objective, SloSpec, load_slo
 from .stats import MIN_TAIL, PERCENTILES, quantile_cis
 from .text import markdown_table, render_table
 
 COLUMNS = ["objective", "scope", "measured", "limit", "n", "95% CI", "verdict"]
+FIRST_ERRORS = 3      # distinct (http status, message) pairs a failing gate shows, first sent first
 
 
 @dataclass
@@ -39,6 +42,10 @@ class GateResult:
     attainment: float | None
     goodput_rps: float | None
     notes: list[str] = field(default_factory=list)
+    # the measured requests by status and the first distinct errors ({"http_status", "message",
+    # "count"}): a gate that fails when requests failed says so
+    statuses: dict[str, int] = field(default_factory=dict)
+    first_errors: list[dict] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -60,7 +67,22 @@ class GateResult:
         caption = "; ".join([f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
         return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", COLUMNS, self._rows(),
-                            caption=caption)
+                            caption=caption) + self.errors_text()
+
+    def errors_text(self) -> str:
+        """The requests by status and the first distinct errors, when the gate did not pass and
+        some requests failed ('' otherwise)."""
+        if self.exit_code == 0 or set(self.statuses) <= {"ok"}:
+            return ""
+        lines = ["requests: " + ", ".join(f"{k} {v}" for k, v in self.statuses.items())]
+        if self.first_errors:
+            lines.append("first errors:")
+        for e in self.first_errors:
+            msg, http = e["message"] or "(no message)", f"HTTP {e['http_status']}"
+            if e["http_status"] is not None and not msg.startswith(http):
+                msg = f"{http}: {msg}"
+            lines.append(f"  {e['status']} x{e['count']}: {msg}")
+        return "\n".join(lines) + "\n"
 
     def markdown(self) -> str:
         return markdown_table(COLUMNS, self._rows())
@@ -68,7 +90,27 @@ class GateResult:
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "attainment": self.attainment,
                 "goodput_rps": self.goodput_rps, "notes": self.notes,
-                "rows": [asdict(r) for r in self.rows]}
+                "rows": [asdict(r) for r in self.rows], "statuses": self.statuses,
+                "first_errors": self.first_errors}
+
+
+def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
+    """Measured requests by status, and the first FIRST_ERRORS distinct (status, http status,
+    message) of the failed ones in schedule order, each with its count."""
+    counts = np.bincount(an.rm.status_codes[an.mask], minlength=len(STATUSES))
+    statuses = {s: int(c) for s, c in zip(STATUSES, counts) if c}
+    failed = np.flatnonzero(an.mask & ~an.rm.ok)
+    if not len(failed):
+        return statuses, []
+    failed = failed[np.argsort(an.rm.scheduled[failed], kind="stable")]
+    tb = an.table.select(["status", "http_status", "error"]).take(pa.array(failed))
+    tb = pa.table({k: pc.cast(tb.column(k), t) for k, t in
+                   (("status", pa.string()), ("http_status", pa.int32()), ("error", pa.string()))})
+    tb = tb.append_column("order", pa.array(np.arange(len(failed))))
+    groups = tb.group_by(["status", "http_status", "error"]).aggregate([("order", "min"), ("order", "count")])
+    groups = groups.sort_by("order_min").slice(0, FIRST_ERRORS).to_pylist()
+    return statuses, [{"status": g["status"], "http_status": g["http_status"],
+                       "message": (g["error"] or "")[:300], "count": g["order_count"]} for g in groups]
 
 
 def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -140,7 +182,7 @@ def gate(an: Analysis, spec: SloSpec, allow_bottleneck: bool = False) -> GateRes
     rows, why = _untainted(rows, spec, an.bottleneck, allow_bottleneck)
     notes += why
     sc = an.scalars()
-    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes)
+    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an))
 
 
 def _untainted(rows: list[GateRow], spec: SloSpec, bottleneck: dict | None, allow: bool) -> tuple[list[GateRow], list]:

@@ -228,9 +228,10 @@ def _warnings(s: dict) -> list[str]:
 
 def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_state: float | None = None,
                   slo=None, window_s: float | None = None, length_buckets=None, bin_s: float = 1.0,
-                  write: bool = True) -> dict:
+                  write: bool = True, suffix: str = "") -> dict:
     """Compute the summary of a run; with write=True also write summary.json, summary.md and
-    report.html into the run directory (next to the records file when given a file)."""
+    report.html into the run directory (next to the records file when given a file), or
+    summary.SUFFIX.json, summary.SUFFIX.md and report.SUFFIX.html with a `suffix`."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
         # Times and token counts are used only for the per-request metrics (and length checks):
@@ -250,8 +251,9 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         out = run.dir or run.records_path.parent
         from .html import render_report
         from .text import summary_markdown
-        (out / "summary.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
-        (out / "summary.md").write_text(summary_markdown(summary))
-        (out / "report.html").write_text(render_report(summary, jsonable(plots)))
-        summary["files"] = {k: str(out / k) for k in ("summary.json", "summary.md", "report.html")}
+        names = {k: k.replace(".", f".{suffix}.") if suffix else k for k in ("summary.json", "summary.md", "report.html")}
+        (out / names["summary.json"]).write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
+        (out / names["summary.md"]).write_text(summary_markdown(summary))
+        (out / names["report.html"]).write_text(render_report(summary, jsonable(plots)))
+        summary["files"] = {k: str(out / v) for k, v in names.items()}
     return summary

@@ -5,6 +5,12 @@ with `--dump-spec`, edit it, generate from the file.
 `preset_spec(name, duration, rate)` is the API `replay demo` uses: `rate` is the total mean
 request rate over all clients, and `length_scale`/`max_*_tokens` shrink lengths for tiny
 CPU engines.
+
+Every request of every preset fits CONTEXT tokens: prompt + output (+ its images at a
+Qwen2-VL-like 28-px cell each: 512x512 costs 363 tokens, 1280x720 1198, 1024x1024 1371), the
+context of engine-stub's default engine and of most served models. Each length
+distribution's `max` keeps input + output within it (clipping below 1 % of a preset's rows),
+and conversations are cut to their last CONTEXT - output tokens, as chat front-ends do.
 """
 from __future__ import annotations
 
@@ -19,7 +25,8 @@ def _ln(median: float, sigma: float, hi: float, lo: float = 1) -> dict[str, Any]
     return {"dist": "lognormal", "median": median, "sigma": sigma, "min": lo, "max": hi}
 
 
-CHAT_IN, CHAT_OUT = _ln(350, 1.0, 16384), _ln(220, 0.8, 4096)
+CONTEXT = 8192
+CHAT_IN, CHAT_OUT = _ln(350, 1.0, 6144), _ln(220, 0.8, 2048)
 
 
 def _chat(d: float) -> dict[str, Any]:
@@ -34,29 +41,31 @@ def _bursty(d: float) -> dict[str, Any]:
          "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2},
         {"name": "batch-jobs", "rate": 0.4, "models": dict(models),
          "arrival": {"process": "onoff", "burst_rate": 10.0, "idle_rate": 0.5, "on_s": 10.0, "off_s": 60.0},
-         "input": _ln(600, 0.8, 16384), "output": _ln(150, 0.7, 2048)}]}
+         "input": _ln(600, 0.8, 6144), "output": _ln(150, 0.7, 2048)}]}
 
 
 def _multi_model(d: float) -> dict[str, Any]:
     return {"clients": [
         {"name": "small", "rate": 0.6, "models": "small", "arrival": {"process": "gamma", "cv": 1.5},
-         "input": _ln(200, 0.8, 8192), "output": _ln(80, 0.7, 1024), "rho": 0.3},
+         "input": _ln(200, 0.8, 7168), "output": _ln(80, 0.7, 1024), "rho": 0.3},
         {"name": "medium", "rate": 0.3, "models": "medium", "arrival": {"process": "gamma", "cv": 2.0},
-         "input": _ln(800, 0.9, 16384), "output": _ln(250, 0.8, 4096), "rho": 0.2},
+         "input": _ln(800, 0.9, 6144), "output": _ln(250, 0.8, 2048), "rho": 0.2},
         {"name": "large", "rate": 0.1, "models": "large", "arrival": {"process": "poisson"},
-         "input": _ln(1500, 0.8, 32768), "output": _ln(900, 0.7, 8192), "rho": 0.1}]}
+         "input": _ln(1500, 0.7, 5632), "output": _ln(700, 0.6, 2560), "rho": 0.1}]}
 
 
 def _long_context(d: float) -> dict[str, Any]:
     return {"clients": [{"name": "rag", "rate": 1.0, "arrival": {"process": "gamma", "cv": 1.5},
-                         "input": _ln(6000, 0.6, 32768, lo=256), "output": _ln(120, 0.6, 1024),
+                         "input": _ln(3500, 0.3, CONTEXT - 1024, lo=256), "output": _ln(120, 0.6, 1024),
                          "prefix": {"system_blocks": 32, "system_share": 0.95, "apps": 20,
                                     "app_blocks": 128, "app_share": 0.8}}]}
 
 
 def _multi_turn(d: float) -> dict[str, Any]:
-    return {"clients": [{"name": "assistant", "rate": 1.0, "arrival": {"process": "poisson"},
-                         "input": _ln(400, 0.9, 8192), "output": _ln(250, 0.8, 2048), "rho": 0.1,
+    # the history grows by each answer and user turn: cut to the context left for the answer
+    return {"max_input_tokens": CONTEXT - 2048,
+            "clients": [{"name": "assistant", "rate": 1.0, "arrival": {"process": "poisson"},
+                         "input": _ln(400, 0.9, 6144), "output": _ln(250, 0.8, 2048), "rho": 0.1,
                          "sessions": {"turns": {"dist": "zipf", "a": 1.5, "min": 1, "max": 20},
                                       "think_s": _ln(15, 0.8, 600, lo=0),
                                       "user_tokens": _ln(80, 0.8, 4096)},
@@ -82,19 +91,25 @@ def _multi_lora(d: float) -> dict[str, Any]:
     for i, s in enumerate(shares, 1):  # Zipf-popular adapters, each a small bursty tenant
         clients.append({"name": f"tenant-{i}", "rate": 0.6 * s / sum(shares), "models": f"lora-{i}",
                         "arrival": {"process": "gamma", "cv": 2.0},
-                        "input": _ln(150 * (1 + i % 4), 0.8, 8192), "output": _ln(60 * (1 + i % 3), 0.7, 2048)})
+                        "input": _ln(150 * (1 + i % 4), 0.8, 6144), "output": _ln(60 * (1 + i % 3), 0.7, 2048)})
     return {"clients": clients}
 
 
 def _vision(d: float) -> dict[str, Any]:
-    # a vision-language model (70% of requests; 45% of its requests carry images, mostly one,
-    # a few with batches of 4-8 screenshots or scans) beside a text-only model
-    images = {"count": {0: 0.55, 1: 0.3, 2: 0.08, 4: 0.05, 8: 0.02},
+    # a vision-language model (70% of requests) beside a text-only model: 42% of its chat
+    # requests carry one or two images (up to 2 x 1371 tokens beside 3584 + 1536 of text), and
+    # 5% of all requests are documents, batches of 4-8 scanned pages at 512x512 (8 x 363 tokens)
+    images = {"count": {0: 0.58, 1: 0.33, 2: 0.09},
               "px": {"512x512": 0.5, "1024x1024": 0.3, "1280x720": 0.2}}
-    return {"clients": [{"name": "vision-chat", "rate": 1.0, "arrival": {"process": "gamma", "cv": 1.5},
-                         "models": [{"name": "vlm", "weight": 0.7, "images": images},
-                                    {"name": "text", "weight": 0.3}],
-                         "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2}]}
+    pages = {"count": {4: 0.7, 8: 0.3}, "px": "512x512"}
+    return {"clients": [{"name": "vision-chat", "rate": 0.95, "arrival": {"process": "gamma", "cv": 1.5},
+                         "models": [{"name": "vlm", "weight": 0.68, "images": images,
+                                     "input": _ln(350, 1.0, 3584), "output": _ln(220, 0.8, 1536)},
+                                    {"name": "text", "weight": 0.32}],
+                         "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2},
+                        {"name": "documents", "rate": 0.05, "arrival": {"process": "gamma", "cv": 2.0},
+                         "models": [{"name": "vlm", "weight": 1.0, "images": pages}],
+                         "input": _ln(150, 0.8, 2048), "output": _ln(300, 0.7, 2048), "rho": 0.2}]}
 
 
 PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {

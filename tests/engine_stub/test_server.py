@@ -139,8 +139,8 @@ def test_error_envelopes(url, body, status, param):
 
 
 def test_context_length_message_and_sdk_errors(client):
-    with pytest.raises(openai.BadRequestError, match="maximum context length is 2048"):
-        client.completions.create(model="tiny", prompt=IDS, max_tokens=2040)
+    with pytest.raises(openai.BadRequestError, match="maximum context length is 8192"):
+        client.completions.create(model="tiny", prompt=IDS, max_tokens=8160)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError):

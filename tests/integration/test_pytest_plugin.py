@@ -3,6 +3,8 @@ SLO, a failing marker that shows the gate table, metrics and JUnit properties.""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,8 @@ from tests.conftest import repo_env
 from tests.replay.runkit import sse_server, write_trace
 
 pytest_plugins = ["pytester"]
+# (found, not imported: pytester restores sys.modules after each test, and torch cannot load twice)
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="engine-stub needs torch")
 
 TEST_FILE = """
 import pytest
@@ -63,3 +67,49 @@ def test_no_run(replay):
                                         "-p", "no:cacheprovider", timeout=120)
     res.assert_outcomes(failed=1)
     assert "made no replay run to gate" in res.stdout.str()
+
+
+REFUSED_FILE = """
+import pytest
+
+def test_assert_slo(replay):
+    replay(TRACE, no_progress=True).assert_slo({"objectives": ["error_rate <= 0.01"]})
+
+@pytest.mark.slo("error_rate <= 0.01")
+def test_marker(replay):
+    replay(TRACE, no_progress=True)
+"""
+
+
+@needs_torch
+def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path, monkeypatch):
+    # the session's engine-stub has a 256-token context: 5 of the 20 rows are refused (HTTP 400)
+    import numpy as np
+    trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.02,
+                        input_tokens=np.where(np.arange(20) % 4 == 3, 300, 40).astype("int32"))
+    pytester.makepyfile(test_refused=REFUSED_FILE.replace("TRACE", repr(str(trace))))
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-engine-arg=--max-model-len",
+                                        "--replay-engine-arg=256", "-p", "no:cacheprovider", timeout=240)
+    res.assert_outcomes(failed=2)
+    out = res.stdout.str()
+    for test in ("test_assert_slo", "test_marker"):
+        section = out[out.index(f"_ {test} _"):]
+        assert "requests: ok 15, http_error 5" in section, section
+        assert "http_error x5: HTTP 400: This model's maximum context length is 256 tokens" in section
+
+
+@needs_torch
+@pytest.mark.slow
+def test_examples_pass_against_the_default_engine(pytester: pytest.Pytester, monkeypatch):
+    """examples/test_slo.py as shipped, on the default engine-stub: its presets fit the default
+    context (no 400s) and its SLO holds. The host is shared with the rest of the suite, so
+    contention that delays sends is gated anyway (--replay-allow-client-bottleneck)."""
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    example = Path(__file__).resolve().parents[2] / "examples" / "test_slo.py"
+    res = pytester.runpytest_subprocess(*_plugin_args(), str(example), "--replay-allow-client-bottleneck",
+                                        "-p", "no:cacheprovider", timeout=400)
+    assert res.ret == 0, res.stdout.str()[-6000:]
+    res.assert_outcomes(passed=2)

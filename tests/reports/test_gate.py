@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from llm_replay.reports import evaluate_slo
@@ -71,3 +72,54 @@ def test_class_objectives_gate_their_subset():
         ("all", pytest.approx(500.0), "pass"), ("m1", pytest.approx(100.0), "pass"),
         ("batch", pytest.approx(500.0), "fail")]
     assert res.exit_code == 1 and "FAIL" in res.table()
+
+
+@pytest.fixture(scope="module")
+def refused_run(tmp_path_factory):
+    """A real run on engine-stub with a 256-token context: every 4th of 20 rows is too long (HTTP 400)."""
+    pytest.importorskip("torch")
+    import numpy as np
+    from tests.conftest import start_engine
+    from tests.replay.runkit import replay_run, write_trace
+    tmp = tmp_path_factory.mktemp("refused")
+    trace = write_trace(tmp / "t.parquet", 20, gap_s=0.02, input_tokens=40)
+    from llm_replay.traces.trace import Trace
+    tb = Trace.read(trace).table
+    tb = tb.set_column(tb.column_names.index("input_tokens"), "input_tokens",
+                       pa.array(np.where(np.arange(20) % 4 == 3, 300, 40).astype("int32")))
+    Trace(tb).write(trace)
+    with start_engine("--max-model-len", "256") as engine:
+        replay_run(trace, engine.url, tmp / "run", check=True)
+    return tmp / "run"
+
+
+def test_failing_gate_names_the_errors(refused_run, tmp_path):
+    slo = _slo(tmp_path, "objectives: ['error_rate <= 0.01', 'ttft_ms.p50 <= 60000']\n")
+    r = run_cli("replay", "gate", refused_run, "--slo", slo)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "requests: ok 15, http_error 5" in r.stdout
+    assert "first errors:\n  http_error x5: HTTP 400: This model's maximum context length is 256 tokens" in r.stdout
+    out = json.loads(run_cli("replay", "gate", refused_run, "--slo", slo, "--json").stdout)
+    assert out["statuses"] == {"ok": 15, "http_error": 5}
+    assert [(e["http_status"], e["count"]) for e in out["first_errors"]] == [(400, 5)]
+    # cannot evaluate (exit 2) says so too; a pass does not
+    r = run_cli("replay", "gate", refused_run, "--slo", _slo(tmp_path, "objectives: ['ttft_ms.p99 <= 60000']\n"))
+    assert r.returncode == 2 and "http_error 5" in r.stdout
+    r = run_cli("replay", "gate", refused_run, "--slo", _slo(tmp_path, "objectives: ['error_rate <= 0.5']\n"))
+    assert r.returncode == 0 and "first errors" not in r.stdout
+
+
+def test_first_errors_are_distinct_and_in_schedule_order():
+    from llm_replay.reports.gate import FIRST_ERRORS
+    rows = [{"status": "ok", "sent_s": 0.0, "first_token_s": 0.1, "last_token_s": 0.2},
+            {"status": "http_error", "http_status": 503, "error": "HTTP 503: busy"},
+            {"status": "timeout", "error": "no answer in 5 s"},
+            {"status": "http_error", "http_status": 503, "error": "HTTP 503: busy"},
+            {"status": "connection_error", "error": "reset"}, {"status": "http_error", "http_status": 500}]
+    order = [5, 0, 1, 3, 2, 4]   # written out of schedule order (as records finish)
+    tb = records([{"request_id": str(i), "scheduled_s": float(i), **rows[i]} for i in order])
+    g = evaluate_slo(tb, {"objectives": ["error_rate <= 0.01"]})
+    assert g.statuses == {"ok": 1, "http_error": 3, "timeout": 1, "connection_error": 1}
+    assert [(e["status"], e["count"]) for e in g.first_errors] == [("http_error", 2), ("timeout", 1),
+                                                                    ("connection_error", 1)][:FIRST_ERRORS]
+    assert "timeout x1: no answer in 5 s" in g.table()
