@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "reasoning_stream", "tool_calls_stream",
           "completions", "completions_stream", "token_id_prompts", "min_tokens_ignore_eos")
@@ -17,6 +19,26 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def _gevent_patched() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and monkey.is_module_patched("select")
+
+
+def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float) -> dict:
+    """The probe from a process that gevent has patched (the locustfile under Locust's CLI): the SDK's
+    HTTP stack imports trio, which needs the `select.epoll` that gevent removes, so it runs in a
+    plain child. The key travels on stdin, never in the argument list."""
+    code = ("import json, sys; from llm_replay.replay.check import probe; a = json.load(sys.stdin); "
+            "print(json.dumps(probe(*a)))")
+    p = subprocess.run([sys.executable, "-c", code], input=json.dumps([target, api_key, model, timeout]),
+                       capture_output=True, text=True, timeout=30 * timeout)
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"errors": {"list_models": f"probe process failed: {last}"[:200]}, "models": [],
+                **{name: False for name in PROBES}}
+    return json.loads(p.stdout)
 
 
 def add_parser(sub) -> None:
@@ -32,9 +54,11 @@ def add_parser(sub) -> None:
 def probe(target: str, api_key: str | None = None, model: str | None = None,
           timeout: float = 20.0) -> dict:
     """Capabilities of `target`: each probe True/False, `models`, and `errors` per failed probe."""
+    if _gevent_patched():
+        return _probe_in_child(target, api_key, model, timeout)
     import openai
-    client = openai.OpenAI(base_url=target.rstrip("/").removesuffix("/v1") + "/v1",
-                           api_key=api_key or "none", timeout=timeout, max_retries=0)
+    client = openai.OpenAI(base_url=target.rstrip("/").removesuffix("/v1") + "/v1", api_key=api_key or "none",
+                           timeout=openai.Timeout(timeout, connect=min(timeout, 5.0)), max_retries=0)
     out: dict = {"errors": {}}
 
     def attempt(name, fn):
@@ -43,10 +67,21 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
         except Exception as e:  # noqa: BLE001 - every failure is an answer: "not supported"
             out[name] = False
             out["errors"][name] = f"{type(e).__name__}: {e}"[:200]
+            return e
 
     served: list[str] = []
-    attempt("list_models", lambda: served.extend(m.id for m in client.models.list().data) or served)
+    err = attempt("list_models", lambda: served.extend(m.id for m in client.models.list().data) or served)
     out["models"] = served
+    # Not even a connection (refused, no route, DNS, connect timeout): every other probe would
+    # fail the same way, each after its own wait (a host that is down: ~4 s apiece).
+    cause = getattr(err, "__cause__", None)
+    if isinstance(err, openai.APIConnectionError) and type(cause).__name__ in ("ConnectError", "ConnectTimeout"):
+        reason = out["unreachable"] = f"cannot connect: {str(cause) or 'connect timed out'}"[:200]
+        for name in PROBES:
+            out[name] = False
+            out["errors"][name] = reason
+        out["model"] = model
+        return out
     model = model or (served[0] if served else "default")
     out["model"] = model
     msgs = [{"role": "user", "content": "Say hello."}]
@@ -92,9 +127,15 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
     return out
 
 
+class CheckError(RuntimeError):
+    exit_code = 2
+
+
 def main(args) -> int:
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     caps = probe(args.target, key, args.model)
+    if caps.get("unreachable"):
+        raise CheckError(f"target {args.target}: {caps['unreachable']}")
     if args.json:
         print(json.dumps(caps, indent=2))
         return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1

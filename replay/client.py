@@ -116,7 +116,7 @@ class _Stream:
                 if self.feed(data, t):
                     self._end("error" if self.parser.stream_error else "complete")
             except Exception as e:
-                self._fail(e)
+                self._fail(e, data)
             return
         self._data(data, t)
 
@@ -159,11 +159,13 @@ class _Stream:
                 self._end("connection_error", f"connection closed mid-response after "
                                               f"{len(p.token_times)} token chunks")
         except Exception as e:
-            self._fail(e)
+            self._fail(e, data)
 
-    def _fail(self, e: Exception) -> None:
-        # a parser bug (not a ProtocolError) must not hang the request until its deadline either
-        self._end("protocol_error", (str(e) if isinstance(e, ProtocolError) else f"{type(e).__name__}: {e}")[:200])
+    def _fail(self, e: Exception, data: bytes) -> None:
+        # a parser bug (not a ProtocolError) must not hang the request until its deadline either;
+        # its record names the bytes it failed on, not only an exception from inside the parser
+        why = str(e) if isinstance(e, ProtocolError) else f"unparsed response bytes ({type(e).__name__}: {e}): {data[:80]!r}"
+        self._end("protocol_error", why[:200])
 
 
 def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,

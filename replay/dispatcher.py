@@ -5,7 +5,8 @@ time (perf_counter of T0 + scheduled_s; never relative sleeps, so lag cannot acc
 and hands each request to its own greenlet, in a `Group` while in flight (a finished one parks
 and takes a later request); sending never waits for responses.
 Each request streams through the lean client (`replay.client`), writes exactly one record,
-and fires one Locust request event for E2E and one for TTFT (never one per token).
+fires one Locust request event (E2E) and logs its TTFT in a stats row of its own (never
+anything per token).
 `stop()` ends dispatching: unsent rows become `not_sent`, in-flight requests get a grace
 time and are then killed (`cancelled`).
 
@@ -51,8 +52,8 @@ class Job:
     """One process's share of a run."""
 
     def __init__(self, config: plan.RunConfig, worker: int, t0: float, feed, recorder: Recorder,
-                 events=None) -> None:
-        self.c, self.worker, self.t0, self.feed, self.rec, self.events = config, worker, t0, feed, recorder, events
+                 env=None) -> None:
+        self.c, self.worker, self.t0, self.feed, self.rec, self.env = config, worker, t0, feed, recorder, env
         key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
         headers = {"Authorization": f"Bearer {key}"} if key else None
         self.pool = ConnectionPool(config.target, max_connections=MAX_CONNECTIONS, headers=headers)
@@ -196,18 +197,19 @@ class Job:
         self.rec.add(unsent(row, self.c.target_model(row[plan.MODEL]), self.worker, status))
 
     def _fire(self, row: tuple, res: StreamResult) -> None:
-        """Locust request events: the dashboard (Locust's histograms round; records are the data)."""
-        if self.events is None or res.sent is None:
+        """Locust's dashboard (its histograms round; records are the data): one request event
+        per request (E2E). TTFT goes straight into a stats entry of its own: a request event
+        would count in Locust's Total, doubling its request count and RPS. Entries travel to
+        the master (worker reports) apart from the Total, so this holds distributed too."""
+        if self.env is None or res.sent is None:
             return
         end = res.last_token or time.perf_counter()
         exc = None if res.status == "ok" else RuntimeError(f"{res.status}: {res.error}")
         name = row[plan.MODEL] or "all"
-        self.events.request.fire(request_type="E2E", name=name, response_time=(end - res.sent) * 1000,
-                                 response_length=res.completion_tokens or 0, exception=exc, context={})
+        self.env.events.request.fire(request_type="E2E", name=name, response_time=(end - res.sent) * 1000,
+                                     response_length=res.completion_tokens or 0, exception=exc, context={})
         if res.first_token is not None:
-            self.events.request.fire(request_type="TTFT", name=name,
-                                     response_time=(res.first_token - res.sent) * 1000,
-                                     response_length=0, exception=None, context={})
+            self.env.stats.get(name, "TTFT").log((res.first_token - res.sent) * 1000, 0)
 
     @property
     def in_flight(self) -> int:

@@ -177,9 +177,14 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         served = caps.get("models") or served_models(c.target, key)
         if not served:
             raise RunError(f"target {c.target} serves no models (GET /v1/models is empty)")
-        c.default_model = served[0]
-        print(f"replay: trace models{' not in --model-map' if mapping else ''} -> {served[0]!r} "
-              f"(the target's first served model; change with --model-map TRACE=SERVED)", file=sys.stderr)
+        c.default_model = served[0]  # also the model text prompts are calibrated on
+        unmapped = _unmapped_models(c.trace, mapping)
+        if unmapped and mapping:
+            print(f"replay: trace models not in --model-map ({', '.join(unmapped)}) -> {served[0]!r} "
+                  f"(the target's first served model)", file=sys.stderr)
+        elif unmapped:
+            print(f"replay: trace models -> {served[0]!r} "
+                  f"(the target's first served model; change with --model-map TRACE=SERVED)", file=sys.stderr)
     apis = _apis_used(c)
     if caps:
         _check_apis(c.target, apis, caps)
@@ -228,6 +233,16 @@ def _apis_used(c: plan.RunConfig) -> set[str]:
                   f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
                   file=sys.stderr)
     return apis
+
+
+def _unmapped_models(trace: str, mapping: dict) -> list[str]:
+    """The trace's model labels that `mapping` does not name ("(none)" for rows without one)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    if "model" not in pq.read_schema(trace).names:
+        return ["(none)"]
+    labels = pc.unique(pq.read_table(trace, columns=["model"]).column("model")).to_pylist()
+    return sorted("(none)" if m is None else m for m in labels if m not in mapping)
 
 
 def _check_apis(target: str, apis: set[str], caps: dict) -> None:

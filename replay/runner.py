@@ -135,7 +135,7 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     ctx = env.replay = ProcessContext()
     # small chunks: turning rows into tuples runs in the hub, ~1.3 us a row, between two sends
     job = ctx.job = Job(config, 0, 0.0, plan.prefetch(plan.TraceWindow(config, batch_size=256).rows()),
-                        out.recorder, env.events)
+                        out.recorder, env)
     warmup(job, config.warmup)
     preconnect(job.pool, config.preconnect)
     out.progress.live = lambda: (job.sent, job.in_flight)

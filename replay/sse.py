@@ -109,19 +109,18 @@ def event_tokens(obj: dict) -> tuple[str, int]:
     or a tool call's name or arguments; REASONING for `delta.reasoning_content` or
     `delta.reasoning`; kind 0 when it carries no generated token."""
     out, kind = [], 0
-    for ch in obj.get("choices") or ():
-        if not isinstance(ch, dict):
-            continue
+    for ch in _expect(obj.get("choices"), list, "choices", "an array"):
+        ch = _expect(ch, dict, "choices[]", "an object")
         piece = ch.get("text")
-        delta = ch.get("delta")
-        if isinstance(delta, dict):
+        delta = _expect(ch.get("delta"), dict, "delta", "an object")
+        if delta:
             if piece is None:
                 piece = delta.get("content")
             if _nonempty(delta.get("reasoning_content")) or _nonempty(delta.get("reasoning")):
                 kind |= REASONING
             if _nonempty(delta.get("refusal")):
                 kind |= ANSWER
-            for call in delta.get("tool_calls") or ():
+            for call in _expect(delta.get("tool_calls"), list, "delta.tool_calls", "an array"):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict) and (_nonempty(fn.get("name")) or _nonempty(fn.get("arguments"))):
                     kind |= ANSWER
@@ -129,6 +128,30 @@ def event_tokens(obj: dict) -> tuple[str, int]:
             out.append(piece)
             kind |= ANSWER
     return "".join(out), kind
+
+
+def _expect(v, typ: type, what: str, expected: str):
+    """`v` when it is a `typ` (an empty one for null or absent); else the event is malformed, and
+    the error says where (not a TypeError from iterating a number)."""
+    if v is None:
+        return typ()
+    if not isinstance(v, typ):
+        raise ProtocolError(f"malformed SSE event: {what} is {json.dumps(v)[:40]}, not {expected}")
+    return v
+
+
+def malformed_json(payload: bytes, e: ValueError) -> str:
+    """What a JSON decoder found wrong with an event, and the bytes around where it did."""
+    if isinstance(e, json.JSONDecodeError):     # its pos counts characters of the decoded text
+        pos = len(e.doc[:e.pos].encode("utf-8", "surrogatepass"))
+    else:                                       # UnicodeDecodeError: start is a byte offset
+        pos = getattr(e, "start", None)
+    why = getattr(e, "msg", None) or getattr(e, "reason", None) or str(e)
+    if pos is None:
+        return f"malformed SSE data ({why}): {payload[:80]!r}"
+    lo = max(0, pos - 50)
+    return (f"malformed SSE data ({why.removesuffix(' at')} at byte {pos} of {len(payload)}): "
+            f"{'...' if lo else ''}{payload[lo:pos + 30]!r}")
 
 
 def _nonempty(v: object) -> bool:
@@ -428,8 +451,8 @@ class ResponseParser:
         self._fast = not self.keep_text
         try:
             obj = json.loads(payload)
-        except ValueError:
-            raise ProtocolError(f"malformed SSE data: {payload[:80]!r}") from None
+        except ValueError as e:
+            raise ProtocolError(malformed_json(payload, e)) from None
         if not isinstance(obj, dict):
             raise ProtocolError(f"SSE data is not a JSON object: {payload[:80]!r}")
         err = obj.get("error")

@@ -50,8 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def native_rate(trace) -> float:
-    a = trace.table.column("arrival_ns").to_numpy()
+def native_rate(trace, rows: int | None = None) -> float:
+    """Mean rate of the trace's first `rows` rows (all by default): the rows a run replays,
+    so that speed = rate / native_rate makes the replayed rows arrive at `rate`."""
+    a = trace.table.column("arrival_ns").to_numpy()[:rows]
     span = (a[-1] - a[0]) / 1e9
     return (len(a) - 1) / span if span > 0 else float("inf")
 
@@ -81,9 +83,10 @@ class Sweeper:
         self.out = Path(args.output)
         self.out.mkdir(parents=True, exist_ok=True)
         self.trace_path = Path(args.trace)
-        self.native = native_rate(Trace.read(self.trace_path))
+        self.native = native_rate(Trace.read(self.trace_path), args.max_requests)
         self.slo = reports.load_slo(args.slo)
         self.points: dict[float, Point] = {}
+        self.bracketed = False  # a failing rate above the capacity was found
 
     def measure(self, rate: float) -> Point:
         from llm_replay import reports
@@ -145,6 +148,7 @@ class Sweeper:
                 lo = mid
             else:
                 hi = mid
+        self.bracketed = hi is not None
         return lo
 
 
@@ -176,8 +180,8 @@ def run(args: argparse.Namespace) -> int:
             engine.stop()
     points = sorted(sweeper.points.values(), key=lambda p: p.rate)
     knee_rate = knee([p.rate for p in points], [p.ttft_p99_ms for p in points])
-    result = {"capacity_rps": capacity, "knee_rps": knee_rate, "native_rate_rps": sweeper.native,
-              "points": [asdict(p) for p in points]}
+    result = {"capacity_rps": capacity, "capacity_bracketed": sweeper.bracketed, "knee_rps": knee_rate,
+              "native_rate_rps": sweeper.native, "points": [asdict(p) for p in points]}
     (sweeper.out / "sweep.json").write_text(json.dumps(result, indent=2))
     from .sweep_plot import write_capacity_html
     write_capacity_html(sweeper.out / "capacity.html", result)
@@ -187,8 +191,10 @@ def run(args: argparse.Namespace) -> int:
               f"{_fmt(p.goodput_rps):>13} | {_fmt(p.ttft_p99_ms):>11} | {_fmt(p.tpot_p99_ms):>11}")
     if capacity is None:
         print("capacity: no tried rate meets the SLO")
-    else:
+    elif sweeper.bracketed:
         print(f"capacity (highest rate meeting the SLO): {capacity:.3g} req/s")
+    else:  # no rate failed: the true capacity lies above the last one tried
+        print(f"capacity: at least {capacity:.3g} req/s (every tried rate met the SLO)")
     if knee_rate is not None:
         print(f"knee of the p99 TTFT curve: {knee_rate:.3g} req/s")
     print(f"sweep directory: {sweeper.out} (sweep.json, capacity.html)")

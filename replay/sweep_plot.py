@@ -26,8 +26,12 @@ def write_capacity_html(path: Path, result: dict) -> None:
         f"<tr><td>{p['rate']:.4g}</td><td>{'pass' if p['passed'] else 'FAIL'}</td><td>{_f(p['attainment'])}</td>"
         f"<td>{_f(p['goodput_rps'])}</td><td>{_f(p['ttft_p99_ms'])}</td><td>{_f(p['tpot_p99_ms'])}</td>"
         f"<td>{html.escape(p['run_dir'])}</td></tr>" for p in pts)
-    verdict = (f"capacity (highest rate meeting the SLO): <b>{cap:.4g} req/s</b>" if cap
-               else "no tried rate meets the SLO")
+    if not cap:
+        verdict = "no tried rate meets the SLO"
+    elif result.get("capacity_bracketed", True):
+        verdict = f"capacity (highest rate meeting the SLO): <b>{cap:.4g} req/s</b>"
+    else:
+        verdict = f"capacity: <b>at least {cap:.4g} req/s</b> (every tried rate met the SLO)"
     if knee:
         verdict += f"; knee of the p99 TTFT curve: {knee:.4g} req/s"
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>llm-replay capacity sweep</title>

@@ -67,9 +67,10 @@ def cpu_seconds() -> float:
 class WorkerSide:
     """Message handlers of a worker process (used by `replay worker` and the locustfile)."""
 
-    def __init__(self, env) -> None:
+    def __init__(self, env, say=None) -> None:
+        """`say`: print progress lines (`replay worker`; local workers stay quiet)."""
         from .runner import ProcessContext
-        self.env, self.runner = env, env.runner
+        self.env, self.runner, self.say = env, env.runner, say or (lambda line: None)
         self.ctx = env.replay = ProcessContext()
         self.job = self.feed = None
         self.runner.register_message("replay_setup", self._setup)
@@ -88,7 +89,7 @@ class WorkerSide:
         self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
         self.recorder = Recorder(self._ship)
         k = msg.data["worker"]
-        self.job = Job(config, k, perf_at(msg.data["t0_wall"]), self.feed, self.recorder, self.env.events)
+        self.job = Job(config, k, perf_at(msg.data["t0_wall"]), self.feed, self.recorder, self.env)
         self.ctx.job, self.ctx.on_done = self.job, self._done
         gevent.spawn(flush_periodically, self.recorder, self.job.finished)
         # this worker's share of --preconnect, opened before T0 (stopped short of it if slow)
@@ -98,6 +99,8 @@ class WorkerSide:
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
+        self.say(f"replaying as worker {k} of {workers}: target {config.target}, {config.rows} rows in the run, "
+                 f"T0 in {msg.data['t0_wall'] - time.time():.1f} s")
 
     def _rows(self, environment, msg, **kw) -> None:
         if self.feed is not None:
@@ -126,6 +129,9 @@ class WorkerSide:
         # the master quits when all workers are done and waits only 0.5 s for final reports.
         self.runner._send_stats()
         self.runner.send_message("replay_done", {"stats": self._stats(), "cpu_s": cpu_seconds() - self.cpu0})
+        j = self.job
+        self.say(f"worker {j.worker} done: {j.sent} requests sent, {j.errors} failed; "
+                 f"waiting for the master to end the run")
 
 
 def die_with_parent() -> None:
@@ -151,11 +157,22 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
     if not host or not port.isdigit():
         print(f"error: --master must be HOST:PORT, got {master!r}", file=sys.stderr)
         return 2
+    say = None if tie_to_parent else (lambda line: print(f"replay worker: {line}", file=sys.stderr, flush=True))
     env = Environment(user_classes=[Dispatcher])
-    env.create_worker_runner(host, int(port))
-    WorkerSide(env)
+    if say:
+        say(f"connecting to master {master} ...")
+    try:  # blocks until the master acknowledges (Locust retries for 5 minutes)
+        env.create_worker_runner(host, int(port))
+    except ConnectionError:
+        print(f"error: no master answered at {master}", file=sys.stderr)
+        return 2
+    WorkerSide(env, say)
+    if say:
+        say(f"joined master {master}; waiting for the run to start")
     env.runner.greenlet.join()
     time.sleep(0.2)
+    if say:
+        say(f"master {master} ended the run; exiting")
     return 0
 
 

@@ -17,6 +17,7 @@ def test_demo_closes_the_loop(tmp_path):
     p = run_cli("replay", "demo", "--duration", "8", "--rate", "2", "-o", run_dir, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "Traceback" not in p.stderr
+    assert "trace models" not in p.stderr  # every trace model is mapped to its own engine model
     trace = pq.read_table(tmp_path / "demo-trace.parquet")
     records = pq.read_table(run_dir / "records.parquet")
     assert records.num_rows == trace.num_rows > 0  # one record per trace row
@@ -52,5 +53,5 @@ def test_sweep_brackets_capacity(tmp_path):
     assert result["knee_rps"] is None or 1.0 <= result["knee_rps"] <= 64.0
     for pt in pts.values():  # every point is a full run: one record per row
         assert pq.read_table(f"{pt['run_dir']}/records.parquet").num_rows == 12
-    assert "capacity (highest rate meeting the SLO)" in p.stdout
+    assert "capacity (highest rate meeting the SLO)" in p.stdout and result["capacity_bracketed"]
     assert "<svg" in (out / "capacity.html").read_text()

@@ -18,7 +18,8 @@ makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-fiel
 or `reasoning`), the rest the answer; `--tool-calls` (or `X-Tool-Call: 1`) streams the answer as one
 tool call (a chunk with its name, then its arguments in pieces); `--report-reasoning` adds
 `completion_tokens_details.reasoning_tokens` to the usage. `--first-delay S` (`X-First-Delay`)
-delays the first token event (prefill) instead of `--interval`. `--chat-only` answers 404 on
+delays the first token event (prefill) instead of `--interval`. A model named `bad-event:DATA` gets an event
+`data: DATA` after its second token event. `--chat-only` answers 404 on
 /v1/completions, `--html` a 200 HTML page to everything, `--no-images` 400 to image parts.
 """
 from __future__ import annotations
@@ -148,7 +149,8 @@ class Server:
         stamps = [-1, now, now] if self.log else None    # index -1: the request was read
         mode = {"reasoning": int(hdrs.get("x-reasoning", a.reasoning)), "field": a.reasoning_field,
                 "tool": bool(int(hdrs.get("x-tool-call", a.tool_calls))), "report": a.report_reasoning,
-                "first": float(hdrs.get("x-first-delay", a.first_delay if a.first_delay is not None else interval))}
+                "first": float(hdrs.get("x-first-delay", a.first_delay if a.first_delay is not None else interval)),
+                "bad": model[10:].encode() if model.startswith("bad-event:") else None}
         conn.run(self.steps(req, path, fault, n, interval, stamps, rid, mode), stamps)
 
     def head(self, status: int, ctype: str, length: int | None, extra: str = "") -> bytes:
@@ -203,6 +205,8 @@ class Server:
         if fault == "comments":
             events = [b": ping" + sep + b"event: completion" + nl + b"id: %d" % i + nl + e for i, e in enumerate(events)]
         for i, ev in enumerate(events):
+            if mode["bad"] is not None and i == min(2, n - 1):   # that event's data, then the stream goes on
+                yield interval, frame(b"data: " + mode["bad"] + sep), None
             if fault == "malformed" and i == min(2, n - 1):
                 yield interval, frame(b'data: {"choices": [{"text": "broken' + sep), None
                 return

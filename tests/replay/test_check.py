@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import threading
+import time
 
 import pyarrow.parquet as pq
 
@@ -26,8 +28,30 @@ def test_check_reports_capabilities(tmp_path):
         for k in ("chat", "chat_stream", "usage_in_stream", "completions", "completions_stream",
                   "token_id_prompts", "min_tokens_ignore_eos"):
             assert caps[k] is True, (k, caps["errors"])
-    dead = run_cli("replay", "check", "--target", f"http://127.0.0.1:{free_port()}")
-    assert dead.returncode == 1 and "token_id_prompts" in dead.stdout and "--prompt-mode text" in dead.stdout
+
+
+def test_check_fails_fast_on_a_dead_target():
+    # refused: one line, exit 2, at once (not one connection error per probe)
+    dead = run_cli("replay", "check", "--target", f"http://127.0.0.1:{free_port()}", timeout=30)
+    assert dead.returncode == 2 and dead.stdout == "", dead.stdout
+    assert dead.stderr.startswith("error: ") and dead.stderr.count("\n") == 1, dead.stderr
+    assert "Connection refused" in dead.stderr and "Traceback" not in dead.stderr
+    # a host that never answers the SYN (here: a full accept queue): one connect timeout, not one
+    # 20 s timeout per probe (that was 42 s for a host that was down)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(0)
+        fill = [socket.socket() for _ in range(4)]
+        for c in fill:
+            c.setblocking(False)
+            c.connect_ex(s.getsockname())
+        t = time.monotonic()
+        hung = run_cli("replay", "check", "--target", f"http://127.0.0.1:{s.getsockname()[1]}", "--json", timeout=60)
+        took = time.monotonic() - t
+        for c in fill:
+            c.close()
+    assert hung.returncode == 2 and "cannot connect" in hung.stderr and "Traceback" not in hung.stderr, hung.stderr
+    assert took < 30, took
 
 
 def test_run_uses_check_and_scrapes_metrics(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,14 +27,21 @@ def test_two_workers_same_record_set_as_local(tmp_path):
     with sse_server("--interval", "0.001") as url:
         replay_run(trace, url, tmp_path / "local", "--model-map", "*=m")
         remote = subprocess.Popen([sys.executable, "-m", "llm_replay.replay", "worker", "--master", f"127.0.0.1:{port}"],
-                                  env=repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  env=repo_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "1",
                        "--remote-workers", "1", "--master-bind", f"127.0.0.1:{port}")
-            assert remote.wait(30) == 0  # the remote worker leaves when the master quits
+            said = remote.communicate(timeout=30)[0]
+            assert remote.returncode == 0, said  # the remote worker leaves when the master quits
         finally:
             if remote.poll() is None:
                 remote.kill()
+    # `replay worker` says whom it joined, what it replays, and when it is done
+    assert f"replay worker: joined master 127.0.0.1:{port}" in said, said
+    assert re.search(r"replay worker: replaying as worker [01] of 2: target http://127\.0\.0\.1:\d+, 300 rows", said), said
+    assert re.search(r"replay worker: worker [01] done: \d+ requests sent, 0 failed", said), said
+    assert f"replay worker: master 127.0.0.1:{port} ended the run; exiting" in said, said
+    assert "Traceback" not in said
     local, dist = records(tmp_path / "local"), records(tmp_path / "dist")
     assert len(dist) == n and set(dist.request_id) == set(local.request_id)
     assert (dist.status == "ok").all() and (local.status == "ok").all()

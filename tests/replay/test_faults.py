@@ -73,3 +73,35 @@ def test_target_killed_and_restarted_mid_run(tmp_path):
     after = df[df.scheduled_s > last_failure]
     assert len(after) > 10 and (after.status == "ok").all(), "requests succeed again after the restart"
     assert (df[df.scheduled_s < failed.scheduled_s.min()].status == "ok").all()
+
+
+# malformed stream events (after two good ones) -> what the record's error must say
+BAD_EVENTS = {
+    "choices_number": ('{"choices":5}', "choices is 5, not an array"),
+    "choices_true": ('{"choices":true}', "choices is true, not an array"),
+    "choice_number": ('{"choices":[7]}', "choices[] is 7, not an object"),
+    "delta_string": ('{"choices":[{"index":0,"delta":"x"}]}', 'delta is "x", not an object'),
+    "tool_calls_object": ('{"choices":[{"index":0,"delta":{"tool_calls":{"a":1}}}]}',
+                          'delta.tool_calls is {"a": 1}, not an array'),
+    "truncated": ('{"choices":[{"index":0,"text":"', "Unterminated string starting at byte 30 of 31"),
+    "not_json": ("garbage", "Expecting value at byte 0 of 7"),
+    "array": ("[1,2]", "not a JSON object"),
+}
+
+
+def test_malformed_events_are_protocol_errors_that_say_what_was_wrong(tmp_path):
+    names = list(BAD_EVENTS) + ["empty_choices", "empty_choice", "empty_object"]
+    trace = write_trace(tmp_path / "t.parquet", len(names), gap_s=0.01, output_tokens=5, model=names)
+    data = {**{k: v for k, (v, _) in BAD_EVENTS.items()},
+            "empty_choices": '{"choices":[]}', "empty_choice": '{"choices":[{}]}', "empty_object": "{}"}
+    mapping = [a for k, v in data.items() for a in ("--model-map", f"{k}=bad-event:{v}")]
+    with sse_server() as url:
+        replay_run(trace, url, tmp_path / "run", "--api", "completions", *mapping, "--model-map", "*=m")
+    df = records(tmp_path / "run").set_index("model")
+    assert len(df) == len(names)
+    for name, (_, why) in BAD_EVENTS.items():
+        r = df.loc[name]
+        assert r.status == "protocol_error" and why in r.error, (name, r.status, r.error)
+        assert "Error:" not in r.error and len(r.token_times) == 2, (name, r.error)  # not a Python exception's text
+    for name in ("empty_choices", "empty_choice", "empty_object"):  # valid JSON without tokens: no fault
+        assert df.loc[name].status == "ok" and len(df.loc[name].token_times) == 5, df.loc[name].error

@@ -36,8 +36,10 @@ def test_locust_cli_headless_run_and_run_time_limit(tmp_path):
     info = run_info(tmp_path / "run")
     assert info["status_counts"] == {"ok": n, "not_sent": 50} and info["status"] == "interrupted"
     final = (proc.stdout + proc.stderr).split("Shutting down")[-1]
-    # one Locust request event per request and type (E2E, TTFT), never one per token
+    # one Locust request per request (E2E), never one per token; TTFT has a row of its own
+    # that stays out of the Aggregated count (else Locust's UI shows twice the request rate)
     assert re.search(rf"E2E\s+all\s+{n}\s", final) and re.search(rf"TTFT\s+all\s+{n}\s", final), final
+    assert re.search(rf"Aggregated\s+{n}\s", final), final
 
 
 SLOW_QUIT = """
@@ -55,7 +57,7 @@ def _slow(environment, **kw):
 def test_locust_cli_distributed_master_and_one_worker(tmp_path, worker):
     """`locust --master` + `locust --worker` processes on the locustfile: the master shards and
     ships the rows, the worker replays them; one record per row, and the master's Locust stats
-    (--csv) hold one E2E and one TTFT request per row, even from a worker slow to quit."""
+    (--csv) hold one E2E request and one TTFT entry per row (Aggregated: one per row), even from a worker slow to quit."""
     n = 200
     worker_file = LOCUSTFILE
     if worker == "slow-quit":
@@ -91,6 +93,7 @@ def test_locust_cli_distributed_master_and_one_worker(tmp_path, worker):
         stats = {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
     for kind in ("E2E", "TTFT"):
         assert int(stats[kind, "all"]["Request Count"]) == n and int(stats[kind, "all"]["Failure Count"]) == 0, stats
+    assert int(stats["", "Aggregated"]["Request Count"]) == n, stats  # requests, not requests + TTFTs
 
 
 def _locust(log: Path, *args, locustfile=LOCUSTFILE) -> subprocess.Popen:

@@ -88,3 +88,15 @@ def test_bad_inputs_are_one_line_errors(tmp_path, server):
     assert p.returncode == 2 and "/v1/models" in p.stderr
     p = replay_run(trace, server, tmp_path / "r4", "--api-key-env", "SURELY_UNSET_VAR_X", check=False)
     assert p.returncode == 2 and "SURELY_UNSET_VAR_X" in p.stderr
+
+
+def test_model_map_line_names_only_the_unmapped_models(tmp_path, server):
+    trace = write_trace(tmp_path / "t.parquet", 6, model=["a", "b", "c"] * 2)
+    every = ["--model-map", "a=sse-test", "--model-map", "b=sse-test", "--model-map", "c=sse-test"]
+    p = replay_run(trace, server, tmp_path / "r1", *every)
+    assert "trace models" not in p.stderr, p.stderr  # all three are mapped: nothing falls back
+    p = replay_run(trace, server, tmp_path / "r2", *every[:4])
+    assert "trace models not in --model-map (c) -> 'sse-test'" in p.stderr, p.stderr
+    p = replay_run(trace, server, tmp_path / "r3")
+    assert "trace models -> 'sse-test'" in p.stderr, p.stderr
+    assert set(records(tmp_path / "r2").target_model) == {"sse-test"}
