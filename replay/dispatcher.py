@@ -54,18 +54,28 @@ class Job:
     def __init__(self, config: plan.RunConfig, worker: int, t0: float, feed, recorder: Recorder,
                  env=None) -> None:
         self.c, self.worker, self.t0, self.feed, self.rec, self.env = config, worker, t0, feed, recorder, env
-        key = os.environ.get(config.api_key_env or "", "") if config.api_key_env else ""
-        headers = {"Authorization": f"Bearer {key}"} if key else None
-        self.pool = ConnectionPool(config.target, max_connections=MAX_CONNECTIONS, headers=headers)
+        self.alarm = Alarm()
+        self.pools: dict[tuple[str, str | None], ConnectionPool] = {}   # (target URL, key env var)
+        self.pool = self.pool_for(None)  # the default target's (warm-up, preconnect)
         self.group = Group()           # requests in flight
         self.idle: list[gevent.Greenlet] = []   # request greenlets parked between requests
         self.prompts = PromptBuilder(config)
         self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
         self.stopping = False
-        self.alarm = self.pool.alarm = Alarm()
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
         self.lags: deque = deque(maxlen=4096)
+
+    def pool_for(self, label: str | None) -> ConnectionPool:
+        """The keep-alive pool of the deployment `label`'s rows go to, with that label's key."""
+        url, var = self.c.target_of(label) or next(iter(self.c.targets.values())), self.c.key_env_of(label)
+        pool = self.pools.get((url, var))
+        if pool is None:
+            key = os.environ.get(var, "") if var else ""
+            pool = self.pools[url, var] = ConnectionPool(url, max_connections=MAX_CONNECTIONS,
+                                                         headers={"Authorization": f"Bearer {key}"} if key else None)
+            pool.alarm = self.alarm
+        return pool
 
     # --- dispatch loop --------------------------------------------------------------
     def run(self) -> None:
@@ -120,12 +130,13 @@ class Job:
 
     def _prepare(self, row: tuple):
         api = "chat" if row[plan.IMAGES] else row[plan.API] or self.c.api   # images need chat
-        model = self.c.target_model(row[plan.MODEL])
+        label = row[plan.MODEL]
+        model, pool = self.c.target_model(label), self.pool_for(label)
         history, user_tokens = None, None
         if self.sessions is not None and row[plan.SESSION] is not None and api == "chat":
             history, user_tokens = self.sessions.context(row)
-        path, body, chars, text = self.prompts.body(row, model, api, history, user_tokens)
-        return api, model, path, body, chars, text
+        path, body, chars, text = self.prompts.body(row, model, api, history, user_tokens, pool.target)
+        return api, model, pool, path, body, chars, text
 
     def _drain(self) -> None:
         """Wait for in-flight requests; after stop(), at most the grace time, then kill them."""
@@ -148,7 +159,7 @@ class Job:
 
     # --- one request --------------------------------------------------------------
     def _send(self, row: tuple, prepared, due: float | None = None) -> None:
-        api, model, path, body, chars, text = prepared
+        api, model, pool, path, body, chars, text = prepared
         if due is not None:  # closed-session turn: wait for its think time
             delay = self.t0 + due - time.perf_counter()
             if delay > 0:
@@ -163,16 +174,16 @@ class Job:
         self.sent += 1
         keep = self.sessions is not None and row[plan.SESSION] is not None
         try:
-            res = stream_post(self.pool, path, body, timeout=self.c.timeout_s, keep_text=keep)
+            res = stream_post(pool, path, body, timeout=self.c.timeout_s, keep_text=keep)
         except GreenletExit:
             res = StreamResult(status="cancelled", error="cancelled while in flight")
-        self._finish(row, model, api, chars, text, res)
+        self._finish(row, model, pool.target, api, chars, text, res)
 
-    def _finish(self, row, model, api, chars, text, res: StreamResult) -> None:
+    def _finish(self, row, model, target, api, chars, text, res: StreamResult) -> None:
         if res.status == "cancelled" and res.sent is None:
             self._unsent(row, "cancelled")  # killed before the bytes left: cancelled, never sent
         else:
-            self.rec.add(record(row, model, self.worker, self.t0, res))
+            self.rec.add(record(row, model, self.worker, self.t0, res, target))
         self.done += 1
         ok = res.status == "ok"
         if not ok:
@@ -181,7 +192,7 @@ class Job:
             self.lags.append(res.sent - self.t0 - row[plan.SCHED])
         self.tokens += res.completion_tokens or len(res.token_times or ())
         if ok and not row[plan.IMAGES]:     # image tokens are not text: no drift to learn from them
-            self.prompts.observe(api, chars, res.prompt_tokens)
+            self.prompts.observe(api, chars, res.prompt_tokens, target)
         self._fire(row, res)
         if self.sessions is not None and row[plan.SESSION] is not None:
             nxt = self.sessions.completed(row, text, res.text, ok, res.prompt_tokens,
@@ -194,7 +205,8 @@ class Job:
                     self.group.spawn(self._send, nrow, self._prepare(nrow), due)
 
     def _unsent(self, row: tuple, status: str = "not_sent") -> None:
-        self.rec.add(unsent(row, self.c.target_model(row[plan.MODEL]), self.worker, status))
+        label = row[plan.MODEL]
+        self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, target=self.c.target_of(label)))
 
     def _fire(self, row: tuple, res: StreamResult) -> None:
         """Locust's dashboard (its histograms round; records are the data): one request event
@@ -216,7 +228,8 @@ class Job:
         return len(self.group)
 
     def close(self) -> None:
-        self.pool.close()
+        for pool in self.pools.values():
+            pool.close()
         self.alarm.close()
 
 

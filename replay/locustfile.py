@@ -25,9 +25,10 @@ _state: dict = {}
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
-    from llm_replay.replay.run_cmd import add_run_arguments
+    from llm_replay.replay.run_cmd import add_run_arguments, add_target_argument
     parser.add_argument("--trace", help="replay: trace file (Parquet)", default="")
     parser.add_argument("--run-dir", help="replay: run directory (default runs/locust-<UTC time>)")
+    add_target_argument(parser)   # MODEL=URL: per-model deployments; --host is the default target
     add_run_arguments(parser)
 
 
@@ -42,7 +43,8 @@ def _on_init(environment, **kw) -> None:
     if opts is None or not opts.trace:
         return
     from llm_replay.replay.run_cmd import build_config, prepare_run_dir
-    opts.target = environment.host or opts.host
+    host = environment.host or opts.host
+    opts.target = ([host] if host else []) + [t for t in opts.target if t != host]
     opts.out = opts.run_dir or f"runs/locust-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     opts.workers, opts.remote_workers, opts.master_bind = 1, 0, ""
     config, notes = build_config(opts)

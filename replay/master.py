@@ -128,7 +128,8 @@ class Master:
 
     def _unsent(self, row: tuple, k: int, status: str) -> None:
         err = f"worker {k} lost" if k in self.lost else None
-        self.out.recorder.add(unsent(row, self.c.target_model(row[plan.MODEL]), k, status, err))
+        label = row[plan.MODEL]
+        self.out.recorder.add(unsent(row, self.c.target_model(label), k, status, err, self.c.target_of(label)))
 
     def stop(self, now: bool = False) -> None:
         """Ctrl-C: workers stop dispatching; rows not yet shipped are recorded not_sent."""

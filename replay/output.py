@@ -63,9 +63,13 @@ class Output:
         self.greenlets.append(gevent.spawn(flush_periodically, self.recorder))
         if self.config.progress:
             self.greenlets.append(gevent.spawn(self.progress.run))
-        if self.config.scrape_url:
+        c = self.config
+        sources = ([(c.scrape_url, c.target if c.targets else None)] if c.scrape_url else []) + \
+            [(url, c.target_of(label)) for label, url in c.scrapes.items()]
+        sources = list(dict.fromkeys(sources))   # two models on one deployment: one scrape
+        if sources:
             from .scrape import Scraper
-            self.scraper = Scraper(self.config.scrape_url, self.dir, t0_perf, self.config.scrape_interval_s)
+            self.scraper = Scraper(sources, self.dir, t0_perf, c.scrape_interval_s)
             self.greenlets.append(gevent.spawn(self.scraper.run))
 
     def close(self) -> dict[str, int]:

@@ -30,11 +30,14 @@ ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "mod
 class RunConfig:
     """Everything a runner process needs; written (minus nothing secret) into run.json."""
     trace: str
-    target: str
+    target: str                              # default target: rows whose label `targets` does not name
     run_dir: str
     api: str = "completions"                 # default API for rows without an `api` value
     model_map: dict = field(default_factory=dict)   # trace label -> served name
     default_model: str | None = None         # for labels not in model_map (and null labels)
+    targets: dict = field(default_factory=dict)     # trace label -> its own deployment's base URL
+    api_key_envs: dict = field(default_factory=dict)  # trace label -> NAME of its key's env var
+    served_defaults: dict = field(default_factory=dict)  # target URL -> its first served model
     speed: float = 1.0
     start_s: float = 0.0
     duration_s: float | None = None
@@ -57,6 +60,7 @@ class RunConfig:
     force_output_len: bool = True            # send min_tokens + ignore_eos
     block_size: int = 16
     scrape_url: str | None = None
+    scrapes: dict = field(default_factory=dict)      # trace label -> its deployment's metrics URL
     scrape_interval_s: float = 1.0
     lead_s: float = 0.5                      # T0 = now + lead
     spin_s: float = 0.0                      # busy-wait (yielding) this long before each due time
@@ -71,8 +75,24 @@ class RunConfig:
     def from_json(cls, d: dict) -> "RunConfig":
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
+    def target_of(self, label: str | None) -> str:
+        """The base URL a row with trace model `label` is sent to."""
+        return self.targets.get(label, self.target) if label is not None else self.target
+
+    def describe_targets(self) -> str:
+        routed = ", ".join(f"{label} -> {url}" for label, url in self.targets.items())
+        return ", ".join(x for x in (self.target and (f"{self.target} (default)" if routed else self.target),
+                                       routed) if x)
+
+    def key_env_of(self, label: str | None) -> str | None:
+        return self.api_key_envs.get(label, self.api_key_env) if label is not None else self.api_key_env
+
     def target_model(self, label: str | None) -> str | None:
-        return self.model_map.get(label, self.default_model) if label is not None else self.default_model
+        """The served model name for `label`: --model-map, else its target's first served model
+        (per-model deployments each serve their own), else the run's default."""
+        if label is not None and label in self.model_map:
+            return self.model_map[label]
+        return self.served_defaults.get(self.target_of(label), self.default_model)
 
 
 def sha256_file(path: str | Path) -> str:

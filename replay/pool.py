@@ -90,6 +90,7 @@ class ConnectionPool:
     def __init__(self, base_url: str, *, max_connections: int = 10000, connect_timeout: float = 10.0,
                  headers: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None,
                  kernel_timestamps: bool = True) -> None:
+        self.target = base_url   # as the run config names it (records keep it per row)
         u = urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"base_url must be http://host[:port] or https://...: {base_url!r}")

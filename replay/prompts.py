@@ -103,11 +103,17 @@ class PromptBuilder:
         return out[:n]
 
     # --- text ---------------------------------------------------------------------
-    def text(self, row: tuple, api: str, tokens: int | None = None) -> str:
+    def cal_key(self, api: str, target: str | None = None) -> str:
+        """Calibration and drift are per API and per target (deployments of other models tokenize
+        differently): `api` for the run's default target, `api@URL` for another."""
+        return api if target is None or target == self.c.target else f"{api}@{target}"
+
+    def text(self, row: tuple, api: str, tokens: int | None = None, target: str | None = None) -> str:
         n = max(1, row[plan.IN] if tokens is None else tokens)
         if self.tok is not None:
             return self._exact_text(row, n)
-        a, b = self.cal.get(api, (0.0, 0.25))
+        key = self.cal_key(api, target)
+        a, b = self.cal.get(key, (0.0, 0.25))
         block_chars = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
         parts, have = [], 0
         for h in row[plan.HASH] or ():
@@ -115,19 +121,20 @@ class PromptBuilder:
                 break
             parts.append(self._block(h, block_chars))
             have += self.bs
-        want_chars = max(1.0, (n - a) / (b * self.drift.get(api, 1.0)))
+        want_chars = max(1.0, (n - a) / (b * self.drift.get(key, 1.0)))
         tail = int(want_chars - sum(map(len, parts)))
         if tail > 0 or not parts:
             parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, max(tail, 2)))
         return "".join(parts)
 
-    def observe(self, api: str, chars: int, prompt_tokens: int | None) -> None:
+    def observe(self, api: str, chars: int, prompt_tokens: int | None, target: str | None = None) -> None:
         """Drift correction from `usage.prompt_tokens` (text mode without a tokenizer)."""
         if self.mode != "text" or self.tok is not None or not prompt_tokens or chars <= 0:
             return
-        a, b = self.cal.get(api, (0.0, 0.25))
+        key = self.cal_key(api, target)
+        a, b = self.cal.get(key, (0.0, 0.25))
         f = min(2.0, max(0.5, (prompt_tokens - a) / (b * chars)))
-        self.drift[api] = 0.8 * self.drift.get(api, 1.0) + 0.2 * f
+        self.drift[key] = 0.8 * self.drift.get(key, 1.0) + 0.2 * f
 
     def _exact_text(self, row: tuple, n: int) -> str:
         """The row's blocks then its own tail, cut at the end of token n (special tokens are
@@ -145,12 +152,12 @@ class PromptBuilder:
                           f"a prompt needs {n}")
 
     # --- bodies -------------------------------------------------------------------
-    def body(self, row: tuple, model: str | None, api: str,
-             history: list[dict] | None = None, user_tokens: int | None = None) -> tuple[str, bytes, int, str | None]:
-        """(path, JSON body, prompt chars, user text) for one row."""
+    def body(self, row: tuple, model: str | None, api: str, history: list[dict] | None = None,
+             user_tokens: int | None = None, target: str | None = None) -> tuple[str, bytes, int, str | None]:
+        """(path, JSON body, prompt chars, user text) for one row sent to `target`."""
         text = row[plan.PROMPT]
         if text is None and (api == "chat" or self.mode == "text"):
-            text = self.text(row, api, user_tokens)
+            text = self.text(row, api, user_tokens, target)
         req: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
         images = row[plan.IMAGES]
         if api == "chat":

@@ -8,7 +8,7 @@
     def test_gated(replay):
         replay("chat", duration=30, rate=2)      # a preset name generates the trace
 
-Options: `--replay-target URL` (else a session fixture starts engine-stub on a free port),
+Options: `--replay-target [MODEL=]URL` (repeatable; else a session fixture starts engine-stub on a free port),
 `--replay-runs-dir DIR`, `--replay-engine-arg ARG` (repeatable), `--replay-arg ARG` (passed to
 every `replay run`). Each replay runs in a child process: this plugin never imports locust.
 """
@@ -81,8 +81,9 @@ def slo_from_marker(mark: pytest.Mark):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("replay", "llm-replay SLO tests")
-    group.addoption("--replay-target", default=os.environ.get("REPLAY_TARGET"),
-                    help="OpenAI-compatible base URL to test (env REPLAY_TARGET); "
+    group.addoption("--replay-target", action="append", default=None, metavar="[MODEL=]URL",
+                    help="OpenAI-compatible base URL to test (env REPLAY_TARGET, space-separated); "
+                         "MODEL=URL (repeatable) sends that trace model's rows to its own deployment; "
                          "default: start engine-stub locally for the session")
     group.addoption("--replay-runs-dir", default=None,
                     help="directory for run directories (default: pytest's tmp dir)")
@@ -100,11 +101,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
+def replay_targets(request: pytest.FixtureRequest, replay_target: str) -> list[str]:
+    """Every `replay run --target` value: the default URL, then the MODEL=URL ones."""
+    named = [t for t in _given_targets(request.config) if re.match(r"https?://", t) is None]
+    return ([replay_target] if replay_target else []) + named
+
+
+def _given_targets(config: pytest.Config) -> list[str]:
+    return config.getoption("--replay-target") or os.environ.get("REPLAY_TARGET", "").split()
+
+
+@pytest.fixture(scope="session")
 def replay_target(request: pytest.FixtureRequest):
-    """The base URL under test: --replay-target, or a session-wide local engine-stub."""
-    target = request.config.getoption("--replay-target")
-    if target:
-        yield target.rstrip("/")
+    """The default base URL under test: the plain --replay-target URL; with none, a session-wide
+    local engine-stub (unless every trace model has its own MODEL=URL target: then "")."""
+    given = _given_targets(request.config)
+    plain = [t for t in given if re.match(r"https?://", t)]
+    if plain:
+        yield plain[0].rstrip("/")
+        return
+    if given:   # only MODEL=URL targets: no default deployment
+        yield ""
         return
     try:
         import llm_replay.engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
@@ -118,7 +135,7 @@ def replay_target(request: pytest.FixtureRequest):
 
 
 @pytest.fixture
-def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
+def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: Path):
     """Call `replay(trace, **run_options)`: replays a trace file or a preset name and returns
     a ReplayResult. Options become `replay run` flags (`max_requests=50` -> `--max-requests 50`);
     for a preset, `duration`, `rate` and `seed` shape the generated trace."""
@@ -134,7 +151,7 @@ def replay(request: pytest.FixtureRequest, replay_target: str, tmp_path: Path):
             path = _preset_trace(str(trace), options, tmp_path)
         run_dir = runs_dir / f"run-{len(runs)}"
         extra = run_args(options) + list(request.config.getoption("--replay-arg"))
-        outcome = replay_run(path, replay_target, run_dir, extra=extra)
+        outcome = replay_run(path, replay_targets, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
                                f"{outcome.output[-3000:]}")

@@ -28,12 +28,12 @@ RECORDS_STREAM = "records.arrows"
 RECORDS_FILE = "records.parquet"
 
 
-def record(row: tuple, target_model: str | None, worker: int, t0: float, res) -> tuple:
-    """A record from a `replay.client.StreamResult` (perf_counter times) and its row.
+def record(row: tuple, target_model: str | None, worker: int, t0: float, res, target: str | None = None) -> tuple:
+    """A record from a `replay.client.StreamResult` (perf_counter times) and its row, sent to `target`.
     token_times stays (perf_counter stamps, sent) until `to_batch` turns a whole batch into
     offsets from sent at once: this runs in the hub once per request, the batch once a flush."""
     sent = res.sent
-    return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
+    return (row[plan.RID], row[plan.MODEL], target_model, target, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED],
             None if sent is None else sent - t0,
             res.connect_s,
@@ -48,9 +48,9 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res) ->
 
 
 def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",
-           error: str | None = None) -> tuple:
+           error: str | None = None, target: str | None = None) -> tuple:
     """The record of a row that never completed (not_sent, or cancelled without a result)."""
-    return (row[plan.RID], row[plan.MODEL], target_model, row[plan.SLO], row[plan.SESSION], worker,
+    return (row[plan.RID], row[plan.MODEL], target_model, target, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED], None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
             row[plan.IMAGES], None, None, None, None, status, None, error)
 
@@ -195,7 +195,8 @@ def salvage(run_dir: str | Path, config, died_at_s: float) -> tuple[int, int]:
     added = 0
     for chunk in plan.TraceWindow(config).rows():
         missing = [unsent(r, config.target_model(r[plan.MODEL]), None,
-                          "cancelled" if r[plan.SCHED] <= died_at_s else "not_sent", "runner died")
+                          "cancelled" if r[plan.SCHED] <= died_at_s else "not_sent", "runner died",
+                          config.target_of(r[plan.MODEL]))
                    for r in chunk if r[plan.RID] not in seen]
         if missing:
             file(to_batch(missing))

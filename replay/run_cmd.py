@@ -38,7 +38,7 @@ def add_parser(sub) -> None:
                        description="Send every trace row at its timestamp, stream the responses and "
                                    "record one row per request into RUN_DIR/records.parquet.")
     p.add_argument("--trace", required=True, help="trace file (Parquet)")
-    p.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8000")
+    add_target_argument(p, required=True)
     p.add_argument("-o", "--out", help="run directory (default runs/<UTC time>)")
     add_run_arguments(p)
     p.add_argument("--workers", type=int, default=1, help="local runner processes (N>1: Locust master + N workers)")
@@ -49,6 +49,46 @@ def add_parser(sub) -> None:
     p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
     p.set_defaults(func=run)
+
+
+def add_target_argument(p, required: bool = False) -> None:
+    p.add_argument("--target", action="append", required=required, default=[], metavar="[MODEL=]URL",
+                   help="base URL, e.g. http://127.0.0.1:8000; MODEL=URL (repeatable) sends the rows of "
+                        "trace model MODEL to their own deployment, a plain URL takes every other row")
+
+
+def parse_targets(values: list[str]) -> tuple[str, dict[str, str]]:
+    """`--target` values -> (default URL or "", {trace model: URL}), every URL normalised."""
+    default, per_model = "", {}
+    for v in values:
+        label, url = ("", v) if re.match(r"https?://", v) else (v.partition("=")[0], v.partition("=")[2])
+        if not re.match(r"https?://[^/\s]+", url) or (label == "" and v != url):
+            raise RunError(f"--target {v!r}: expected an http:// or https:// URL or MODEL=URL, "
+                           "e.g. http://127.0.0.1:8000 or llama-70b=http://10.0.0.7:8000")
+        url = url.rstrip("/").removesuffix("/v1")
+        if not label:
+            if default:
+                raise RunError(f"--target: two default targets ({default}, {url}); name the model of "
+                               "the others: --target MODEL=URL")
+            default = url
+        elif per_model.setdefault(label, url) != url:
+            raise RunError(f"--target {label}=...: given twice ({per_model[label]}, {url})")
+    return default, per_model
+
+
+def per_model(values: list[str], flag: str) -> tuple[str | None, dict[str, str]]:
+    """`VALUE` / `MODEL=VALUE` options (--api-key-env, --scrape) -> (default, {trace model: value});
+    a URL is a plain value even though it may hold '='."""
+    default, named = None, {}
+    for v in values:
+        if "=" in v and not re.match(r"https?://", v):
+            label, _, value = v.partition("=")
+            named[label] = value
+        elif default is not None:
+            raise RunError(f"{flag}: two defaults ({default}, {v}); name the model of the others: {flag} MODEL=...")
+        else:
+            default = v
+    return default, named
 
 
 def add_run_arguments(p) -> None:
@@ -67,7 +107,8 @@ def add_run_arguments(p) -> None:
                         "first requests reuse them instead of opening their own")
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
-    p.add_argument("--api-key-env", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--api-key-env", action="append", default=[], metavar="[MODEL=]VAR",
+                   help="environment variable holding the API key (MODEL=VAR: for that model's target; repeatable)")
     p.add_argument("--seed", type=int, default=0, help="prompt (and image) content seed")
     p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
                    "(files from `python3 -m llm_replay.replay.images`) instead of inline PNG data URLs")
@@ -78,7 +119,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--tokenizer", metavar="tokenizer.json", help="local tokenizer for exact text prompts")
     p.add_argument("--force-output-len", action=argparse_bool(), default=None,
                    help="send min_tokens + ignore_eos (default: on when the target accepts them)")
-    p.add_argument("--scrape", metavar="URL", help="Prometheus metrics URL to sample during the run")
+    p.add_argument("--scrape", action="append", default=[], metavar="[MODEL=]URL",
+                   help="Prometheus metrics URL to sample during the run (MODEL=URL: that model's "
+                        "deployment; repeatable; samples carry a `target` label)")
     p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
     p.add_argument("--spin-ms", type=float, default=0.0,
                    help="wake this many ms early and busy-wait (yielding to I/O) until each row is due: "
@@ -137,36 +180,42 @@ def served_models(target: str, key: str | None) -> list[str]:
 def build_config(args) -> tuple[plan.RunConfig, dict]:
     if args.speed <= 0:
         raise RunError("--speed must be > 0")
-    if not re.match(r"https?://[^/\s]+", args.target):
-        raise RunError(f"--target {args.target!r}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+    target, targets = parse_targets(args.target if isinstance(args.target, list) else [args.target])
+    if not target and not targets:
+        raise RunError("--target: no target given")
+    key_env, key_envs = per_model(args.api_key_env or [], "--api-key-env")
+    scrape, scrapes = per_model(args.scrape or [], "--scrape")
     if args.workers < 1 or args.remote_workers < 0:
         raise RunError("--workers must be >= 1 and --remote-workers >= 0")
     if args.preconnect < 0:
         raise RunError("--preconnect must be >= 0")
     run_dir = args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     host, _, port = args.master_bind.rpartition(":")
-    c = plan.RunConfig(trace=str(args.trace), target=args.target.rstrip("/").removesuffix("/v1"),
+    c = plan.RunConfig(trace=str(args.trace), target=target, targets=targets,
                        run_dir=run_dir, api=args.api, speed=args.speed, start_s=args.start,
                        duration_s=args.duration, max_requests=args.max_requests, warmup=args.warmup,
                        preconnect=args.preconnect,
-                       timeout_s=args.timeout, grace_s=args.grace, api_key_env=args.api_key_env,
+                       timeout_s=args.timeout, grace_s=args.grace, api_key_env=key_env, api_key_envs=key_envs,
                        workers=args.workers, remote_workers=args.remote_workers, master_host=host or "0.0.0.0",
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
                        seed=args.seed, image_url_base=args.image_url_base, sessions=args.sessions,
                        tokenizer=args.tokenizer,
-                       scrape_url=args.scrape, scrape_interval_s=args.scrape_interval,
+                       scrape_url=scrape, scrapes=scrapes, scrape_interval_s=args.scrape_interval,
                        progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
     c.rows, c.window_s = plan.scan(c)
     c.block_size = plan.trace_block_size(c.trace)
-    key = os.environ.get(c.api_key_env) if c.api_key_env else None
-    if c.api_key_env and not key:
-        raise RunError(f"--api-key-env {c.api_key_env}: that environment variable is not set")
+    for var in {key_env, *key_envs.values()} - {None}:
+        if not os.environ.get(var):
+            raise RunError(f"--api-key-env {var}: that environment variable is not set")
+    rows = _rows_per_target(c)     # {url: {"labels": [...], "apis": {...}, "rows": n}}
     notes: dict = {}
-    caps: dict = {}
+    caps_of: dict[str, dict] = {}
     if not args.no_check:
         from .check import probe
-        caps = probe(c.target, key)
-        notes["capabilities"] = caps
+        for url, g in rows.items():
+            caps_of[url] = probe(url, _key(g["key_env"]))
+        first = c.target if c.target in caps_of else next(iter(caps_of), None)
+        notes["capabilities"] = caps_of.get(first, {})
     mapping = dict(m.split("=", 1) for m in args.model_map if "=" in m)
     bad = [m for m in args.model_map if "=" not in m]
     if bad:
@@ -174,27 +223,38 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     c.default_model = mapping.pop("*", None)
     c.model_map = mapping
     if c.default_model is None:
-        served = caps.get("models") or served_models(c.target, key)
-        if not served:
-            raise RunError(f"target {c.target} serves no models (GET /v1/models is empty)")
-        c.default_model = served[0]  # also the model text prompts are calibrated on
-        unmapped = _unmapped_models(c.trace, mapping)
-        if unmapped and mapping:
-            print(f"replay: trace models not in --model-map ({', '.join(unmapped)}) -> {served[0]!r} "
-                  f"(the target's first served model)", file=sys.stderr)
-        elif unmapped:
-            print(f"replay: trace models -> {served[0]!r} "
-                  f"(the target's first served model; change with --model-map TRACE=SERVED)", file=sys.stderr)
-    apis = _apis_used(c)
-    if caps:
-        _check_apis(c.target, apis, caps)
-    ids_ok = caps.get("token_id_prompts", True)
+        for url, g in rows.items():
+            served = (caps_of.get(url) or {}).get("models") or served_models(url, _key(g["key_env"]))
+            if not served:
+                raise RunError(f"target {url} serves no models (GET /v1/models is empty)")
+            c.served_defaults[url] = served[0]   # also the model text prompts are calibrated on
+            unmapped = [m for m in g["labels"] if m not in mapping]
+            to = (f"{served[0]!r} (the target's first served model" if len(rows) == 1
+                  else f"{served[0]!r} (the first model {url} serves")
+            if unmapped and mapping:
+                print(f"replay: trace models not in --model-map ({', '.join(unmapped)}) -> {to})", file=sys.stderr)
+            elif unmapped:
+                print(f"replay: trace models {'' if len(rows) == 1 else '(' + ', '.join(unmapped) + ') '}-> {to}; "
+                      f"change with --model-map TRACE=SERVED)", file=sys.stderr)
+        c.default_model = c.served_defaults.get(c.target) or next(iter(c.served_defaults.values()))
+    if len(rows) > 1:
+        notes["targets"] = {url: {"models": g["labels"], "rows": g["rows"], "served_model": c.served_defaults.get(url),
+                                  **({"capabilities": caps_of[url]} if url in caps_of else {})}
+                            for url, g in rows.items()}
+        print("replay: targets: " + "; ".join(f"{', '.join(g['labels'])} -> {url}" for url, g in rows.items()),
+              file=sys.stderr)
+    for url, caps in caps_of.items():
+        _check_apis(url, rows[url]["apis"], caps)
+    apis = set().union(*(g["apis"] for g in rows.values()))
+    caps = list(caps_of.values())
+    ids_ok = all(k.get("token_id_prompts", True) for k in caps)   # every target, or text for all
     c.prompt_mode = args.prompt_mode or ("ids" if c.api == "completions" and ids_ok else "text")
-    force_ok = caps.get("min_tokens_ignore_eos", True)
+    force_ok = all(k.get("min_tokens_ignore_eos", True) for k in caps)
     c.force_output_len = force_ok if args.force_output_len is None else args.force_output_len
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length "
-              f"{'on' if c.force_output_len else 'off'} (from `replay check` of the target)", file=sys.stderr)
+              f"{'on' if c.force_output_len else 'off'} (from `replay check` of the "
+              f"target{'s' if len(caps) > 1 else ''})", file=sys.stderr)
     # text prompts: chat rows, and completions rows in text mode; only the APIs the run uses
     text_apis = {a for a in apis if a == "chat" or c.prompt_mode == "text"}
     if text_apis and c.tokenizer:
@@ -205,44 +265,80 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
     if text_apis and not c.tokenizer:
         from .prompts import calibrate
-        c.calibration = {api: calibrate(lambda p, b: http_json(c.target, p, b, key), api, c.default_model, c.seed)
-                         for api in sorted(text_apis)}
+        c.calibration = {}
+        for url, g in rows.items():   # each deployment's tokenizer: its own calibration
+            key = _key(g["key_env"])
+            model = c.target_model(g["labels_raw"][0]) if g["labels_raw"] else c.default_model
+            for api in sorted(a for a in g["apis"] if a in text_apis):
+                name = api if url == c.target else f"{api}@{url}"
+                c.calibration[name] = calibrate(lambda p, b: http_json(url, p, b, key), api, model, c.seed)
     return c, notes
 
 
-PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+def _key(var: str | None) -> str | None:
+    return os.environ.get(var) if var else None
 
 
-def _apis_used(c: plan.RunConfig) -> set[str]:
-    """The run's default API, every `api` value in the trace's rows, and chat for rows that
-    carry images (they are always chat requests)."""
+def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
+    """Which trace models, APIs and how many rows of the whole trace go to each target; a model
+    with no target (no MODEL=URL and no default URL) is an error before the run."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     names = pq.read_schema(c.trace).names
-    cols = [n for n in ("api", "num_images") if n in names]
+    cols = [n for n in ("model", "api", "num_images") if n in names]
     t = pq.read_table(c.trace, columns=cols) if cols else None
-    apis = {c.api}
-    if t is not None and "api" in cols:
-        values = set(pc.unique(t.column("api")).to_pylist())
-        apis = {c.api if v is None else v for v in values} or apis
+    n = pq.ParquetFile(c.trace).metadata.num_rows
+    model = t.column("model") if t is not None and "model" in cols else pa_nulls(n)
+    api = pc.fill_null(t.column("api"), c.api) if t is not None and "api" in cols else None
     if t is not None and "num_images" in cols:
-        n = pc.sum(pc.greater(t.column("num_images"), 0)).as_py() or 0
-        if n:
-            apis.add("chat")
-            print(f"replay: {n} rows carry images: sent as chat requests with "
+        chat = pc.fill_null(pc.greater(t.column("num_images"), 0), False)
+        n_img = pc.sum(chat).as_py() or 0
+        if n_img:
+            api = pc.if_else(chat, "chat", api if api is not None else c.api)
+            print(f"replay: {n_img} rows carry images: sent as chat requests with "
                   f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
                   file=sys.stderr)
-    return apis
+    import pyarrow as pa
+    keys = pa.table({"model": model.cast(pa.string()),
+                     "api": api.cast(pa.string()) if api is not None else pa.array([c.api] * n, pa.string())})
+    out: dict[str, dict] = {}
+    unrouted = []
+    for g in keys.group_by(["model", "api"]).aggregate([([], "count_all")]).to_pylist():
+        label = g["model"]
+        url = c.target_of(label)
+        if not url:
+            unrouted.append((label, g["count_all"]))
+            continue
+        d = out.setdefault(url, {"labels": [], "labels_raw": [], "apis": set(), "rows": 0,
+                                 "key_env": c.key_env_of(label)})
+        name = "(none)" if label is None else label
+        if name not in d["labels"]:
+            d["labels"].append(name)
+            d["labels_raw"].append(label)
+        d["apis"].add(g["api"])
+        d["rows"] += g["count_all"]
+    if unrouted:
+        counts: dict = {}
+        for label, k in unrouted:
+            counts[label] = counts.get(label, 0) + k
+        names = ", ".join(f"{'(none)' if m is None else repr(m)} ({k} rows)" for m, k in counts.items())
+        raise RunError(f"trace models with no target: {names}: add --target MODEL=URL for each, or a "
+                       f"default --target URL")
+    unused = sorted(set(c.targets) - {m for d in out.values() for m in d["labels_raw"]})
+    if unused:
+        print(f"replay: warning: --target names models the trace does not have: {', '.join(unused)}",
+              file=sys.stderr)
+    for d in out.values():
+        d["labels"].sort()
+    return out
 
 
-def _unmapped_models(trace: str, mapping: dict) -> list[str]:
-    """The trace's model labels that `mapping` does not name ("(none)" for rows without one)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-    if "model" not in pq.read_schema(trace).names:
-        return ["(none)"]
-    labels = pc.unique(pq.read_table(trace, columns=["model"]).column("model")).to_pylist()
-    return sorted("(none)" if m is None else m for m in labels if m not in mapping)
+def pa_nulls(n: int):
+    import pyarrow as pa
+    return pa.nulls(n, pa.string())
+
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def _check_apis(target: str, apis: set[str], caps: dict) -> None:

@@ -84,16 +84,25 @@ def warmup(job: Job, n: int) -> None:
     from .client import stream_post
     if n <= 0:
         return
-    req = {"model": job.c.default_model, "max_tokens": 2, "stream": True}
-    if job.c.api == "chat":     # the run's own API: a chat-only target has no /v1/completions
-        path, req["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Say hello."}]
-    else:
-        path, req["prompt"] = "/v1/completions", [1000, 1001, 1002, 1003]
-    body = json.dumps(req).encode()
     group = gevent.pool.Group()
-    for _ in range(n):
-        group.spawn(stream_post, job.pool, path, body, timeout=min(30.0, job.c.timeout_s))
+    for label in target_labels(job.c):   # each deployment, with a model it serves
+        req = {"model": job.c.target_model(label), "max_tokens": 2, "stream": True}
+        if job.c.api == "chat":     # the run's own API: a chat-only target has no /v1/completions
+            path, req["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Say hello."}]
+        else:
+            path, req["prompt"] = "/v1/completions", [1000, 1001, 1002, 1003]
+        body, pool = json.dumps(req).encode(), job.pool_for(label)
+        for _ in range(n):
+            group.spawn(stream_post, pool, path, body, timeout=min(30.0, job.c.timeout_s))
     group.join(timeout=60)
+
+
+def target_labels(config: plan.RunConfig) -> list[str | None]:
+    """One trace model label per target (None: the default target), to reach each deployment."""
+    labels = {config.target: None} if config.target else {}
+    for label, url in config.targets.items():
+        labels.setdefault(url, label)
+    return list(labels.values())
 
 
 PRECONNECT_AT_ONCE = 64   # --preconnect: connections being opened at the same time
@@ -137,7 +146,8 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     job = ctx.job = Job(config, 0, 0.0, plan.prefetch(plan.TraceWindow(config, batch_size=256).rows()),
                         out.recorder, env)
     warmup(job, config.warmup)
-    preconnect(job.pool, config.preconnect)
+    for label in target_labels(config):
+        preconnect(job.pool_for(label), config.preconnect)
     out.progress.live = lambda: (job.sent, job.in_flight)
     freeze_gc()
     t0_wall = time.time() + config.lead_s
@@ -154,7 +164,8 @@ def stop_job(job: Job, now: bool) -> None:
 
 
 def run_local(config: plan.RunConfig, out: Output) -> str:
-    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+    env = Environment(user_classes=[Dispatcher], host=config.target or next(iter(config.targets.values())),
+                      events=None)
     runner = env.create_local_runner()
     job = start_local(env, config, out)
     install_stop(lambda now: stop_job(job, now))
@@ -186,11 +197,14 @@ def _free_port() -> int:
 
 
 def run_distributed(config: plan.RunConfig, out: Output) -> str:
-    env = Environment(user_classes=[Dispatcher], host=config.target, events=None)
+    env = Environment(user_classes=[Dispatcher], host=config.target or next(iter(config.targets.values())),
+                      events=None)
     port = config.master_port or _free_port()
     bind = config.master_host if config.remote_workers else "127.0.0.1"
     runner = env.create_master_runner(master_bind_host=bind, master_bind_port=port)
-    procs = [subprocess.Popen([sys.executable, "-m", "llm_replay.replay.worker", "--master", f"127.0.0.1:{port}",
+    # local workers reach the master where it listens: loopback only if it binds a wildcard
+    local = "127.0.0.1" if bind in ("", "*", "0.0.0.0") else bind
+    procs = [subprocess.Popen([sys.executable, "-m", "llm_replay.replay.worker", "--master", f"{local}:{port}",
                                "--die-with-parent"]) for _ in range(config.workers)]
     want = config.workers + config.remote_workers
     if config.remote_workers:

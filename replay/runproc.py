@@ -45,11 +45,13 @@ def run_args(options: dict[str, Any]) -> list[str]:
     return out
 
 
-def replay_run(trace: Path, target: str, run_dir: Path, *, extra: list[str] | None = None,
+def replay_run(trace: Path, target: str | list[str], run_dir: Path, *, extra: list[str] | None = None,
                timeout: float | None = None, echo: bool = False, cpus: set[int] | None = None) -> RunOutcome:
-    """Replay `trace` against `target` into `run_dir` in a child process (on `cpus` when given)."""
+    """Replay `trace` against `target` (a URL, or `replay run --target` values) into `run_dir` in a
+    child process (on `cpus` when given)."""
     env = child_env()
-    cmd = [sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), "--target", target,
+    targets = [a for t in ([target] if isinstance(target, str) else target) for a in ("--target", t)]
+    cmd = [sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), *targets,
            "-o", str(run_dir), *(extra or [])]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
     if echo:  # the child's live progress goes straight to our terminal

@@ -84,7 +84,7 @@ class WorkerSide:
         from .dispatcher import Job
         from .output import flush_periodically
         from .recorder import Recorder
-        from .runner import freeze_gc, perf_at, preconnect
+        from .runner import freeze_gc, perf_at, preconnect, target_labels
         config = plan.RunConfig.from_json(msg.data["config"])
         self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
         self.recorder = Recorder(self._ship)
@@ -94,12 +94,13 @@ class WorkerSide:
         gevent.spawn(flush_periodically, self.recorder, self.job.finished)
         # this worker's share of --preconnect, opened before T0 (stopped short of it if slow)
         n, workers = config.preconnect, max(1, msg.data.get("workers") or 1)
-        preconnect(self.job.pool, n // workers + (k < n % workers), deadline=self.job.t0 - 0.1,
-                   who=f"worker {k}: ")
+        for label in target_labels(config):
+            preconnect(self.job.pool_for(label), n // workers + (k < n % workers), deadline=self.job.t0 - 0.1,
+                       who=f"worker {k}: ")
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
-        self.say(f"replaying as worker {k} of {workers}: target {config.target}, {config.rows} rows in the run, "
+        self.say(f"replaying as worker {k} of {workers}: target {config.describe_targets()}, {config.rows} rows in the run, "
                  f"T0 in {msg.data['t0_wall'] - time.time():.1f} s")
 
     def _rows(self, environment, msg, **kw) -> None:

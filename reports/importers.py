@@ -45,7 +45,7 @@ def _table(cols: dict[str, list]) -> tuple[pa.Table, list[str]]:
     for f in RECORD_SCHEMA:
         vals = cols.get(f.name)
         if vals is None or all(v is None for v in vals):
-            if f.name not in ("worker", "target_model", "session_id", "http_status", "error"):
+            if f.name not in ("worker", "target_model", "target", "session_id", "http_status", "error"):
                 missing.append(f.name)
             arrays.append(pa.nulls(n, f.type))
         else:

@@ -89,6 +89,7 @@ class RequestMetrics:
     model: tuple[np.ndarray, list[str]]
     slo_class: tuple[np.ndarray, list[str]]
     length_checks: dict[str, LengthCheck]   # LENGTH_CHECKS
+    target: tuple[np.ndarray, list[str]] | None = None   # the deployment each row went to
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
@@ -247,7 +248,8 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
                           encode(table.column("slo_class"), np.int32),
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
                                           np.concatenate(diffs or [np.empty(0)]))
-                           for k, (both, rows, diffs) in checks.items()})
+                           for k, (both, rows, diffs) in checks.items()},
+                          encode(table.column("target"), np.int32) if "target" in table.column_names else None)
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

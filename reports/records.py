@@ -20,7 +20,7 @@ from .schema import RECORD_SCHEMA, SERVER_METRICS_SCHEMA, STATUSES
 RECORD_FILES = ("records.parquet", "records.arrow", "records.arrows")
 IPC_SUFFIXES = (".arrow", ".arrows", ".ipc")
 REQUIRED = ("request_id", "status")
-DICTIONARY_COLUMNS = ("model", "target_model", "slo_class", "status")
+DICTIONARY_COLUMNS = ("model", "target_model", "target", "slo_class", "status")
 # What the analysis (metrics, summary, gate, compare) reads. request_id is only shown in a few
 # examples and is 10M strings at 10M records (~0.8 s to decode): it is read when asked (Run.column).
 ANALYSIS_COLUMNS = tuple(f.name for f in RECORD_SCHEMA if f.name not in ("request_id", "target_model",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 3   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded)
+RECORDS_SCHEMA_VERSION = 4   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent")
@@ -22,6 +22,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("request_id", pa.string(), nullable=False),
     pa.field("model", pa.string()),            # trace-side label
     pa.field("target_model", pa.string()),     # served model it was mapped to
+    pa.field("target", pa.string()),           # base URL of the deployment it was sent to
     pa.field("slo_class", pa.string()),
     pa.field("session_id", pa.string()),
     pa.field("worker", pa.int32()),

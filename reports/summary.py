@@ -155,6 +155,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     # with two workers, 10-11 s alone), their page faults and allocations contend.
     latency = _latency(an)
     kinds = {"model": rm.model, "slo_class": rm.slo_class, "input_length": length_buckets(rm.input_len, length_edges)}
+    if rm.target is not None and len(rm.target[1]) > 1:   # a fleet: one deployment per model
+        kinds["target"] = rm.target
     if rm.images.any():
         kinds["num_images"] = image_groups(rm.images)
     by = breakdowns(an, kinds)

@@ -159,6 +159,10 @@ def format_summary(summary: dict) -> str:
         parts.append(render_table("Per model", ["model", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
                                   [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
                                     r["attainment"]] for r in s["breakdowns"]["model"]]))
+    if "target" in s["breakdowns"]:
+        parts.append(render_table("Per target", ["target", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
+                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
+                                    r["attainment"]] for r in s["breakdowns"]["target"]]))
     if "num_images" in s["breakdowns"]:
         parts.append(render_table("Per image count", ["images", "issued", "ok", "ttft p50", "ttft p99", "e2e p99",
                                                       "attainment"],

@@ -72,6 +72,7 @@ CHECKS: dict[str, str] = {
     "engine-stub serve --port 8000 &": "test_first_run",
     "replay: trace models -> 'tiny'": "test_first_run",
     "runs/<id>/run.json": "test_first_run",
+    "replay run --trace fleet.parquet --target http://10.0.0.5:8000": "test_fleet_block",
     "replay run --trace t.parquet --target http://10.0.0.5:8000": "test_distributed_block",
     "locust -f replay/locustfile.py --host": "test_locust_block",
     "replay check --target http://127.0.0.1:8000": "test_check_block",
@@ -310,6 +311,19 @@ def test_first_run(work, engine, first_run):
     listed = re.findall(r"^runs/<id>/(\S+)", block("runs/<id>/run.json").text, re.M)
     present = {p.name for p in (work / "runs" / "first").iterdir()}
     assert set(listed) - {"server_metrics.parquet"} <= present, (listed, present)  # that one only with --scrape
+
+
+def test_fleet_block(work, monkeypatch):
+    import pyarrow as pa
+    cmd = commands(block("replay run --trace fleet.parquet --target http://10.0.0.5:8000").text)[0]
+    write_trace(work / "fleet.parquet", 20, gap_s=0.01, model=pa.array(["llama-70b", "llama-8b"] * 10))
+    monkeypatch.setenv("KEY_70B", "k")
+    with sse_server("--model", "small") as small, sse_server("--model", "big") as big:
+        sh(substitute(cmd, {"http://10.0.0.5:8000": small, "http://10.0.0.7:8000": big}), work)
+    import pyarrow.parquet as pq
+    df = pq.read_table(work / "runs" / "fleet" / "records.parquet").to_pandas()
+    assert (df.status == "ok").all() and len(df) == 20
+    assert set(df[df.model == "llama-70b"].target) == {big} and set(df[df.model == "llama-8b"].target) == {small}
 
 
 def test_distributed_block(work, engine, first_run):

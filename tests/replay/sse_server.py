@@ -113,6 +113,7 @@ class Server:
     def __init__(self, args) -> None:
         self.a, self.count = args, 0
         self.log = open(args.stamp_log, "a") if args.stamp_log else None
+        self.requests = open(args.request_log, "a") if args.request_log else None
         self.conn_log = open(args.conn_log, "a") if args.conn_log else None
 
     def handle(self, conn: Stream, method: str, path: str, hdrs: dict, body: bytes) -> None:
@@ -124,6 +125,9 @@ class Server:
         if a.chat_only and path.startswith("/v1/completions"):   # as FastAPI answers an unknown route
             err = b'{"detail":"Not Found"}'
             return conn.run(iter([(0, self.head(404, "application/json", len(err)) + err, None)]))
+        if a.api_key and hdrs.get("authorization") != f"Bearer {a.api_key}":   # as OpenAI answers a bad key
+            err = b'{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}'
+            return conn.run(iter([(0, self.head(401, "application/json", len(err)) + err, None)]))
         if method == "GET":
             data = json.dumps({"object": "list", "data": [{"id": a.model, "object": "model"}]}).encode()
             return conn.run(iter([(0, self.head(200, "application/json", len(data)) + data, None)]))
@@ -140,6 +144,9 @@ class Server:
             err = json.dumps({"error": {"message": "The model does not support image inputs", "code": 400}}).encode()
             return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
         model = str(req.get("model", ""))
+        if self.requests is not None:
+            self.requests.write(json.dumps({"model": model, "max_tokens": req.get("max_tokens"), "path": path}) + "\n")
+            self.requests.flush()
         fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
                  or (a.fault if a.fault and self.count % a.fault_every == 0 else ""))
         n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
@@ -154,7 +161,7 @@ class Server:
         conn.run(self.steps(req, path, fault, n, interval, stamps, rid, mode), stamps)
 
     def head(self, status: int, ctype: str, length: int | None, extra: str = "") -> bytes:
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 429: "Too Many Requests",
+        reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
                   500: "Internal Server Error"}[status]
         framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
         return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n{framing}\r\n{extra}\r\n").encode()
@@ -296,6 +303,8 @@ def main(argv=None) -> None:
     ap.add_argument("--html", action="store_true", help="answer every request with a 200 HTML page")
     ap.add_argument("--no-images", action="store_true", help="400 for chat requests with image parts")
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
+    ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path) per completion request")
+    ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
