@@ -90,6 +90,7 @@ CHECKS: dict[str, str] = {
     "pytest test_slo.py --replay-target": "test_pytest_blocks",
     "engine-stub serve                          # tiny model": "test_engine_stub_block",
     "curl -s localhost:8000/v1/completions": "test_engine_stub_block",
+    "docker build -f deploy/kubernetes/Dockerfile": "test_kubernetes_block",
 }
 
 
@@ -516,3 +517,23 @@ def test_engine_stub_block(work):
     finally:
         for p in procs:
             stop(p)
+
+
+def test_kubernetes_block(work, first_run):
+    """No cluster here: every file the block names exists, the kustomization builds (where kubectl
+    is installed; tests/test_deploy.py validates what it builds), and its `replay` line runs on a
+    run directory collected as the block collects it."""
+    lines = commands(block("docker build -f deploy/kubernetes/Dockerfile").text)
+    kubectl = shutil.which("kubectl")
+    for line in lines:
+        cmd = line.split("#")[0].strip()
+        for path in re.findall(r"deploy/kubernetes[\w./-]*", cmd):
+            assert (REPO / path).exists(), f"{path} (in `{cmd}`)"
+        if cmd.startswith("kubectl kustomize") and kubectl:
+            sh(cmd, REPO, timeout=60)
+        if cmd.startswith("kubectl cp"):
+            dest = cmd.split()[-1]
+            shutil.copytree(work / "runs" / "first", work / dest)
+        if cmd.startswith("replay "):
+            sh(cmd, work, timeout=120)
+    assert any(line.startswith("kubectl apply -k deploy/kubernetes") for line in lines)
