@@ -4,6 +4,18 @@ Every process is drawn at unit mean rate in *operational time* u = Lambda(t) = i
 r, then mapped back to real time with Lambda^-1 (np.interp on a knot grid). Time rescaling
 keeps a renewal process's CV wherever r(t) varies slowly against the gaps, which is what
 "gamma CV 3 under a diurnal profile" means.
+
+Two options reach the long-range structure of real traffic (`fit` chooses between them,
+fit_dists.fit_arrivals):
+
+- a `modulation` (doubly stochastic rate): r(t) is multiplied by a log-normal AR(1) path drawn
+  per seed over windows of `window` seconds, then renormalised to the client's mean rate, so
+  another seed makes new minute-scale swings with the same variance and correlation;
+- `exact_count`: exactly n = round(rate * (duration - t0)) arrivals, the first at t0 and the
+  last one mean gap before `duration` (the edges of a fitted source: fit re-bases the trace to
+  its first arrival and sets duration = span * n / (n - 1)), so the measured mean rate
+  (n - 1) / (last - first) is `rate` on every seed. A heavy-tailed renewal process alone
+  cannot hold its rate (its count variance is ~CV^2 times the mean).
 """
 from __future__ import annotations
 
@@ -13,7 +25,9 @@ import numpy as np
 from scipy import optimize
 
 from .lengths import discrete_mean, sample
-from .spec_types import Arrival, Profile, onoff_mean_rate, weibull_cv
+from scipy import signal
+
+from .spec_types import Arrival, Modulation, Profile, onoff_mean_rate, weibull_cv
 
 SMOOTH_KNOTS = 200_000   # grid for ramp/sinusoid profiles (trapezoid; a ramp is exact)
 
@@ -54,6 +68,68 @@ def op_time_map(p: Profile, rate: float, t0: float, duration: float) -> tuple[np
         r0 = (lam[1] - lam[0]) / (t[1] - t[0])
         t, lam = np.concatenate([[t0], t]), np.concatenate([[t0 * r0], lam])
     return t, lam
+
+
+def modulate(t: np.ndarray, lam: np.ndarray, m: Modulation, rate: float, duration: float,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Knots (t, Lambda) of `op_time_map` times a log-normal AR(1) rate multiplier on windows
+    [jW, (j+1)W) (aligned at 0; warm-up windows before 0 included), renormalised so that
+    Lambda(duration) - Lambda(0) = rate * duration again (the realised path keeps the mean)."""
+    w = m.window
+    j0 = int(math.floor(t[0] / w))
+    nw = int(math.ceil(duration / w)) - j0
+    e = rng.standard_normal(max(nw, 1))
+    e[1:] *= math.sqrt(1 - m.corr ** 2)          # X_0 ~ N(0, 1): the AR(1) starts stationary
+    x = signal.lfilter([1.0], [1.0, -m.corr], e)
+    mult = np.exp(m.sigma * x - m.sigma ** 2 / 2)
+    edges = (j0 + np.arange(1, nw)) * w
+    knots = np.union1d(t, edges[(edges > t[0]) & (edges < t[-1])])
+    lam0 = np.interp(knots, t, lam)
+    mid = (knots[1:] + knots[:-1]) / 2
+    inc = np.diff(lam0) * mult[np.clip(np.floor(mid / w).astype(np.int64) - j0, 0, len(mult) - 1)]
+    lam1 = np.concatenate([[0.0], np.cumsum(inc)])
+    at0 = np.interp(0.0, knots, lam1)
+    span = lam1[-1] - at0
+    if span <= 0:
+        return t, lam
+    lam1 = (lam1 - at0) * (rate * duration / span)
+    lam1 += np.linspace(0.0, 1e-9 * rate * duration, len(lam1))  # strictly increasing
+    return knots, lam1
+
+
+def _gap_sampler(cv: float, family: str, rng: np.random.Generator):
+    if family == "weibull":
+        k = optimize.brentq(lambda s: weibull_cv(s) - cv, 0.05, 500.0) if abs(cv - 1) > 1e-12 else 1.0
+        return lambda n: rng.weibull(k, n) / math.gamma(1 + 1 / k)  # noqa: E731
+    if family == "gamma" and abs(cv - 1) > 1e-12:
+        return lambda n: rng.gamma(1 / cv**2, cv**2, n)  # noqa: E731
+    return lambda n: rng.exponential(1.0, n)  # noqa: E731
+
+
+def exact_unit_points(a: Arrival, rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Exactly n points in operational time, the first at 0 and the last at n - 1 (mean gap 1).
+
+    Renewal processes draw n - 1 gaps and divide them by their sum: for Poisson and gamma gaps
+    that is exactly the process conditioned on the n-th point (normalised gamma gaps are
+    Dirichlet), for Weibull a close approximation. On/off and batch draw until n points exist
+    and map the first n affinely onto [0, n - 1]."""
+    if n <= 1:
+        return np.zeros(max(n, 0))
+    if a.process in ("poisson", "gamma", "weibull"):
+        pts = np.empty(n)
+        pts[0] = 0.0
+        np.cumsum(_gap_sampler(a.cv, a.process, rng)(n - 1), out=pts[1:])
+    else:
+        length, parts, have = n * 1.1 + 10, [], 0
+        while have < n:  # a continuation restarts the process: rare (only when the first is short)
+            p = unit_points(a, rate, length, rng) + (parts[-1][-1] if parts else 0.0)
+            parts.append(p)
+            have += len(p)
+        pts = np.concatenate(parts)[:n]
+        pts -= pts[0]
+    if pts[-1] > 0:
+        pts *= (n - 1) / pts[-1]
+    return pts
 
 
 def _renewal(cv: float, family: str, length: float, rng: np.random.Generator) -> np.ndarray:
@@ -123,8 +199,29 @@ def unit_points(a: Arrival, rate: float, length: float, rng: np.random.Generator
 
 
 def arrival_times(a: Arrival, p: Profile, rate: float, t0: float, duration: float,
-                  rng: np.random.Generator) -> np.ndarray:
-    """Arrival times in seconds in [t0, duration), sorted, at mean rate `rate` over [0, duration)."""
+                  rng: np.random.Generator, modulation: Modulation | None = None,
+                  exact: bool = False) -> np.ndarray:
+    """Arrival times in seconds in [t0, duration), sorted, at mean rate `rate` over [0, duration).
+
+    `modulation`: the rate path is multiplied by a fresh log-normal AR(1) draw (from `rng`,
+    before the points). `exact`: exactly round(rate * (duration - t0)) points, the first at
+    t0 and the last at t0 + (duration - t0) (n - 1) / n (then (n - 1) / (last - first) = rate):
+    the points are drawn conditioned on their count in operational time (exact_unit_points),
+    mapped to real time, and stretched affinely about t0 so that the last one lands there
+    (a correction of about one mean gap: the profile's windows move by that fraction).
+    Without either option the draws are those of earlier versions (same bytes)."""
     t, lam = op_time_map(p, rate, t0, duration)
-    u = unit_points(a, rate, float(lam[-1] - lam[0]), rng)
-    return np.interp(u + lam[0], lam, t)
+    if modulation is not None and modulation.sigma > 0:
+        t, lam = modulate(t, lam, modulation, rate, duration, rng)
+    span = float(lam[-1] - lam[0])
+    if not exact:
+        u = unit_points(a, rate, span, rng)
+        return np.interp(u + lam[0], lam, t)
+    n = int(round(span))
+    u = exact_unit_points(a, rate, n, rng) * (span / max(n, 1))
+    times = np.interp(u + lam[0], lam, t)
+    if n >= 2 and times[-1] > t0:
+        last = t0 + (duration - t0) * (n - 1) / n
+        times = t0 + (times - t0) * ((last - t0) / (times[-1] - t0))
+        times[0] = t0
+    return times

@@ -41,6 +41,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    c.add_argument("--html", type=Path, metavar="OUT", help="also write an HTML page (table and inter-arrival QQ plot)")
     c.set_defaults(func=_compare)
 
 
@@ -95,9 +96,13 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_traces, format_table
+    from .compare import compare_traces, format_table, render_html
     from .trace import Trace
-    rows = compare_traces(Trace.read(args.a), Trace.read(args.b))
+    a, b = Trace.read(args.a), Trace.read(args.b)
+    rows = compare_traces(a, b)
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(render_html(rows, a, b, str(args.a), str(args.b)))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

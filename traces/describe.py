@@ -107,6 +107,19 @@ def render(d: dict[str, Any], file: str) -> str:
         lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pcache['block_hit_ratio'])}, "
                      f"tokens {_f(pcache['token_hit_ratio'])} (block_size {_f(d['block_size'])}), "
                      f"requests with a hit {_f(pcache['requests_with_hit'])}")
+    rd = d.get("reuse_distance")
+    if rd:
+        r, sec = rd["requests"], rd["seconds"]
+        lines.append(f"  reuse distance requests since the block's last use p50={_f(r['p50'], 0)} p90={_f(r['p90'], 0)} "
+                     f"p99={_f(r['p99'], 0)}; seconds p50={_f(sec['p50'], 1)} p90={_f(sec['p90'], 1)}")
+    ts = d.get("turns")
+    if ts and ts["source"] == "hash_ids" and ts["sessions"] < d["requests"]:
+        tq = ts["turns"]
+        lines.append(f"conversations    {ts['sessions']:,} inferred from hash_ids chains (turns mean {_f(tq['mean'], 2)}, "
+                     f"p90 {_f(tq['p90'], 2)}, max {_f(tq['max'], 0)})")
+    if ts and ts["sessions"] < d["requests"]:
+        lines.append(f"  between turns  gap p50={_f(ts['gap_s']['p50'], 1)} s p90={_f(ts['gap_s']['p90'], 1)} s; "
+                     f"new tokens per turn p50={_f(ts['new_tokens']['p50'], 0)} p90={_f(ts['new_tokens']['p90'], 0)}")
     if d.get("images"):
         lines += _image_lines(d["images"])
     if d["failed_in_source"]:

@@ -19,7 +19,7 @@ from scipy import stats as sst
 
 from . import stats
 from .errors import TraceError
-from .fit_dists import fit_arrival, fit_length, fit_profile
+from .fit_dists import fit_arrivals, fit_length
 
 MAX_CLIENTS = 64          # more distinct client_ids than this: one aggregate client
 
@@ -37,15 +37,38 @@ def _codes(t: pa.Table, name: str) -> tuple[np.ndarray, list[str]] | None:
     return col.indices.fill_null(-1).to_numpy(zero_copy_only=False), [str(v) for v in col.dictionary.to_pylist()]
 
 
+MIN_IMPLICIT_TURNS = 0.05   # share of rows that must continue a hash_ids chain to fit sessions from them
+
+
+def _implicit_sessions(t: pa.Table) -> np.ndarray | None:
+    """Without `session_id`: conversations inferred from `hash_ids` chains
+    (`stats.prefix_parents`: a row continues the last row that used its last reused,
+    conversation-private block), as the root row of each row's chain; None when no hash_ids
+    or fewer than MIN_IMPLICIT_TURNS of the rows continue one (e.g. only a shared system prompt)."""
+    if _col(t, "session_id") is not None or "hash_ids" not in t.column_names:
+        return None
+    parent = stats.prefix_parents(t)
+    if parent is None or (parent >= 0).mean() < MIN_IMPLICIT_TURNS:
+        return None
+    root = np.arange(len(parent))
+    while True:  # pointer jumping (parents are earlier rows, so every chain ends)
+        nxt = np.where(parent[root] >= 0, parent[root], root)
+        if (nxt == root).all():
+            return root
+        root = nxt
+
+
 def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
-    """Turns per session, think time, new user tokens; the mask of rows that open a session."""
-    sid = _codes(t, "session_id")[0]
+    """Turns per session, think time, new user tokens; the mask of rows that open a session.
+    Sessions are `session_id`, or (without it) the conversations of `_implicit_sessions`."""
+    implicit = _implicit_sessions(t)
+    sid = _codes(t, "session_id")[0] if implicit is None else implicit
     sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # a row without a session is its own
     order = np.lexsort((_col(t, "arrival_ns"), sid))
     s, a = sid[order], _col(t, "arrival_ns")[order].astype(np.int64)
     same = np.concatenate([[False], s[1:] == s[:-1]])
     starts = np.flatnonzero(~same)
-    turn = _col(t, "turn")
+    turn = _col(t, "turn") if implicit is None else None
     if turn is not None:  # turn numbers also count the turns before the trace began
         last_turn = np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts)
     else:
@@ -57,11 +80,39 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
     user = (inp[1:] - inp[:-1] - out[:-1])[same[1:]]
     opens = np.zeros(len(s), bool)
     opens[order[~same]] = True
-    spec = {"turns": fit_length(last_turn + 1), "think_s": fit_length(think, integer=False) if len(think) > 10
+    turns = fit_length(last_turn + 1) if implicit is None else _undo_splits(t, last_turn + 1, order[starts])
+    spec = {"turns": turns, "think_s": fit_length(think, integer=False) if len(think) > 10
             else {"dist": "constant", "value": 30.0}}
     if len(user) > 10:
         spec["user_tokens"] = fit_length(np.maximum(user, 1))
     return spec, opens & first
+
+
+def _undo_splits(t: pa.Table, seen: np.ndarray, roots: np.ndarray) -> dict[str, Any]:
+    """Turns per session for `_implicit_sessions`, as an exact PMF, corrected for the turns
+    that chains cannot find. A turn is found only from a parent with a private full block, so
+    a generated session whose first turn has none (share q, the share of observed roots
+    without one) shows up as two chains, of 1 and K-1 turns. Observed chain counts d(k) =
+    (1 - q) g(k) + q g(k + 1) for k >= 2 (and the rest at k = 1) are solved for the sessions
+    to generate, g, from the longest down; the total of turns is unchanged."""
+    seen = seen.astype(np.int64)
+    d = np.bincount(seen).astype(float)
+    private = stats.private_blocks(t)
+    q = float(1 - private[roots].mean()) if private is not None and len(roots) else 0.0
+    g = np.zeros(len(d) + 1)
+    if q < 0.9:
+        for k in range(len(d) - 1, 1, -1):
+            g[k] = max((d[k] - q * g[k + 1]) / (1 - q), 0.0)
+        g[1] = max(d[1] - q * g[2:].sum() - q * g[2], 0.0) if len(d) > 1 else 0.0
+    if g[1:].sum() <= 0:
+        g[:len(d)] = d
+    total = (np.arange(len(g)) * g).sum()
+    g *= (np.arange(len(d)) * d).sum() / total  # the same number of requests
+    k = np.flatnonzero(np.rint(g) > 0)
+    if len(k) == 1:
+        return {"dist": "constant", "value": float(k[0])}
+    return {"dist": "empirical", "values": [float(v) for v in k], "weights": [int(w) for w in np.rint(g[k])],
+            "min": float(k[0]), "max": float(k[-1])}
 
 
 def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
@@ -100,7 +151,8 @@ def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
     at = ids[np.arange(len(lens)), np.minimum(start, m - 1)]
     # an application prefix recurs across sessions (a session repeats its own blocks every turn)
     sess = _codes(t, "session_id")
-    owner = sess[0] if sess is not None else np.arange(len(lens))
+    implicit = _implicit_sessions(t) if sess is None else None
+    owner = sess[0] if sess is not None else implicit if implicit is not None else np.arange(len(lens))
     pairs = np.unique(np.stack([at, owner]), axis=1)[0]
     vals, cnt = np.unique(pairs, return_counts=True)
     recurring = (cnt[np.searchsorted(vals, at)] >= 3) & (at >= 0)
@@ -141,17 +193,17 @@ def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> t
     return [{"name": n, "weight": [round(float(v), 4) for v in share[:, i]]} for i, n in enumerate(names)], True
 
 
-def _fit_client(t: pa.Table, name: str, duration: float, window: float) -> dict[str, Any]:
+def _fit_client(t: pa.Table, name: str, duration: float, window: float,
+                fixed_window: bool = False) -> dict[str, Any]:
     a = _col(t, "arrival_ns").astype(np.int64)  # already relative to the trace's first arrival
     times = a / 1e9
     opens = np.ones(len(a), bool)
     c: dict[str, Any] = {"name": name, "rate": round(len(a) / duration, 6)}
-    if _col(t, "session_id") is not None:
+    if _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
         c["sessions"], opens = _fit_sessions(t, opens)
     starts = times[opens]
-    start_rate = len(starts) / duration
-    c["profile"], u = fit_profile(starts, duration, window)
-    c["arrival"] = fit_arrival(u, start_rate)
+    # profile + arrival process (+ modulation), chosen by the IDC they reproduce; `why` says so
+    c.update(fit_arrivals(starts, duration, window, fixed_window))
     failed = _col(t, "failed_in_source")
     failed = failed.astype(bool) if failed is not None else np.zeros(len(a), bool)
     if failed.any():
@@ -202,6 +254,7 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     if span <= 0:
         raise TraceError("all arrivals share one timestamp: no rate to fit")
     duration = span * len(a) / (len(a) - 1)
+    fixed_window = window is not None  # --window: the renewal model at that window, no search
     window = float(window or max(60.0, round(duration / 48 / 60) * 60))
     groups = [(t, "fitted")]
     cc = _codes(t, "client_id")
@@ -210,11 +263,11 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     meta = getattr(trace, "metadata", {}) or {}
     spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0,
                             "block_size": int(meta.get("block_size") or 16),
-                            "clients": []}
+                            "exact_count": True, "clients": []}  # fitted: the count is the source's
     for g, name in groups:
         if g.num_rows < 2:  # a client seen once has no rate to fit
             continue
-        c = _fit_client(g, name, duration, window)
+        c = _fit_client(g, name, duration, window, fixed_window)
         if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows:
             p = _fit_prefix(g)
             if p:

@@ -86,7 +86,8 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
         # sessions start before 0 so that conversations are already in progress at t=0
         long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
         warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
-        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr)
+        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr,
+                               c.modulation, c.exact_count)
         k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
         n = int(k.sum())
         first = np.cumsum(k) - k
@@ -95,7 +96,7 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
         times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
         turn = (np.arange(n) - first[sess]).astype(np.int32)
     else:
-        starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr)
+        starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation, c.exact_count)
         n, times = len(starts), pool.submit(_arrival_order, starts, T)
         k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
         sess = np.arange(n)

@@ -13,8 +13,9 @@ from typing import Any
 
 from .errors import TraceError
 from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES
-from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, PROCESSES, PROFILES, Arrival, Client, Dist,
-                         Images, ModelSpec, Prefix, Profile, Sessions, Spec, onoff_mean_rate, weibull_cv)
+from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Arrival, Client,
+                         Dist, Images, ModelSpec, Modulation, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
+                         weibull_cv)
 from .validate import image_px_problem
 
 
@@ -62,6 +63,12 @@ class _Reader:
         if hi is not None and v > hi:
             raise self.err(key, f"must be <= {hi:g}, got {v!r}")
         return int(v) if integer else float(v)
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.d.get(key, default)
+        if not isinstance(v, bool):
+            raise self.err(key, f"must be true or false, got {v!r}")
+        return v
 
     def choice(self, key: str, options: tuple[str, ...], default: str | None = None) -> str:
         v = self.d.get(key, default)
@@ -200,6 +207,21 @@ def parse_profile(r: _Reader) -> Profile:
     return p
 
 
+MAX_SIGMA = 4.0     # log-normal modulation: exp(4^2) - 1 ~ 9e6 is already beyond any trace
+
+
+def parse_modulation(r: _Reader) -> Modulation:
+    """`modulation: {kind: lognormal, window: 10, sigma: 1.1, corr: 0.6}` (spec_types.Modulation)."""
+    m = Modulation(r.choice("kind", MODULATIONS, "lognormal"))
+    r.check_keys({"kind", "window", "sigma", "corr"})
+    m.window = r.num("window", lo=0, lo_open=True)
+    m.sigma = r.num("sigma", lo=0, hi=MAX_SIGMA)
+    m.corr = r.num("corr", 0.0, lo=0)
+    if m.corr >= 1:
+        raise r.err("corr", f"must be < 1 (a stationary AR(1)), got {m.corr:g}")
+    return m
+
+
 def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
     if isinstance(value, str):
         return {value: 1.0}
@@ -305,10 +327,11 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
 
 
 CLIENT_KEYS = {"name", "rate", "arrival", "profile", "models", "mix_window", "slo_class", "input",
-               "output", "rho", "failures", "sessions", "prefix", "bootstrap", "images"}
+               "output", "rho", "failures", "sessions", "prefix", "bootstrap", "images", "modulation",
+               "exact_count", "why"}
 
 
-def parse_client(r: _Reader, i: int) -> Client:
+def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     r.check_keys(CLIENT_KEYS)
     arrival = parse_arrival(r.sub("arrival")) if "arrival" in r.d else Arrival()
     if arrival.process == "onoff" and "rate" not in r.d:
@@ -338,6 +361,8 @@ def parse_client(r: _Reader, i: int) -> Client:
         prefix = Prefix(pr.num("system_blocks", 0, lo=0, integer=True), pr.num("system_share", 1.0, lo=0, hi=1),
                         pr.num("apps", 0, lo=0, integer=True), pr.num("app_blocks", 0, lo=0, integer=True),
                         pr.num("app_share", 1.0, lo=0, hi=1))
+    if "why" in r.d and not isinstance(r.d["why"], str):  # fit's note on the arrival model
+        raise r.err("why", "must be text")
     boot = r.d.get("bootstrap")
     if boot is not None and not Path(str(boot)).exists():
         raise r.err("bootstrap", f"trace file {boot} not found")
@@ -349,14 +374,17 @@ def parse_client(r: _Reader, i: int) -> Client:
         input=inp, output=out, rho=r.num("rho", 0.0, lo=-1, hi=1),
         failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions, prefix=prefix,
         bootstrap=None if boot is None else str(boot),
-        images=parse_images(r.sub("images")) if "images" in r.d else None)
+        images=parse_images(r.sub("images")) if "images" in r.d else None,
+        modulation=parse_modulation(r.sub("modulation")) if "modulation" in r.d else None,
+        exact_count=r.flag("exact_count", exact_count))
 
 
 def parse_spec(d: Any, file: str | None = None) -> Spec:
     """Validate a spec dict and return the typed view; SpecError names the first bad field."""
     r = _Reader(d, "", file)
     r.check_keys({"duration", "seed", "block_size", "length_scale", "max_input_tokens",
-                  "max_output_tokens", "clients", "version", "name", "description"})
+                  "max_output_tokens", "clients", "version", "name", "description", "exact_count"})
+    exact = r.flag("exact_count", False)
     clients = d.get("clients")
     if not isinstance(clients, list) or not clients:
         raise r.err("clients", "must be a non-empty list of clients")
@@ -365,7 +393,7 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
                 length_scale=r.num("length_scale", 1.0, lo=0, lo_open=True),
                 max_input_tokens=r.num("max_input_tokens", None, lo=1, integer=True),
                 max_output_tokens=r.num("max_output_tokens", None, lo=0, integer=True),
-                clients=[parse_client(_Reader(c, f"clients[{i}]", file), i) for i, c in enumerate(clients)])
+                clients=[parse_client(_Reader(c, f"clients[{i}]", file), i, exact) for i, c in enumerate(clients)])
 
 
 def load_spec_file(path: str | Path) -> dict[str, Any]:

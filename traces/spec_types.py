@@ -9,6 +9,7 @@ from typing import Any
 LENGTH_FAMILIES = ("lognormal", "gamma", "weibull", "zipf", "uniform", "constant", "empirical")
 PROCESSES = ("poisson", "gamma", "weibull", "onoff", "batch")
 PROFILES = ("constant", "ramp", "table", "diurnal", "sinusoid")
+MODULATIONS = ("lognormal",)
 MAX_CV = 20.0          # renewal processes: CV up to ~15 must work, beyond 20 is not realistic
 MIN_SHAPE = 0.05       # weibull shape floor (CV ~ 10^5); gamma's floor follows from MAX_CV
 
@@ -44,6 +45,18 @@ class Profile:
     period: float = 86400.0             # sinusoid
     peak_to_trough: float = 1.0
     peak_at: float = 0.5                # fraction of the period where the peak lies
+
+
+@dataclass
+class Modulation:
+    """A doubly stochastic rate: r(t) is multiplied by M_j = exp(sigma X_j - sigma^2 / 2) on
+    consecutive windows j of `window` seconds, X a stationary Gaussian AR(1) with unit variance
+    and lag-1 correlation `corr`; E[M] = 1, and each realisation is renormalised so that
+    `rate` stays the mean over the trace. Drawn anew for every seed."""
+    kind: str = "lognormal"
+    window: float = 60.0
+    sigma: float = 0.0
+    corr: float = 0.0
 
 
 @dataclass
@@ -97,6 +110,8 @@ class Client:
     prefix: Prefix | None
     bootstrap: str | None
     images: Images | None = None        # None: no images (unless a model sets its own)
+    modulation: Modulation | None = None  # doubly stochastic rate on top of the profile
+    exact_count: bool = False           # exactly round(rate * span) arrivals (arrivals.arrival_times)
 
 
 @dataclass

@@ -189,6 +189,19 @@ def timestamp_buckets(table: Any) -> dict[str, Any] | None:
     return {"quantum_ns": int(round(q / unit) * unit), "jitter_ns": jitter, "tied_share": float(tied.mean())}
 
 
+def count_quantile(counts: np.ndarray, q: float) -> float | None:
+    """Quantile of whole numbers read as a continuous variable (each value k spread evenly
+    over [k - 0.5, k + 0.5], the CDF interpolated linearly): moves smoothly with the share
+    of each count instead of jumping from 2 to 3 when a share crosses 10 %."""
+    c = np.asarray(counts, dtype=np.int64)
+    if len(c) == 0:
+        return None
+    hist = np.bincount(c - c.min())
+    cdf = np.concatenate([[0.0], np.cumsum(hist) / len(c)])
+    edges = c.min() - 0.5 + np.arange(len(cdf))
+    return float(np.interp(q, cdf, edges))
+
+
 def quantiles(values: np.ndarray) -> dict[str, float | None]:
     """p50/p90/p99 (NumPy linear interpolation), mean and max of `values` (NaN = null, ignored)."""
     v = np.asarray(values, dtype=np.float64)
@@ -338,6 +351,170 @@ def prefix_cache_hits(table: Any, block_size: int | None = None) -> dict[str, An
     return res
 
 
+def _blocks(t: pa.Table) -> dict[str, np.ndarray] | None:
+    """The flattened `hash_ids` of `t` (rows in arrival order): `ids`, `row` per block, `lens`
+    and `offsets` per row, `prev` (per block: the latest earlier row holding the same id, -1
+    when none; a repeat inside one row does not count) and `reused` (the leading run of
+    cached blocks of each row, as `prefix_cache_hits` counts it). None without blocks."""
+    if "hash_ids" not in t.column_names or t.column("hash_ids").null_count == t.num_rows:
+        return None
+    col = t.column("hash_ids").combine_chunks()
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    offsets = offsets - offsets[0]
+    ids = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    if len(ids) == 0:
+        return None
+    lens = np.diff(offsets)
+    row = np.repeat(np.arange(len(lens)), lens)
+    order = np.lexsort((row, ids))            # by id, then row (then position)
+    s_id, s_row = ids[order], row[order]
+    run = np.ones(len(ids), bool)             # a run: one id within one row
+    run[1:] = (s_id[1:] != s_id[:-1]) | (s_row[1:] != s_row[:-1])
+    starts = np.flatnonzero(run)
+    before = np.maximum(starts - 1, 0)
+    prev_run = np.where((starts > 0) & (s_id[before] == s_id[starts]), s_row[before], -1)
+    prev = np.empty(len(ids), np.int64)
+    prev[order] = prev_run[np.cumsum(run) - 1]
+    miss_cum = np.cumsum(prev < 0)
+    start = offsets[:-1][row]
+    base = np.where(start > 0, miss_cum[np.maximum(start - 1, 0)], 0)
+    return {"ids": ids, "row": row, "lens": lens, "offsets": offsets, "prev": prev,
+            "reused": (miss_cum - base) == 0}
+
+
+def reuse_distances(table: Any) -> dict[str, Any] | None:
+    """Reuse distance of every prefix-cache hit (the blocks `prefix_cache_hits` counts as
+    reused): how many **requests** arrived since the block was last used (1 = the previous
+    request used it), and how many seconds. A hit survives an LRU cache that holds the blocks
+    of the last d requests when its distance is <= d. Quantiles p50/p90/p99 and mean of each;
+    None without hash_ids or hits."""
+    t = _tbl(table)
+    b = _blocks(t)
+    if b is None or not b["reused"].any():
+        return None
+    r = b["row"][b["reused"]]
+    p = b["prev"][b["reused"]]
+    a = arrivals_ns(t)
+    return {"unit": "requests", "hits": int(len(r)), "requests": quantiles(r - p),
+            "seconds": quantiles((a[r] - a[p]) / 1e9)}
+
+
+MAX_FANOUT = 3   # a block followed by more distinct blocks than this is a shared prefix, not a turn
+
+
+def prefix_parents(table: Any, block_size: int | None = None) -> np.ndarray | None:
+    """Conversation turns inferred from `hash_ids` (for traces without `session_id`, e.g.
+    Mooncake): row r continues row p when the last block of r's reused leading run was last
+    used by p and is conversation-private: followed, over the whole trace, by at most
+    MAX_FANOUT distinct blocks (a system prompt or document shared by many conversations is
+    followed by many). Returns the parent row per row (-1 = opens a conversation); None
+    without hash_ids."""
+    t = _tbl(table)
+    b = _blocks(t)
+    if b is None:
+        return None
+    ids, row, lens, offsets = b["ids"], b["row"], b["lens"], b["offsets"]
+    fan = _fanout(b)
+    n_reused = np.bincount(row, weights=b["reused"], minlength=len(lens)).astype(np.int64)
+    has = n_reused > 0
+    last = offsets[:-1][has] + n_reused[has] - 1        # the last reused block of each row
+    parent = np.full(len(lens), -1, np.int64)
+    rows = np.flatnonzero(has)
+    ok = fan[last] <= MAX_FANOUT
+    parent[rows[ok]] = b["prev"][last[ok]]
+    return parent
+
+
+def _fanout(b: dict[str, np.ndarray]) -> np.ndarray:
+    """Per block occurrence: how many distinct blocks follow its id anywhere in the trace."""
+    ids, row = b["ids"], b["row"]
+    same = row[1:] == row[:-1]
+    pairs = np.stack([ids[:-1][same], ids[1:][same]])
+    if not pairs.shape[1]:
+        return np.zeros(len(ids), np.int64)
+    succ_id, succ_n = np.unique(np.unique(pairs, axis=1)[0], return_counts=True)
+    k = np.minimum(np.searchsorted(succ_id, ids), len(succ_id) - 1)
+    return np.where(succ_id[k] == ids, succ_n[k], 0)
+
+
+def private_blocks(table: Any) -> np.ndarray | None:
+    """Per row: whether a block before its last one is conversation-private (followed by at
+    most MAX_FANOUT distinct blocks): only such a row can be found as the parent of a later
+    turn by `prefix_parents` (the last block is usually a partial one, unique to the row).
+    None without hash_ids."""
+    t = _tbl(table)
+    b = _blocks(t)
+    if b is None:
+        return None
+    not_last = np.ones(len(b["ids"]), bool)
+    not_last[b["offsets"][1:][b["lens"] > 0] - 1] = False
+    return np.bincount(b["row"], weights=not_last & (_fanout(b) <= MAX_FANOUT), minlength=len(b["lens"])) > 0
+
+
+def has_sessions(table: Any) -> bool:
+    """Whether the trace has a (not all-null) `session_id` column."""
+    t = _tbl(table)
+    return "session_id" in t.column_names and t.column("session_id").null_count < t.num_rows
+
+
+def _turn_links(t: pa.Table, block_size: int | None,
+                source: str | None = None) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(conversation id per row, parent row per row or -1, source): from `session_id`
+    (consecutive requests of a session, by arrival) or else (or when `source` is
+    "hash_ids") inferred from `hash_ids`."""
+    if source != "hash_ids" and has_sessions(t):
+        col = pc.dictionary_encode(t.column("session_id").cast(pa.string())).combine_chunks()
+        sid = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # no session: its own
+        order = np.lexsort((np.arange(len(sid)), sid))              # rows are in arrival order
+        parent = np.full(len(sid), -1, np.int64)
+        cont = np.flatnonzero(sid[order][1:] == sid[order][:-1]) + 1
+        parent[order[cont]] = order[cont - 1]
+        return sid, parent, "session_id"
+    parent = prefix_parents(t, block_size)
+    if parent is None:
+        return None
+    root = np.arange(len(parent))
+    for _ in range(64):  # pointer jumping: log2(longest chain) rounds
+        nxt = np.where(parent[root] >= 0, parent[root], root)
+        if (nxt == root).all():
+            break
+        root = nxt
+    # (a row's parent is earlier, so chains end; 64 rounds cover 2^64 turns)
+    return root, parent, "hash_ids"
+
+
+def turn_stats(table: Any, block_size: int | None = None, source: str | None = None) -> dict[str, Any] | None:
+    """Session structure: turns (requests) per conversation, the gap between consecutive
+    turns' arrivals (s), and context growth per turn: `growth` = input_tokens(k+1) -
+    input_tokens(k), `new_tokens` = input_tokens(k+1) - input_tokens(k) - output_tokens(k)
+    (the user's new text when the prompt carries the whole history). Conversations come from
+    `session_id` or, without it, from the `hash_ids` chains (`prefix_parents`); `source` says
+    which (`source="hash_ids"` infers them even when `session_id` is there, so that a trace
+    without sessions compares with one that has them). None when neither column is there."""
+    t = _tbl(table)
+    if block_size is None and hasattr(table, "metadata"):
+        block_size = table.metadata.get("block_size")
+    links = _turn_links(t, block_size, source)
+    if links is None:
+        return None
+    sid, parent, source = links
+    _, turns = np.unique(sid, return_counts=True)
+    child = np.flatnonzero(parent >= 0)
+    p = parent[child]
+    a = arrivals_ns(t)
+    inp = _lengths(t, "input_tokens")
+    out = np.nan_to_num(_lengths(t, "output_tokens"))
+    q = quantiles(turns.astype(np.float64))
+    q.update(p50=count_quantile(turns, 0.5), p90=count_quantile(turns, 0.9))
+    return {"source": source, "sessions": int(len(turns)),
+            "turns": {k: q[k] for k in ("mean", "p50", "p90", "max")},
+            "multi_turn_share": float(turns[turns > 1].sum() / max(t.num_rows, 1)),
+            "gap_s": quantiles((a[child] - a[p]) / 1e9),
+            "growth": quantiles(inp[child] - inp[p]),
+            "new_tokens": quantiles(inp[child] - inp[p] - out[p])}
+
+
 TOP_IMAGE_PX = 5   # image sizes listed by describe (the rest are counted, not named)
 
 
@@ -406,5 +583,7 @@ def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = 
         "model_mix": model_mix(t),
         "sessions": session_stats(t),
         "prefix_cache": prefix_cache_hits(t, block_size),
+        "reuse_distance": reuse_distances(t),
+        "turns": turn_stats(t, block_size),
         "images": image_stats(t),
     }

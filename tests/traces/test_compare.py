@@ -24,7 +24,9 @@ def _verdicts(a, b):
 def test_identical_traces_pass_everything():
     t = _trace(models={"a": 0.5, "b": 0.5})
     rows = compare_traces(t, t)
-    assert rows and all(r["verdict"] == "pass" and r["diff"] == 0 for r in rows)
+    assert rows and all(r["diff"] == 0 for r in rows)
+    # an hour is 6 windows of 600 s: shown, but too few to judge a variance
+    assert all(r["verdict"] == ("n/a" if r["metric"] == "idc_600s" else "pass") for r in rows)
     assert {"mean_rate", "interarrival_cv", "idc_1s", "idc_10s", "idc_60s", "input_tokens.p99",
             "a.output_tokens.p50", "spearman_input_output", "model_share.a"} <= {r["metric"] for r in rows}
 

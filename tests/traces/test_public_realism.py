@@ -1,0 +1,94 @@
+"""Issue 14's realism targets on the public traces (tests/traces/fixtures/public/): import ->
+fit -> generate (seeds 1, 2, 3) -> compare, via benchmarks/realism.py (run it for the table).
+
+Every (fixture, target metric) is one test. It passes when every seed is within the target's
+tolerance. Metrics that miss today are `xfail(strict=True)` with the reason measured, so they
+turn into XPASS failures the moment a fitter change fixes them: then move them to passing
+(delete their line from MISSES). All four fixtures together take ~2 s.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SEEDS = (1, 2, 3)
+
+
+def _load_realism():
+    if "realism_bench" in sys.modules:
+        return sys.modules["realism_bench"]
+    spec = importlib.util.spec_from_file_location("realism_bench", ROOT / "benchmarks" / "realism.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["realism_bench"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+realism = _load_realism()
+TARGETS = [m for m, (_, _, target) in realism.TOL.items() if target]
+
+# Rows in each public file (the importers read every row).
+ROWS = {"azure_code": 8819, "azure_conv": 19366, "mooncake_conv": 12031, "mooncake_conv_dq": 12031}
+
+# Targets NOT met today, measured with the working tree of the end of issue 14's evidence pass
+# (source -> generated on seed 1; worst diff over seeds 1-3). `python3 benchmarks/realism.py
+# --misses` prints this table from the current code. Everything else in TARGETS passes on
+# every seed.
+MISSES: dict[str, dict[str, str]] = {
+    "azure_code": {
+        # 88 requests above p99 in 8.8k rows; seeds 2 and 3 pass
+        "output.p99": "251.5 -> 222.8 on seed 1 (11.4 % vs 10 %); seeds 2, 3 within",
+    },
+    "azure_conv": {},
+    "mooncake_conv": {
+        # the arrival fit matches the *session starts* (batch on the 3-s buckets, table
+        # profile); the later turns of sessions inferred from hash_ids arrive think_s later,
+        # off the bucket grid, which halves the 1-s dispersion of the whole trace
+        "rate": "3.401 -> 3.404 on seed 1, but 2.0 % (just over 2 %) on one of seeds 2, 3",
+        "idc_1s": "7.90 -> 3.75 (worst 53 %): turns of inferred sessions are off the 3-s bucket grid",
+        "idc_10s": "2.11 -> 1.39 (worst 42 %)",
+        "idc_60s": "2.95 -> 2.23 (worst 42 %)",
+    },
+    "mooncake_conv_dq": {
+        "rate": "3.399 -> 3.431 on seed 1; worst 2.1 % (vs 2 %)",
+        "idc_1s": "0.432 -> 0.721 (worst 67 %): gamma CV 0.63 vs the near-regular dequantized buckets",
+        "idc_10s": "1.39 -> 1.07 (worst 33 %): rate drift not fitted (profile constant)",
+        "idc_60s": "2.90 -> 1.66 (worst 59 %): rate drift not fitted (profile constant)",
+    },
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _result(name: str) -> dict:
+    return realism.run_fixture(realism.FIXTURES[name], SEEDS)
+
+
+def _cases():
+    for fx, misses in MISSES.items():
+        for metric in TARGETS:
+            marks = [pytest.mark.xfail(strict=True, reason=misses[metric])] if metric in misses else []
+            yield pytest.param(fx, metric, marks=marks, id=f"{fx}-{metric}")
+
+
+def test_public_fixtures_import_every_row():
+    for name, rows in ROWS.items():
+        res = _result(name)
+        assert res["rows"] == rows, name
+        assert 3400 < res["duration_s"] < 3600, name   # one hour each
+    assert set(MISSES) == set(ROWS) == set(realism.DEFAULT)
+
+
+@pytest.mark.parametrize("fixture, metric", list(_cases()))
+def test_realism_target(fixture, metric):
+    res = _result(fixture)
+    rows = [next((r for r in res["per_seed"][s]["rows_judged"] if r["metric"] == metric), None) for s in SEEDS]
+    if all(r is None for r in rows):
+        pytest.skip(f"{metric} does not apply to {fixture}")   # e.g. prefix_hit without hash_ids
+    bad = [(s, r["source"], r["generated"], r["diff"]) for s, r in zip(SEEDS, rows) if r["verdict"] != "pass"]
+    assert not bad, f"{fixture} {metric} outside {rows[0]['kind']} {rows[0]['tolerance']:g}: " + \
+        "; ".join(f"seed {s}: {a} -> {b} (diff {d})" for s, a, b, d in bad)
