@@ -16,10 +16,10 @@ HERE = Path(__file__).parent
 
 
 def test_chat_traffic_meets_slo(replay):
-    result = replay("chat", duration=30, rate=1, max_requests=40)
+    result = replay("chat", duration=15, rate=2, max_requests=40)
     result.assert_slo(HERE / "slo.yaml")
 
 
 @pytest.mark.slo("ttft_ms.p95 <= 5000", "error_rate <= 0.01")
 def test_bursty_traffic(replay):
-    replay("bursty", duration=30, rate=1, max_requests=40)
+    replay("bursty", duration=15, rate=3, max_requests=40)
