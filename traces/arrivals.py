@@ -15,7 +15,8 @@ fit_dists.fit_arrivals):
   last one mean gap before `duration` (the edges of a fitted source: fit re-bases the trace to
   its first arrival and sets duration = span * n / (n - 1)), so the measured mean rate
   (n - 1) / (last - first) is `rate` on every seed. A heavy-tailed renewal process alone
-  cannot hold its rate (its count variance is ~CV^2 times the mean).
+  cannot hold its rate (its count variance is ~CV^2 times the mean). With sessions the
+  count is the rows' (generate._session_starts / _session_times), not the starts'.
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ rate profile and arrival process (`fit_dists`), per model the input and output l
 their Spearman rho, the model mix (per window when it drifts), SLO classes, failures,
 sessions (turns, think time, new user tokens per turn), the prefix structure of hash_ids, and
 per model the images per request (the exact count PMF) and the most common image size.
+A bucketed clock (`stats.timestamp_buckets`, or a `dequantize` op in the source's metadata) is
+written as the top-level `timestamp_quantum_s` (+ `timestamp_spread`), which generate applies
+to every row; the arrival model is fitted under it and judged on all rows (`_fit_client`).
 """
 from __future__ import annotations
 
@@ -194,16 +197,29 @@ def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> t
 
 
 def _fit_client(t: pa.Table, name: str, duration: float, window: float,
-                fixed_window: bool = False) -> dict[str, Any]:
+                fixed_window: bool = False, buckets: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One client's spec. `buckets` (`stats.timestamp_buckets` of the whole trace): the
+    timestamps are a bucketed clock's, so the arrival model and think times are fitted on the
+    times spread evenly over their buckets (`transform.spread_buckets`, what `dequantize`
+    does: the process under the clock) and judged, simulated and floored to the buckets as
+    `generate` will with the spec's timestamp_quantum_s, against the source as written."""
     a = _col(t, "arrival_ns").astype(np.int64)  # already relative to the trace's first arrival
+    written = a / 1e9
+    if buckets and not buckets.get("spread"):
+        from .transform import spread_buckets
+        a = spread_buckets(a, buckets["quantum_ns"], buckets["jitter_ns"])
+        t = t.set_column(t.column_names.index("arrival_ns"), "arrival_ns", pa.array(a))
     times = a / 1e9
     opens = np.ones(len(a), bool)
     c: dict[str, Any] = {"name": name, "rate": round(len(a) / duration, 6)}
     if _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
         c["sessions"], opens = _fit_sessions(t, opens)
     starts = times[opens]
-    # profile + arrival process (+ modulation), chosen by the IDC they reproduce; `why` says so
-    c.update(fit_arrivals(starts, duration, window, fixed_window))
+    # profile + arrival process (+ modulation), chosen by the IDC they reproduce on the whole
+    # client (starts and turns, on the source's clock); `why` says so
+    whole = {"sessions": c.get("sessions"), "timestamp_quantum_s": buckets["quantum_ns"] / 1e9 if buckets else None,
+             "timestamp_spread": bool(buckets and buckets.get("spread"))}
+    c.update(fit_arrivals(starts, duration, window, fixed_window, rows=times, target=written, client=whole))
     failed = _col(t, "failed_in_source")
     failed = failed.astype(bool) if failed is not None else np.zeros(len(a), bool)
     if failed.any():
@@ -243,6 +259,17 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     return c
 
 
+def _dequantized(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A source whose bucketed timestamps `dequantize` spread over their detected buckets (its
+    last such op in metadata['transforms']): the same clock, spread -- {"quantum_ns",
+    "jitter_ns", "spread": True}, so the spec asks generate to floor and spread alike (the
+    spread's regular 1-s counts are the dequantizer's, not the traffic's); None otherwise."""
+    ops = [op for op in meta.get("transforms") or [] if isinstance(op, dict) and op.get("op") == "dequantize"]
+    if not ops or ops[-1].get("quantum_from") != "buckets" or not ops[-1].get("quantum_ns"):
+        return None
+    return {"quantum_ns": int(ops[-1]["quantum_ns"]), "jitter_ns": int(ops[-1].get("jitter_ns", 0)), "spread": True}
+
+
 def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     """A generator spec (dict) that reproduces `trace`'s statistics."""
     t = trace.table if hasattr(trace, "table") else trace
@@ -256,6 +283,8 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     duration = span * len(a) / (len(a) - 1)
     fixed_window = window is not None  # --window: the renewal model at that window, no search
     window = float(window or max(60.0, round(duration / 48 / 60) * 60))
+    # a bucketed clock (Mooncake: ~3 s) is a property of the source: generate floors to it
+    buckets = stats.timestamp_buckets(t) or _dequantized(getattr(trace, "metadata", {}) or {})
     groups = [(t, "fitted")]
     cc = _codes(t, "client_id")
     if cc is not None and len(cc[1]) <= MAX_CLIENTS and (cc[0] >= 0).all():
@@ -264,10 +293,14 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0,
                             "block_size": int(meta.get("block_size") or 16),
                             "exact_count": True, "clients": []}  # fitted: the count is the source's
+    if buckets:
+        spec["timestamp_quantum_s"] = buckets["quantum_ns"] / 1e9
+        if buckets.get("spread"):
+            spec["timestamp_spread"] = True
     for g, name in groups:
         if g.num_rows < 2:  # a client seen once has no rate to fit
             continue
-        c = _fit_client(g, name, duration, window, fixed_window)
+        c = _fit_client(g, name, duration, window, fixed_window, buckets)
         if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows:
             p = _fit_prefix(g)
             if p:

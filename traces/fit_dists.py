@@ -7,7 +7,9 @@
   MMPP (on/off) when the index of dispersion keeps growing with the window, else Poisson /
   gamma / Weibull by AIC with the gaps' CV;
 - `fit_arrivals`: that model, or, when simulating it misses the trace's index of dispersion,
-  a log-normal modulated rate or a rate table at a window chosen from the IDC curve.
+  a log-normal modulated rate or a rate table at a window chosen from the IDC curve; with
+  sessions or a timestamp quantum, judged on the whole client as generated (starts, their
+  turns, the rows' exact count, the source's clock).
 """
 from __future__ import annotations
 
@@ -255,13 +257,45 @@ def _lognormal_modulation(t: np.ndarray, duration: float, w: float, within: dict
     return {"kind": "lognormal", "window": float(w), "sigma": round(float(np.sqrt(s2)), 4), "corr": round(phi, 4)}
 
 
-def _simulate(cand: dict[str, Any], rate: float, span: float, seeds=EVAL_SEEDS) -> list[np.ndarray]:
+def _simulate(cand: dict[str, Any], rate: float, span: float, seeds=EVAL_SEEDS,
+              client: dict[str, Any] | None = None) -> list[np.ndarray]:
     """Arrival times of a candidate {profile, arrival, modulation} on [0, span), exact count,
-    one realisation per seed, through the generator's own code."""
+    one realisation per seed, through the generator's own code.
+
+    `client` ({sessions, timestamp_quantum_s}, either optional): the whole client is generated
+    instead (`generate.client_arrivals`: the session starts at rate / mean turns, their turns
+    think_s later, the rows' exact count, arrivals floored to the quantum), and `rate` is the
+    rows' rate: the times are those of every row, as `compare` will see them."""
+    if client and (client.get("sessions") or client.get("timestamp_quantum_s")):
+        from .generate import client_arrivals
+        from .spec import parse_client
+        from .spec_types import Spec
+        one = {"dist": "constant", "value": 1}
+        d = {"rate": rate, **cand, "input": one, "output": one, "exact_count": True}
+        if client.get("sessions"):
+            d["sessions"] = client["sessions"]
+        c = parse_client(_Reader(d, "clients[0]", None), 0)
+        sp = Spec(span, 0, 16, 1.0, None, None, [c], client.get("timestamp_quantum_s"),
+                  bool(client.get("timestamp_spread")))
+        return [client_arrivals(sp, c, np.random.SeedSequence(s)) for s in seeds]
     a = parse_arrival(_Reader(cand["arrival"], "arrival", None))
     p = parse_profile(_Reader(cand["profile"], "profile", None))
     m = parse_modulation(_Reader(cand["modulation"], "modulation", None)) if "modulation" in cand else None
     return [arrival_times(a, p, rate, 0.0, span, np.random.default_rng(s), m, exact=True) for s in seeds]
+
+
+REGULAR_FACTORS = (1.0, 0.6, 0.3, 1.6, 2.5)  # whole-client fits: the starts' renewal CV times these, too
+
+
+def _more_regular(arrival: dict[str, Any], f: float) -> dict[str, Any]:
+    """A renewal `arrival` with its CV times f (Poisson: gamma CV f); others unchanged. With
+    sessions the turns (think_s after their start) fall nearly independently of the other
+    rows, like a Poisson stream, so rows as regular as the source's at 1 s (a dequantized
+    bucketed clock: 1-s IDC 0.43) need starts more regular than the starts' own gaps say."""
+    if f == 1.0 or arrival.get("process") not in ("poisson", "gamma", "weibull"):
+        return arrival
+    return {**arrival, "process": "gamma" if arrival["process"] == "poisson" else arrival["process"],
+            "cv": round(max(arrival.get("cv", 1.0) * f, 0.05), 4)}
 
 
 def _score(rel: np.ndarray) -> float:
@@ -275,7 +309,9 @@ def _fmt_idc(v: list[float | None]) -> str:
     return "/".join("-" if x is None else f"{x:.3g}" for x in v)
 
 
-def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bool = False) -> dict[str, Any]:
+def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bool = False,
+                 rows: np.ndarray | None = None, target: np.ndarray | None = None,
+                 client: dict[str, Any] | None = None) -> dict[str, Any]:
     """Profile, arrival process (and modulation) for sorted arrival seconds t, chosen by the
     index of dispersion of counts (IDC) at 1, 10, 60 and 600 s that each candidate reproduces
     when simulated (5 seeds, exact count, on a prefix of at most ~200k arrivals):
@@ -293,9 +329,22 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
        for what lies within a window (a copy of the source's swings at w*);
     4. else whichever candidate came closest (smallest score).
 
+    With sessions (`client` = {sessions, timestamp_quantum_s}: t are the session starts, `rows`
+    every row, `target` every row as the source wrote them, e.g. on its timestamp buckets),
+    candidates are judged on the whole client: each is simulated with its sessions' turns
+    (placed think_s after their session's start), the rows' exact count and the quantum
+    (`_simulate`), against the IDC of `target`. The turns add their own dispersion (a session
+    is a cluster of rows) and spread the starts' swings, so the start process that matches the
+    starts' IDC misses the rows' (Mooncake: 60-s IDC 2.9 -> 1.7); the modulations and tables
+    are therefore built from the starts' and from the rows' windowed counts, and the score
+    picks. Without sessions or quantum: as before (the same draws).
+
     Returns {profile, arrival, [modulation], why}; `why` names the choice and the source's vs
     the candidate's IDCs."""
     rate = len(t) / duration
+    whole = client if client and (client.get("sessions") or client.get("timestamp_quantum_s")) else None
+    rows = t if rows is None or whole is None else rows
+    target = rows if target is None or whole is None else target
     profile, u = fit_profile(t, duration, window)
     base = {"profile": profile, "arrival": fit_arrival(u, rate)}
     if fixed_window:
@@ -303,15 +352,16 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
     if len(t) < 200:
         return base
     span = min(duration, max(EVAL_POINTS / rate, MIN_WINDOWS * IDC_SCALES[-1]))
-    src_t = t[t < span]
-    r_eval = len(src_t) / span
+    src_t = target[target < span]
+    r_eval = len(t[t < span]) / span
+    r_sim = len(src_t) / span  # the rows' rate, with sessions
     src = [idc_s(src_t, s) for s in IDC_SCALES]
     judged = [i for i, s in enumerate(IDC_SCALES) if src[i] and (src_t[-1] - src_t[0]) / s >= MIN_WINDOWS]
     if not judged:
         return base
 
     def evaluate(cand: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
-        sims = _simulate(cand, r_eval, span)
+        sims = _simulate(cand, r_sim, span, client=whole) if whole else _simulate(cand, r_eval, span)
         got = np.array([[idc_s(x, s) or np.nan for s in IDC_SCALES] for x in sims])
         rel = got[:, judged] / np.array([src[i] for i in judged]) - 1
         ok = np.isfinite(got)
@@ -344,11 +394,12 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
         _, uw = _table_at(t[t < span], span, w) if span < duration else _table_at(t, duration, w)
         inner[w] = fit_arrival(uw, r_eval)
     best_mod = None
-    for w in windows:
-        mod = _lognormal_modulation(t, duration, w, inner[w])
+    for w, pts, f in [(w, p, f) for p in ([t, rows] if whole else [t]) for w in windows
+                      for f in (REGULAR_FACTORS if whole else (1.0,))]:
+        mod = _lognormal_modulation(pts, duration, w, inner[w])
         if mod is None:
             continue
-        cand = {"profile": {"kind": "constant"}, "arrival": inner[w], "modulation": mod}
+        cand = {"profile": {"kind": "constant"}, "arrival": _more_regular(inner[w], f), "modulation": mod}
         rel, _, means = evaluate(cand)
         worst = _score(rel)
         tried.append((worst, cand, means))
@@ -360,9 +411,10 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
                                           f"error {best_mod[0]:.0%} <= {IDC_TOL:.0%}. {head}; candidate {_fmt_idc(best_mod[2])}; "
                                           + "; ".join(notes)}
         notes.append(f"rejected {label(best_mod[1])} (score {best_mod[0]:.0%}, {_fmt_idc(best_mod[2])})")
-    for w in sorted(windows, reverse=True):
-        prof, _ = _table_at(t, duration, w)
-        cand = {"profile": prof, "arrival": inner[w]}
+    for w, pts, f in [(w, p, f) for w in sorted(windows, reverse=True) for p in ([t, rows] if whole else [t])
+                      for f in (REGULAR_FACTORS if whole else (1.0,))]:
+        prof, _ = _table_at(pts, duration, w)
+        cand = {"profile": prof, "arrival": _more_regular(inner[w], f)}
         rel, _, means = evaluate(cand)
         worst = _score(rel)
         tried.append((worst, cand, means))

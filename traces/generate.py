@@ -48,28 +48,120 @@ def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarray, sess: np.ndarray,
-                   rng: np.random.Generator) -> np.ndarray:
-    """Each turn's arrival: its session's start plus the think times of the turns before it."""
+                   rng: np.random.Generator, rows: int | None = None, duration: float = 0.0) -> np.ndarray:
+    """Each turn's arrival: its session's start plus the think times of the turns before it.
+
+    `rows` (exact_count): the whole client's times are then scaled about 0 so that the
+    rows-th row at or after 0 lands at duration (rows - 1) / rows, as `arrival_times` does for
+    the starts: the starts' exact count alone leaves the rows' count to the sum of the turns
+    per session and to how many turns of the warm-up sessions reach past 0 (~2 % on the
+    Mooncake hour); one scale keeps every think time's share and the turns' order (the scale
+    is within a few % of 1). `_arrival_order(limit=rows)` then keeps exactly those rows."""
     think = sample(c.sessions.think_s, rng, len(sess), integer=False)
     think[first] = 0.0
     t = _segmented_cumsum(think, first, k)
     del think
     t += starts[sess]
+    if rows is not None and rows >= 2:
+        nonneg = t[t >= 0]
+        if len(nonneg) >= rows:
+            nth = float(np.partition(nonneg, rows - 1)[rows - 1])
+            if nth > 0:
+                t *= duration * (rows - 1) / rows / nth
     return t
 
 
-def _arrival_order(t: np.ndarray, duration: float) -> dict[str, np.ndarray]:
+def _arrival_order(t: np.ndarray, duration: float, quantum_s: float | None = None,
+                   limit: int | None = None) -> dict[str, np.ndarray]:
     """Arrival in ns, and `order`: the indices of the rows in [0, duration) by arrival (a
-    stable sort: equal arrivals keep their draw order); `keep` marks those rows if not all."""
+    stable sort: equal arrivals keep their draw order); `keep` marks those rows if not all.
+
+    `quantum_s` (the spec's timestamp_quantum_s): each arrival is floored to a multiple of it
+    (in whole ns, from t = 0), as the source's bucketed clock wrote them; flooring is monotone
+    and the sort stable, so a turn (drawn after its parent, never earlier) still follows it.
+    `limit`: only the first `limit` rows by arrival are kept (exact_count with sessions)."""
     rows = {"arrival_ns": np.rint(t * 1e9).astype(np.int64)}
+    if quantum_s:
+        q = max(int(round(quantum_s * 1e9)), 1)
+        rows["arrival_ns"] //= q
+        rows["arrival_ns"] *= q
     keep = (t >= 0) & (t < duration)
-    if keep.all():
+    if keep.all() and (limit is None or limit >= len(t)):
         rows["order"] = np.argsort(rows["arrival_ns"], kind="stable")
     else:
-        rows["keep"] = keep
         idx = np.flatnonzero(keep)
-        rows["order"] = idx[np.argsort(rows["arrival_ns"][idx], kind="stable")]
+        order = idx[np.argsort(rows["arrival_ns"][idx], kind="stable")]
+        if limit is not None and len(order) > limit:
+            order = order[:limit]
+            keep = np.zeros(len(t), bool)
+            keep[order] = True
+        rows["keep"] = keep
+        rows["order"] = order
     return rows
+
+
+def _session_starts(c: Client, T: float, r_arr: np.random.Generator,
+                    r_sess: np.random.Generator) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """Session starts (from before 0, so that conversations are already in progress at t=0),
+    turns per session, and (exact_count) the rows to keep.
+
+    exact_count: the turns per session are drawn first, and the sessions' count is the one
+    whose turns add up to round(rate * (T + warm)) (the last session is cut to fit), so that
+    the rows' count, not the starts', is the source's; `_session_times` then scales out
+    what the warm-up leaves. The first turn counts are the ones earlier versions drew (one
+    per start), so r_sess's think times stay those draws; any more come from a child stream.
+    Without exact_count: the draws of earlier versions."""
+    mean_turns = discrete_mean(c.sessions.turns)
+    long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
+    warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
+    if not c.exact_count:
+        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr, c.modulation)
+        return starts, sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64), None
+    total = max(int(round(c.rate * (T + warm))), 1)
+    # as many turn counts from r_sess as earlier versions drew (one per start at rate / mean
+    # turns), so that the think times that follow in it are the same draws; more, when
+    # needed, from a stream of their own
+    parts = [sample(c.sessions.turns, r_sess, int(round(c.rate / mean_turns * (T + warm)))).astype(np.int64)]
+    have, extra = int(parts[0].sum()), None
+    while have < total:
+        extra = extra or np.random.default_rng(r_sess.bit_generator.seed_seq.spawn(1)[0])
+        parts.append(sample(c.sessions.turns, extra, int((total - have) / mean_turns * 1.2) + 16).astype(np.int64))
+        have += int(parts[-1].sum())
+    k = np.concatenate(parts)
+    m = int(np.searchsorted(np.cumsum(k), total)) + 1
+    k = k[:m]
+    k[-1] -= int(k.sum()) - total
+    starts = arrival_times(c.arrival, c.profile, m / (T + warm), -warm, T, r_arr, c.modulation, True)
+    if len(starts) != m:  # (rounding of m / (T + warm) * (T + warm)): keep the pairs aligned
+        k = np.resize(k, len(starts))
+    return starts, k, max(int(round(c.rate * T)), 1)
+
+
+def client_arrivals(spec: Spec, c: Client, ss: np.random.SeedSequence) -> np.ndarray:
+    """The arrival seconds (sorted) of the rows `_client_rows` keeps for client c with seed
+    sequence ss -- the same streams and code, without the sizes: what `fit` simulates when it
+    scores an arrival model on the whole client (session starts and their turns)."""
+    streams = ss.spawn(7)
+    r_arr, r_sess = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
+    T, q = spec.duration, spec.timestamp_quantum_s
+    if c.sessions:
+        starts, k, keep_rows = _session_starts(c, T, r_arr, r_sess)
+        first = np.cumsum(k) - k
+        sess = np.repeat(np.arange(len(starts)), k)
+        rows = _arrival_order(_session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows)
+    else:
+        rows = _arrival_order(arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation,
+                                            c.exact_count), T, q)
+    a = rows["arrival_ns"][rows["order"]]
+    return (_spread(a, q) if q and spec.timestamp_spread else a) / 1e9
+
+
+def _spread(a: np.ndarray, quantum_s: float) -> np.ndarray:
+    """The rows of each (floored) bucket spread evenly over it, in arrival order, as
+    `transform.dequantize` spreads a bucketed source (timestamp_spread): monotone, so a turn
+    still follows its parent; over all clients at once, like the source's."""
+    from .transform import spread_buckets
+    return spread_buckets(a, max(int(round(quantum_s * 1e9)), 1))
 
 
 def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
@@ -81,23 +173,19 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     streams = ss.spawn(7)
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
     T = spec.duration
+    q = spec.timestamp_quantum_s
     if c.sessions:
-        mean_turns = discrete_mean(c.sessions.turns)
-        # sessions start before 0 so that conversations are already in progress at t=0
-        long_turns = finish(sample_from_normal(c.sessions.turns, np.array([2.33])), c.sessions.turns)[0]
-        warm = min(T, (long_turns - 1) * discrete_mean(c.sessions.think_s))
-        starts = arrival_times(c.arrival, c.profile, c.rate / mean_turns, -warm, T, r_arr,
-                               c.modulation, c.exact_count)
-        k = sample(c.sessions.turns, r_sess, len(starts)).astype(np.int64)
+        starts, k, keep_rows = _session_starts(c, T, r_arr, r_sess)
         n = int(k.sum())
         first = np.cumsum(k) - k
         sess = np.repeat(np.arange(len(starts)), k)
         # the times (and their sort) and the sizes come from separate streams: two cores
-        times = pool.submit(lambda: _arrival_order(_session_times(c, starts, k, first, sess, r_sess), T))
+        times = pool.submit(lambda: _arrival_order(
+            _session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows))
         turn = (np.arange(n) - first[sess]).astype(np.int32)
     else:
         starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation, c.exact_count)
-        n, times = len(starts), pool.submit(_arrival_order, starts, T)
+        n, times = len(starts), pool.submit(_arrival_order, starts, T, q)
         k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
         sess = np.arange(n)
 
@@ -391,6 +479,8 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
         if "px" in p:
             p["px"] = np.array([pixels.index(s) for s in _client_px(c)], np.int32)[p["px"]]
     col, order, kept = _concat_sorted(parts)
+    if parsed.timestamp_quantum_s and parsed.timestamp_spread:
+        col["arrival_ns"][order] = _spread(col["arrival_ns"][order], parsed.timestamp_quantum_s)
     sessions = any(c.sessions is not None and m > 0 for c, m in zip(clients, kept))
     new_index = None
     if sessions:

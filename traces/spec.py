@@ -383,7 +383,8 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
     """Validate a spec dict and return the typed view; SpecError names the first bad field."""
     r = _Reader(d, "", file)
     r.check_keys({"duration", "seed", "block_size", "length_scale", "max_input_tokens",
-                  "max_output_tokens", "clients", "version", "name", "description", "exact_count"})
+                  "max_output_tokens", "clients", "version", "name", "description", "exact_count",
+                  "timestamp_quantum_s", "timestamp_spread"})
     exact = r.flag("exact_count", False)
     clients = d.get("clients")
     if not isinstance(clients, list) or not clients:
@@ -393,6 +394,8 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
                 length_scale=r.num("length_scale", 1.0, lo=0, lo_open=True),
                 max_input_tokens=r.num("max_input_tokens", None, lo=1, integer=True),
                 max_output_tokens=r.num("max_output_tokens", None, lo=0, integer=True),
+                timestamp_quantum_s=r.num("timestamp_quantum_s", None, lo=0, lo_open=True),
+                timestamp_spread=r.flag("timestamp_spread", False),
                 clients=[parse_client(_Reader(c, f"clients[{i}]", file), i, exact) for i, c in enumerate(clients)])
 
 

@@ -123,6 +123,12 @@ class Spec:
     max_input_tokens: int | None
     max_output_tokens: int | None
     clients: list[Client]
+    # the source's timestamp buckets (fit: stats.timestamp_buckets): every arrival is floored
+    # to a multiple of it (generate._arrival_order); None: exact times, as before
+    timestamp_quantum_s: float | None = None
+    # with the quantum: each bucket's rows are then spread evenly over it (transform.dequantize),
+    # as in a source imported with --dequantize uniform
+    timestamp_spread: bool = False
 
 
 def weibull_cv(shape: float) -> float:

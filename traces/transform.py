@@ -140,6 +140,18 @@ def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
     return _new(trace, t, {"op": f"clip_{column}", "min": lo, "max": hi})
 
 
+def spread_buckets(a: np.ndarray, q: int, jitter: int = 0) -> np.ndarray:
+    """Sorted int64 ns arrivals with each run of ties (gaps <= jitter) spread evenly over a
+    bucket of q ns from its first arrival, never past the next run's start (`dequantize`;
+    `fit` fits arrival models on these times of a bucketed trace)."""
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(a) > jitter]))
+    sizes = np.diff(np.concatenate([starts, [len(a)]]))
+    j = np.arange(len(a)) - np.repeat(starts, sizes)
+    out = np.repeat(a[starts], sizes) + (j * q) // np.repeat(sizes, sizes)
+    nxt = np.append(a[starts[1:]], np.iinfo(np.int64).max)
+    return np.minimum(out, np.repeat(nxt, sizes))
+
+
 def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
     """Spread the requests of each timestamp bucket evenly over it: the j-th of m requests of a
     bucket that starts at t moves to t + j * quantum // m (never past the next bucket's start).
@@ -158,12 +170,7 @@ def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
         q, source = b["quantum_ns"], "buckets"
     else:
         q, source = (int(np.gcd.reduce(a[a > 0])) if (a > 0).any() else 1), "resolution"
-    starts = np.flatnonzero(np.concatenate([[True], np.diff(a) > jitter]))
-    sizes = np.diff(np.concatenate([starts, [len(a)]]))
-    j = np.arange(len(a)) - np.repeat(starts, sizes)
-    out = np.repeat(a[starts], sizes) + (j * q) // np.repeat(sizes, sizes)
-    nxt = np.append(a[starts[1:]], np.iinfo(np.int64).max)
-    out = np.minimum(out, np.repeat(nxt, sizes))
+    out = spread_buckets(a, q, jitter)
     op = {"op": "dequantize", "quantum_ns": q, "quantum_from": source, **({"jitter_ns": jitter} if jitter else {}),
           "spread": int((out != a).sum())}
     return _new(trace, _set_arrivals(trace.table, out), op)

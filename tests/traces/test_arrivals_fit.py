@@ -124,3 +124,60 @@ PINNED_ROWS, PINNED_NS7 = 487, 1157719769  # git e0b9202 (before exact_count and
 def test_new_keys_are_validated(bad, rule):
     with pytest.raises(SpecError, match=rule):
         parse_spec({"duration": 10, "clients": [{"rate": 1, "input": CONST, "output": CONST, **bad}]})
+
+
+def _bucketed_sessions_trace(quantum_ns: int = 3_000_000_000) -> Trace:
+    """A one-hour trace of multi-turn sessions (explicit session_id) whose clock writes ~3 s
+    buckets, like the public Mooncake hour: every arrival floored to the bucket."""
+    spec = {"duration": 3600, "clients": [{
+        "name": "chat", "rate": 2.5, "arrival": {"process": "gamma", "cv": 1.5},
+        "input": {"dist": "lognormal", "median": 300, "sigma": 0.8}, "output": CONST,
+        "sessions": {"turns": {"dist": "zipf", "a": 1.8, "max": 10},
+                     "think_s": {"dist": "lognormal", "median": 25, "sigma": 0.8}}}]}
+    g = generate(spec, seed=11)
+    a = g.table.column("arrival_ns").to_numpy()
+    tbl = g.table.set_column(g.table.column_names.index("arrival_ns"), "arrival_ns",
+                             __import__("pyarrow").array((a // quantum_ns) * quantum_ns))
+    return Trace(tbl, {"block_size": 16})
+
+
+def test_bucketed_sessions_keep_their_clock_idc_and_rows_rate():
+    """Bucketed timestamps are a property of the source: fit writes timestamp_quantum_s and
+    judges arrival models on every row (starts and their turns) on that clock; generate floors
+    every arrival (turns included) to it, a turn never before its parent; the rows' count (not
+    the starts') is exact. Before: the turns landed off the buckets (1-s IDC halved) and the
+    rows' rate wandered with the turns per session."""
+    src = _bucketed_sessions_trace()
+    spec = fit_trace(src)
+    assert spec["timestamp_quantum_s"] == 3.0 and "sessions" in spec["clients"][0]
+    src_rate, src_idc = tstats.mean_rate(src), _idc(src)
+    for seed in (1, 2, 3):
+        g = generate(spec, seed=seed)
+        a = g.table.column("arrival_ns").to_numpy()
+        assert (a % 3_000_000_000 == 0).all() and (np.diff(a) >= 0).all()
+        row = {r: i for i, r in enumerate(g.table.column("request_id").to_pylist())}
+        parents = g.table.column("parent_id").to_pylist()
+        assert all(p is None or row[p] < i for i, p in enumerate(parents))
+        assert g.num_rows == src.num_rows
+        assert tstats.mean_rate(g) == pytest.approx(src_rate, rel=0.02)
+        assert _idc(g)[0] == pytest.approx(src_idc[0], rel=0.20), seed
+    # a spec without the key draws what it drew before (no floor), the key validates
+    plain = {k: v for k, v in spec.items() if k != "timestamp_quantum_s"}
+    assert not (generate(plain, seed=1).table.column("arrival_ns").to_numpy() % 3_000_000_000 == 0).all()
+    with pytest.raises(SpecError):
+        parse_spec({**spec, "timestamp_quantum_s": 0})
+
+
+def test_dequantized_source_is_floored_and_spread_alike():
+    """A source imported with --dequantize (its metadata records the op and the detected
+    bucket) fits timestamp_quantum_s + timestamp_spread: generate floors to the buckets and
+    spreads each bucket's rows evenly over it, as the source's dequantizer did."""
+    from llm_replay.traces.transform import dequantize
+    src = dequantize(_bucketed_sessions_trace())
+    spec = fit_trace(src)
+    assert spec["timestamp_quantum_s"] == 3.0 and spec["timestamp_spread"] is True
+    g = generate(spec, seed=1)
+    a = g.table.column("arrival_ns").to_numpy()
+    assert (np.diff(a) >= 0).all() and not (a % 3_000_000_000 == 0).all()
+    assert _idc(g)[0] == pytest.approx(_idc(src)[0], rel=0.20)
+    assert tstats.mean_rate(g) == pytest.approx(tstats.mean_rate(src), rel=0.02)
