@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO, free_port
@@ -184,8 +185,29 @@ def same_shape(shown: str, real: str) -> None:
 # ---------------------------------------------------------------- shared state: one working folder
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("readme")
+def work(tmp_path_factory):
+    """One working folder for the whole README. The quick start's `replay demo` (a 45 s trace)
+    starts here in the background at once, so the other blocks run while it replays; the tests
+    that read its output come late in this file."""
+    folder = tmp_path_factory.mktemp("readme")
+    line = commands(block("pip install torch==2.13.0 -e '.[engine]' && replay demo").text)[0]
+    job = line.split("&&", 1)[1].strip()
+    assert job == "replay demo"
+    proc = None
+    try:
+        import torch  # noqa: F401
+        with open(folder / "demo.out", "w") as out, open(folder / "demo.err", "w") as err:
+            proc = subprocess.Popen(["bash", "-c", f"exec {job}"], cwd=folder, env=env(), stdout=out,
+                                    stderr=err, start_new_session=True)
+    except ImportError:
+        pass
+    folder_demo[folder] = proc
+    yield folder
+    if proc is not None:
+        stop(proc)
+
+
+folder_demo: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -204,15 +226,17 @@ def engine(work):
 
 @pytest.fixture(scope="module")
 def demo(work):
-    """The quick start's main job, `replay demo`, exactly as written (after its install)."""
+    """The quick start's main job, `replay demo`, exactly as written (after its install): its
+    stdout once it has finished."""
     pytest.importorskip("torch")
-    line = commands(block("pip install torch==2.13.0 -e '.[engine]' && replay demo").text)[0]
-    job = line.split("&&", 1)[1].strip()
-    assert job == "replay demo"
-    p = sh(job, work, timeout=420)
-    run = Path(re.search(r"^report: (\S+)/report\.html$", p.stdout, re.M).group(1))
+    proc = folder_demo[work]
+    proc.wait(timeout=420)
+    out, err = (work / "demo.out").read_text(), (work / "demo.err").read_text()
+    assert proc.returncode == 0, f"replay demo exited {proc.returncode}:\n{(out + err)[-4000:]}"
+    assert "Traceback" not in out + err, err[-4000:]
+    run = Path(re.search(r"^report: (\S+)/report\.html$", out, re.M).group(1))
     (work / "runs" / "demo").symlink_to((work / run).resolve())
-    return p.stdout
+    return out + "\n" + err
 
 
 @pytest.fixture(scope="module")
@@ -225,20 +249,6 @@ def first_run(work, engine):
 
 
 # ---------------------------------------------------------------- the checks, in README order
-
-def test_quick_start(demo):
-    install_demo, install_test = commands(block("pip install torch==2.13.0 -e '.[engine]'").text)
-    ci = (REPO / ".ci" / "run").read_text()
-    # the install half is what .ci/run does (torch pinned first, then the extras); the test half is its last line
-    assert "pip install -q torch==2.13.0" in ci and '-e ".[engine,test]"' in ci
-    assert install_test.startswith("pip install torch==2.13.0 -e '.[engine,test]' && ")
-    assert install_test.split("&&", 1)[1].strip() == ci.strip().splitlines()[-1].strip() == "python3 -m pytest -q"
-    assert "headline:" in demo and "SLO gate (exit " in demo
-
-
-def test_demo_output(demo):
-    same_shape(block("engine-stub: http://127.0.0.1:").text, demo)
-
 
 def test_trace_import_block(work):
     shutil.copy(FIX / "azure_2023_code.csv", work / "AzureLLMInferenceTrace_code.csv")
@@ -413,6 +423,80 @@ def test_verify_block():
         else:
             assert (REPO / args[1]).exists()
             sh(f"{sys.executable} {REPO / args[1]} --help", REPO, timeout=60)
+def test_engine_stub_block(work):
+    pytest.importorskip("torch")
+    lines = commands(block("engine-stub serve                          # tiny model").text)
+    procs = []
+    try:
+        for i, line in enumerate(lines):
+            cmd, port = line.split("#")[0].strip(), free_port()
+            cmd = (substitute(cmd, {"--port 0": f"--port {port}"}) if "--port 0" in cmd
+                   else f"{cmd} --port {port}")
+            log = work / f"engine{i}.log"
+            procs.append(background(cmd, work, log))
+            wait_http(f"http://127.0.0.1:{port}/v1/models", proc=procs[-1], log=log)
+            if i == 0:  # the curl block, against the first (tiny) engine
+                curl = commands(block("curl -s localhost:8000/v1/completions").text)[0]
+                out = sh(substitute(curl, {"localhost:8000": f"127.0.0.1:{port}"}), work, timeout=60).stdout
+                assert out.rstrip().endswith("data: [DONE]") and '"text"' in out
+            stop(procs[-1])
+    finally:
+        for p in procs:
+            stop(p)
+def test_kubernetes_block(work, first_run):
+    """No cluster here: every file the block names exists, the kustomization builds (where kubectl
+    is installed; tests/test_deploy.py validates what it builds), and its `replay` line runs on a
+    run directory collected as the block collects it."""
+    lines = commands(block("docker build -f deploy/kubernetes/Dockerfile").text)
+    kubectl = shutil.which("kubectl")
+    for line in lines:
+        cmd = line.split("#")[0].strip()
+        for path in re.findall(r"deploy/kubernetes[\w./-]*", cmd):
+            assert (REPO / path).exists(), f"{path} (in `{cmd}`)"
+        if cmd.startswith("kubectl kustomize") and kubectl:
+            sh(cmd, REPO, timeout=60)
+        if cmd.startswith("kubectl cp"):
+            dest = cmd.split()[-1]
+            shutil.copytree(work / "runs" / "first", work / dest)
+        if cmd.startswith("replay "):
+            sh(cmd, work, timeout=120)
+    assert any(line.startswith("kubectl apply -k deploy/kubernetes") for line in lines)
+
+def test_gate_errors_block(work):
+    shown = block("requests: ok 15, http_error 5").text
+    write_trace(work / "e.parquet", 20, gap_s=0.01)
+    with sse_server("--fault", "http500", "--fault-every", "4") as url:
+        sh(f"replay run --trace e.parquet --target {url} -o runs/errors --no-check --no-progress", work)
+    (work / "errors-slo.yaml").write_text("objectives: ['error_rate <= 0.01']\n")
+    out = sh("replay gate runs/errors --slo errors-slo.yaml", work, ok=(1,)).stdout
+    assert "requests: ok 15, http_error 5" in out and "first errors:" in out, out
+    assert re.search(r"^  http_error x5: HTTP 500", out, re.M), out
+    assert [line.split(":")[0] for line in shown.splitlines()] == ["requests", "first errors", "  http_error x5"]
+
+
+def test_quick_start(work, demo):
+    install_demo, install_test = commands(block("pip install torch==2.13.0 -e '.[engine]'").text)
+    ci = (REPO / ".ci" / "run").read_text()
+    # the install half is what .ci/run does (torch pinned first, then the extras); the test half is its last line
+    assert "pip install -q torch==2.13.0" in ci and '-e ".[engine,test]"' in ci
+    assert install_test.startswith("pip install torch==2.13.0 -e '.[engine,test]' && ")
+    assert install_test.split("&&", 1)[1].strip() == ci.strip().splitlines()[-1].strip() == "python3 -m pytest -q"
+    assert "headline:" in demo and "SLO gate (exit " in demo
+    # the demo closes the loop: engine, trace, replay (one record per row), scrape, report
+    run_dir = (work / "runs" / "demo").resolve()
+    trace = pq.read_table(f"{run_dir}-trace.parquet")
+    records = pq.read_table(run_dir / "records.parquet")
+    assert records.num_rows == trace.num_rows > 0
+    assert set(records.column("model").to_pylist()) == set(trace.column("model").to_pylist())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["goodput"]["per_request_slo"] and summary["gate"]["rows"]
+    assert (run_dir / "server_metrics.parquet").exists()       # the engine's /metrics were scraped
+    assert (run_dir / "report.html").stat().st_size > 10_000
+    assert "trace models" not in demo       # every trace model is mapped to its own engine model
+
+
+def test_demo_output(demo):
+    same_shape(block("engine-stub: http://127.0.0.1:").text, demo)
 
 
 def test_report_block(work, demo, first_run):
@@ -428,16 +512,6 @@ def test_report_block(work, demo, first_run):
     assert (work / "compare.html").exists() and (work / "runs" / "aiperf-bench" / "records.parquet").exists()
 
 
-def test_gate_errors_block(work):
-    shown = block("requests: ok 15, http_error 5").text
-    write_trace(work / "e.parquet", 20, gap_s=0.01)
-    with sse_server("--fault", "http500", "--fault-every", "4") as url:
-        sh(f"replay run --trace e.parquet --target {url} -o runs/errors --no-check --no-progress", work)
-    (work / "errors-slo.yaml").write_text("objectives: ['error_rate <= 0.01']\n")
-    out = sh("replay gate runs/errors --slo errors-slo.yaml", work, ok=(1,)).stdout
-    assert "requests: ok 15, http_error 5" in out and "first errors:" in out, out
-    assert re.search(r"^  http_error x5: HTTP 500", out, re.M), out
-    assert [line.split(":")[0] for line in shown.splitlines()] == ["requests", "first errors", "  http_error x5"]
 
 
 def test_python_api_block(work, demo, first_run):
@@ -459,9 +533,20 @@ def test_sweep_block(work, engine):
     write_trace(work / "t.parquet", 6, gap_s=0.5, input_tokens=30, output_tokens=6)
     # an SLO that flips with the offered rate, so the search brackets quickly
     (work / "slo.yaml").write_text("objectives:\n  - requests_per_s <= 3\n  - error_rate <= 0.01\n")
-    for cmd in (substitute(with_target, {"http://127.0.0.1:8000": engine}), no_target):
-        p = sh(cmd, work, timeout=420)
-        assert "capacity" in p.stdout
+    # the two sweeps wait on their traces' schedules, not on the CPU: run them side by side, the
+    # second in a folder of its own (both write the default runs/sweep)
+    other = work / "sweep-no-target"
+    other.mkdir()
+    for name in ("t.parquet", "slo.yaml"):
+        shutil.copy(work / name, other / name)
+    procs = [(cmd, subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+             for cmd, cwd in ((substitute(with_target, {"http://127.0.0.1:8000": engine}), work),
+                              (no_target, other))]
+    for cmd, proc in procs:
+        out = proc.communicate(timeout=420)[0]
+        assert proc.returncode == 0 and "Traceback" not in out, f"`{cmd}`:\n{out[-4000:]}"
+        assert "capacity" in out
     assert json.loads((work / "runs" / "sweep" / "sweep.json").read_text())["points"]
 
 
@@ -474,20 +559,27 @@ def test_pytest_blocks(work):
     # the user's trace: >= 100 rows, so that p99 objectives can be evaluated (n * (1 - 0.99) >= 1)
     write_trace(proj / "traces" / "chat.parquet", 110, gap_s=0.1, input_tokens=64, output_tokens=8)
     with_target, no_target = commands(block("pytest test_slo.py --replay-target").text)
+    # side by side (each waits on its traces' schedules), the second in a copy of the project
+    other = work / "project-local-engine"
+    shutil.copytree(proj, other)
     with sse_server("--tokens", "8") as url:
-        runs = [_pytest(substitute(with_target, {"https://my-deployment.example/": url}), proj)]
-    runs.append(_pytest(no_target, proj))
-    for p in runs:
-        out = p.stdout + p.stderr
+        procs = [_pytest(substitute(with_target, {"https://my-deployment.example/": url}), proj),
+                 _pytest(no_target, other)]
+        for p, _ in procs:
+            p.wait(timeout=420)
+    for p, log in procs:
+        out = log.read_text()
         assert "Traceback" not in out.split("short test summary")[0] or p.returncode == 0, out[-4000:]
         if p.returncode == 1 and "2 passed" not in out and _only_tainted(out):
             pytest.skip("the host was busy: the gate refused figures that a replay behind its schedule taints")
         assert p.returncode == 0 and "2 passed" in out, out[-4000:]
 
 
-def _pytest(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", cmd.split("#")[0] + " -p no:cacheprovider"], cwd=cwd, env=env(),
-                          capture_output=True, text=True, timeout=420)
+def _pytest(cmd: str, cwd: Path) -> tuple[subprocess.Popen, Path]:
+    log = cwd / "pytest.log"
+    with open(log, "w") as f:
+        return subprocess.Popen(["bash", "-c", cmd.split("#")[0] + " -p no:cacheprovider"], cwd=cwd, env=env(),
+                                stdout=f, stderr=subprocess.STDOUT), log
 
 
 def _only_tainted(out: str) -> bool:
@@ -495,45 +587,3 @@ def _only_tainted(out: str) -> bool:
     rows = [line for line in out.splitlines() if re.search(r"\b(fail|cannot evaluate)\b", line)
             and re.search(r"(<=|>=|<|>) ", line)]
     return bool(rows) and all("tainted" in r for r in rows)
-
-
-def test_engine_stub_block(work):
-    pytest.importorskip("torch")
-    lines = commands(block("engine-stub serve                          # tiny model").text)
-    procs = []
-    try:
-        for i, line in enumerate(lines):
-            cmd, port = line.split("#")[0].strip(), free_port()
-            cmd = (substitute(cmd, {"--port 0": f"--port {port}"}) if "--port 0" in cmd
-                   else f"{cmd} --port {port}")
-            log = work / f"engine{i}.log"
-            procs.append(background(cmd, work, log))
-            wait_http(f"http://127.0.0.1:{port}/v1/models", proc=procs[-1], log=log)
-            if i == 0:  # the curl block, against the first (tiny) engine
-                curl = commands(block("curl -s localhost:8000/v1/completions").text)[0]
-                out = sh(substitute(curl, {"localhost:8000": f"127.0.0.1:{port}"}), work, timeout=60).stdout
-                assert out.rstrip().endswith("data: [DONE]") and '"text"' in out
-            stop(procs[-1])
-    finally:
-        for p in procs:
-            stop(p)
-
-
-def test_kubernetes_block(work, first_run):
-    """No cluster here: every file the block names exists, the kustomization builds (where kubectl
-    is installed; tests/test_deploy.py validates what it builds), and its `replay` line runs on a
-    run directory collected as the block collects it."""
-    lines = commands(block("docker build -f deploy/kubernetes/Dockerfile").text)
-    kubectl = shutil.which("kubectl")
-    for line in lines:
-        cmd = line.split("#")[0].strip()
-        for path in re.findall(r"deploy/kubernetes[\w./-]*", cmd):
-            assert (REPO / path).exists(), f"{path} (in `{cmd}`)"
-        if cmd.startswith("kubectl kustomize") and kubectl:
-            sh(cmd, REPO, timeout=60)
-        if cmd.startswith("kubectl cp"):
-            dest = cmd.split()[-1]
-            shutil.copytree(work / "runs" / "first", work / dest)
-        if cmd.startswith("replay "):
-            sh(cmd, work, timeout=120)
-    assert any(line.startswith("kubectl apply -k deploy/kubernetes") for line in lines)
