@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description="Replay a trace at increasing rates; bracket and bisect the "
                                    "highest rate whose run passes the SLO gate.")
     p.add_argument("--trace", required=True)
-    p.add_argument("--target", default=None, help="base URL (default: start engine-stub locally)")
+    p.add_argument("--target", action="append", default=[], metavar="[MODEL=]URL",
+                   help="base URL (default: start engine-stub locally); MODEL=URL (repeatable) as in `replay run`")
     p.add_argument("--slo", required=True, help="SLO file (YAML/TOML/pyproject.toml)")
     p.add_argument("--rates", default=None, help="comma-separated rates (req/s) to try first, e.g. 1,2,4,8")
     p.add_argument("--tolerance", type=float, default=0.1,
@@ -76,7 +77,7 @@ def knee(rates: list[float], values: list[float]) -> float | None:
 
 
 class Sweeper:
-    def __init__(self, args: argparse.Namespace, target: str) -> None:
+    def __init__(self, args: argparse.Namespace, target: list[str]) -> None:
         from llm_replay import reports
         from llm_replay.traces import Trace
         self.args, self.target = args, target
@@ -167,11 +168,11 @@ def _fmt(v: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from .local_engine import start_engine
     engine = None
-    target = args.target
-    if target is None:
+    target = list(args.target)
+    if not target:
         engine = start_engine(*args.engine_arg)
-        target = engine.url
-        print(f"sweep: no --target, started engine-stub at {target}")
+        target = [engine.url]
+        print(f"sweep: no --target, started engine-stub at {engine.url}")
     try:
         sweeper = Sweeper(args, target)
         capacity = sweeper.search()

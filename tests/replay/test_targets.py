@@ -144,3 +144,18 @@ def test_pytest_plugin_takes_per_model_targets(tmp_path, pytester, monkeypatch):
         res = pytester.runpytest_subprocess("--replay-target", d, "--replay-target", f"a={a}",
                                             "-p", "no:cacheprovider", timeout=180)
     res.assert_outcomes(passed=1)
+
+
+def test_sweep_takes_per_model_targets(tmp_path):
+    trace, labels = fleet_trace(tmp_path / "t.parquet", 12)
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("objectives:\n  - error_rate <= 0.01\n")
+    with sse_server("--model", "served-default") as d, sse_server("--model", "served-a") as a:
+        p = run_cli("replay", "sweep", "--trace", trace, "--target", d, "--target", f"a={a}", "--slo", slo,
+                    "--rates", "20", "--max-runs", "1", "-o", tmp_path / "sweep", "--", "--no-progress",
+                    timeout=120)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    point = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["points"][0]
+    df = records(point["run_dir"])
+    assert len(df) == 12 and (df.status == "ok").all()
+    assert set(df[df.model == "a"].target) == {a} and set(df[df.model != "a"].target) == {d}
