@@ -282,13 +282,14 @@ def _key(var: str | None) -> str | None:
 def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
     """Which trace models, APIs and how many rows of the whole trace go to each target; a model
     with no target (no MODEL=URL and no default URL) is an error before the run."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     names = pq.read_schema(c.trace).names
     cols = [n for n in ("model", "api", "num_images") if n in names]
     t = pq.read_table(c.trace, columns=cols) if cols else None
     n = pq.ParquetFile(c.trace).metadata.num_rows
-    model = t.column("model") if t is not None and "model" in cols else pa_nulls(n)
+    model = t.column("model") if t is not None and "model" in cols else pa.nulls(n, pa.string())
     api = pc.fill_null(t.column("api"), c.api) if t is not None and "api" in cols else None
     if t is not None and "num_images" in cols:
         chat = pc.fill_null(pc.greater(t.column("num_images"), 0), False)
@@ -298,7 +299,6 @@ def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
             print(f"replay: {n_img} rows carry images: sent as chat requests with "
                   f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
                   file=sys.stderr)
-    import pyarrow as pa
     keys = pa.table({"model": model.cast(pa.string()),
                      "api": api.cast(pa.string()) if api is not None else pa.array([c.api] * n, pa.string())})
     out: dict[str, dict] = {}
@@ -331,11 +331,6 @@ def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
     for d in out.values():
         d["labels"].sort()
     return out
-
-
-def pa_nulls(n: int):
-    import pyarrow as pa
-    return pa.nulls(n, pa.string())
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

@@ -214,14 +214,20 @@ def multihost_trace(tmp: Path, n: int, gap_s: float) -> Path:
 
 # --- the tests -----------------------------------------------------------------------
 
-def test_three_hosts_replay_one_trace(hosts):
-    h, n = hosts, 200    # 4 s of trace
+def launch(h, n: int):
+    """The target, then the master and both worker hosts on an n-row trace (20 ms apart):
+    (run_dir, conn_log, master process, start time, w1's and w2's worker index)."""
     trace = multihost_trace(h.tmp, n, gap_s=0.02)
     url, conn_log = start_target(h)
     run_dir = h.tmp / "run"
     t = time.monotonic()
     master = start_run(h, trace, url, run_dir)
-    k1, k2 = worker_index(h, "w1"), worker_index(h, "w2")
+    return run_dir, conn_log, master, t, worker_index(h, "w1"), worker_index(h, "w2")
+
+
+def test_three_hosts_replay_one_trace(hosts):
+    h, n = hosts, 200    # 4 s of trace
+    run_dir, conn_log, master, t, k1, k2 = launch(h, n)
     assert wait(master, h, 90) == 0, h.dump()
     took = time.monotonic() - t
     for w in ("w1", "w2"):   # remote workers leave by themselves when the master ends the run
@@ -254,12 +260,7 @@ def test_three_hosts_replay_one_trace(hosts):
 
 def test_killed_worker_host_rows_are_accounted(hosts):
     h, n = hosts, 600    # 12 s of trace; host w2 is killed ~1.5 s in, Locust misses it ~4 s later
-    trace = multihost_trace(h.tmp, n, gap_s=0.02)
-    url, conn_log = start_target(h)
-    run_dir = h.tmp / "run"
-    t = time.monotonic()
-    master = start_run(h, trace, url, run_dir)
-    k1, k2 = worker_index(h, "w1"), worker_index(h, "w2")
+    run_dir, conn_log, master, t, k1, k2 = launch(h, n)
     t0 = wait_t0(run_dir, timeout=60)
     # kill once T0 + 1.5 s has passed and some of w2's records reached the master
     deadline = t0 + 8
