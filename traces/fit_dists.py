@@ -183,17 +183,7 @@ MIN_PER_WINDOW = 5.0                     # a table/modulation window holds this 
 WINDOW_GRID = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
-def idc_s(times: np.ndarray, w: float) -> float | None:
-    """`stats.index_of_dispersion` on sorted float seconds: complete windows of w from the first
-    arrival, sample variance over mean; None with fewer than 2 windows."""
-    if len(times) < 2:
-        return None
-    nb = int((times[-1] - times[0]) // w)
-    if nb < 2:
-        return None
-    b = ((times - times[0]) // w).astype(np.int64)
-    c = np.bincount(b[b < nb], minlength=nb).astype(np.float64)
-    return float(c.var(ddof=1) / c.mean()) if c.mean() > 0 else None
+idc_s = stats.idc   # on float seconds, as the fit's simulations produce them
 
 
 def _within_dispersion(arrival: dict[str, Any], mu: float) -> float:

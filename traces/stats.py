@@ -85,22 +85,21 @@ def index_of_dispersion(table: Any, windows_s=DEFAULT_WINDOWS_S) -> dict[str, fl
     for long-range-dependent burstiness. Keys are the widths formatted like '1s', '10s', '60s';
     None where fewer than 2 complete windows fit in the trace."""
     a = arrivals_ns(table)
-    out: dict[str, float | None] = {}
-    for w in windows_s:
-        key = f"{w:g}s"
-        w_ns = max(int(round(w * 1e9)), 1)
-        if len(a) == 0:
-            out[key] = None
-            continue
-        bins = (a - a[0]) // w_ns
-        nbins = int((a[-1] - a[0]) // w_ns)
-        if nbins < 2:
-            out[key] = None
-            continue
-        counts = np.bincount(bins[bins < nbins], minlength=nbins).astype(np.float64)
-        m = counts.mean()
-        out[key] = float(counts.var(ddof=1) / m) if m > 0 else None
-    return out
+    return {f"{w:g}s": idc(a, max(int(round(w * 1e9)), 1)) for w in windows_s}
+
+
+def idc(times: np.ndarray, w) -> float | None:
+    """IDC of sorted arrival `times` over complete windows of width `w` (same unit, integer ns or
+    float seconds) from the first arrival; None with fewer than 2 complete windows."""
+    if len(times) == 0:
+        return None
+    nbins = int((times[-1] - times[0]) // w)
+    if nbins < 2:
+        return None
+    bins = ((times - times[0]) // w).astype(np.int64, copy=False)
+    counts = np.bincount(bins[bins < nbins], minlength=nbins).astype(np.float64)
+    m = counts.mean()
+    return float(counts.var(ddof=1) / m) if m > 0 else None
 
 
 def _fit_sample(g: np.ndarray) -> np.ndarray:
