@@ -1,4 +1,4 @@
-"""The run directory's writer side in the runner process: records, progress, scraping.
+"""The run directory's writer side in the runner process: records, progress (scraping: scrape.py).
 
 `Output.recorder` receives records (from the local Job, or as batches from workers); a
 flusher greenlet hands them to `records.arrows` at least every second; `close` finalises
@@ -49,7 +49,10 @@ class Output:
         self.recorder = Recorder(self.write)
         self.progress = Progress(config.rows, config.window_s)
         self.greenlets: list[gevent.Greenlet] = []
-        self.scraper = None
+        # its own process (parsing a /metrics page stalls an event loop), started now so that
+        # its imports are done before T0; it starts sampling when run.json holds T0
+        from . import scrape
+        self.scraper = scrape.start(self.dir) if scrape.sources(config) else None
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.file(batch)
@@ -63,21 +66,17 @@ class Output:
         self.greenlets.append(gevent.spawn(flush_periodically, self.recorder))
         if self.config.progress:
             self.greenlets.append(gevent.spawn(self.progress.run))
-        c = self.config
-        sources = ([(c.scrape_url, c.target if c.targets else None)] if c.scrape_url else []) + \
-            [(url, c.target_of(label)) for label, url in c.scrapes.items()]
-        sources = list(dict.fromkeys(sources))   # two models on one deployment: one scrape
-        if sources:
-            from .scrape import Scraper
-            self.scraper = Scraper(sources, self.dir, t0_perf, c.scrape_interval_s)
-            self.greenlets.append(gevent.spawn(self.scraper.run))
 
     def close(self) -> dict[str, int]:
         gevent.killall(self.greenlets, block=True, timeout=5)
         self.recorder.flush()
         self.file.close()
-        if self.scraper is not None:
-            self.scraper.close()
+        if self.scraper is not None:   # stdin closed: it finalises server_metrics.parquet
+            self.scraper.stdin.close()
+            try:
+                self.scraper.wait(15)
+            except Exception:  # noqa: BLE001 - a stuck scraper must not keep the run open
+                self.scraper.kill()
         if self.config.progress:
             print(("\n" if sys.stderr.isatty() else "") + self.progress.line(), file=sys.stderr)
         finalize(self.dir / RECORDS_STREAM, self.dir / RECORDS_FILE)

@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                    help="also wait for this many `replay worker --master HOST:PORT` processes")
     p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
                    help="master address for remote workers (default 0.0.0.0:5557)")
+    p.add_argument("--nice", type=int, metavar="N", help="run the runner (and, with scheduler autogroups, "
+                   "this session's CPU group) at nice N while it lasts, e.g. -10; below 0 needs root or "
+                   "CAP_SYS_NICE (a refusal is reported in run.json `scheduling`, not fatal)")
     p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
     p.set_defaults(func=run)
@@ -368,7 +371,7 @@ def run(args) -> int:
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
-    code = _run_child(run_dir)
+    code = _run_child(run_dir, getattr(args, "nice", None))
     _print_summary(run_dir, slo)
     return code
 
@@ -389,12 +392,21 @@ def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
     return run_dir
 
 
-def _run_child(run_dir: Path) -> int:
+def _run_child(run_dir: Path, nice: int | None = None) -> int:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    from .output import update_run_json
+    from .priority import Priority
+    prio = Priority(nice)
+    prio.before_start()
+    # our session (a new one is a CPU group of its own: priority.py), its own process group:
+    # Ctrl-C at a terminal reaches only us, and we forward it once
     child = subprocess.Popen([sys.executable, "-m", "llm_replay.replay.runner", str(run_dir)], env=env,
-                             start_new_session=True)  # Ctrl-C reaches us; we forward it once
+                             preexec_fn=prio.in_child)
+    update_run_json(run_dir, scheduling=prio.after_start(child.pid))
+    for err in prio.errors:
+        print(f"replay: warning: --nice: {err}", file=sys.stderr)
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     from .hostcpu import CpuSampler
@@ -409,11 +421,11 @@ def _run_child(run_dir: Path) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        prio.restore()
     t0_wall = json.loads((run_dir / "run.json").read_text()).get("t0_wall")
     if t0_wall:
         sampler.write(run_dir, t0_wall)
     if rc not in (0, 130):  # the runner died: keep what it flushed, account for every other row
-        from .output import update_run_json
         from .recorder import salvage
         info = json.loads((run_dir / "run.json").read_text())
         config = plan.RunConfig.from_json(info["config"])

@@ -1,14 +1,21 @@
 """`--scrape [MODEL=]URL`: sample the targets' Prometheus metrics during the run.
 
-Every interval the text exposition is fetched, parsed with prometheus_client's parser,
-and appended (one row per sample, time relative to T0) to an IPC stream that `close`
-finalises into `server_metrics.parquet` (reports.schema.SERVER_METRICS_SCHEMA).
-A failed scrape is counted and retried at the next tick; it never disturbs the replay.
+The scraper is a process of its own (`python -m llm_replay.replay.scrape RUN_DIR`, started by
+the runner's Output, niced): fetching and parsing a vLLM /metrics page (54 KB) takes ~22 ms of
+CPU, which inside the runner's event loop doubled its worst stall (issue 21). It waits for T0
+in run.json, then every interval fetches the text exposition, parses it with
+prometheus_client's parser and appends it (one row per sample, time relative to T0) to an IPC
+stream, finalised into `server_metrics.parquet` (reports.schema.SERVER_METRICS_SCHEMA) when its
+standard input closes (the runner is done, or died). A failed scrape is counted and retried at
+the next tick; it never disturbs the replay.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -18,9 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from llm_replay.reports.schema import SERVER_METRICS_SCHEMA
 
+from . import plan
 from .recorder import IpcFile, finalize
 
 STREAM, FILE = "server_metrics.arrows", "server_metrics.parquet"
+NICE = 5   # below the runner: a scrape waits, a send does not
 
 
 def parse_samples(text: str, t: float, extra: dict | None = None) -> pa.RecordBatch:
@@ -31,6 +40,13 @@ def parse_samples(text: str, t: float, extra: dict | None = None) -> pa.RecordBa
     cols = list(zip(*rows)) if rows else [[], [], [], []]
     return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SERVER_METRICS_SCHEMA)],
                                       schema=SERVER_METRICS_SCHEMA)
+
+
+def sources(c: plan.RunConfig) -> list[tuple[str, str | None]]:
+    """(metrics URL, target label or None) to scrape; two models on one deployment: one scrape."""
+    out = ([(c.scrape_url, c.target if c.targets else None)] if c.scrape_url else []) + \
+        [(url, c.target_of(label)) for label, url in c.scrapes.items()]
+    return list(dict.fromkeys(out))
 
 
 class Scraper:
@@ -56,12 +72,12 @@ class Scraper:
                 self.failed += 1
                 self.last_error = f"{url}: {type(e).__name__}: {e}"[:200]
 
-    def run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
         nxt = time.perf_counter()
-        while True:
+        while not stop.is_set():
             self.scrape_once()
             nxt += self.interval
-            time.sleep(max(0.0, nxt - time.perf_counter()))
+            stop.wait(max(0.0, nxt - time.perf_counter()))
 
     def close(self) -> None:
         self.file.close()
@@ -69,3 +85,46 @@ class Scraper:
         if self.failed:
             print(f"replay: {self.failed} of {self.ok + self.failed} scrapes of {self.url} failed "
                   f"(last: {self.last_error})", file=sys.stderr)
+
+
+def start(run_dir: str | Path) -> subprocess.Popen:
+    """The scraper process of a run; close its stdin to end it (Output.close does)."""
+    return subprocess.Popen([sys.executable, "-m", "llm_replay.replay.scrape", str(run_dir)],
+                            stdin=subprocess.PIPE)
+
+
+def _t0(run_json: Path, stop: threading.Event) -> float | None:
+    """T0 on CLOCK_MONOTONIC (perf_counter), once the runner has written it."""
+    while not stop.wait(0.02):
+        try:
+            t0 = json.loads(run_json.read_text()).get("t0_monotonic")
+        except (OSError, ValueError):
+            t0 = None
+        if t0 is not None:
+            return float(t0)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir = Path((argv or sys.argv[1:])[0])
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
+    config = plan.RunConfig.from_json(json.loads((run_dir / "run.json").read_text())["config"])
+    stop = threading.Event()
+    # the runner closes our stdin when it is done (or dies): the only stop signal we need
+    threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop.set()), daemon=True).start()
+    t0 = _t0(run_dir / "run.json", stop)
+    if t0 is None:
+        return 0
+    scraper = Scraper(sources(config), run_dir, t0, config.scrape_interval_s)
+    try:
+        scraper.run(stop)
+    finally:
+        scraper.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
