@@ -34,19 +34,21 @@ class ReplayResult:
     returncode: int
     output: str = ""
     gates: list = field(default_factory=list)
-    allow_bottleneck: bool = False      # --replay-allow-client-bottleneck
+    judge_as_measured: bool = False      # --replay-judge-as-measured
 
     @property
     def metrics(self) -> dict[str, float]:
         from llm_replay import reports
         return reports.headline(self.summary)
 
-    def gate(self, slo: Any, allow_client_bottleneck: bool = False):
-        """Gate this run; objectives on figures that a replay behind its schedule taints cannot
-        be evaluated (exit 2) unless `allow_client_bottleneck` (or --replay-allow-client-bottleneck)."""
+    def gate(self, slo: Any, judge_as_measured: bool = False, allow_client_bottleneck: bool = False):
+        """Gate this run. Figures that a replay behind its schedule may have moved are judged at
+        both ends of their bias bound (cannot evaluate, exit 2, only when it straddles a limit),
+        or as measured with `judge_as_measured` (--replay-judge-as-measured;
+        `allow_client_bottleneck` is its old name)."""
         from llm_replay import reports
-        result = reports.evaluate_slo(self.run_dir, _load_slo(slo),
-                                      allow_bottleneck=allow_client_bottleneck or self.allow_bottleneck)
+        result = reports.evaluate_slo(self.run_dir, _load_slo(slo), judge_as_measured=judge_as_measured
+                                      or allow_client_bottleneck or self.judge_as_measured)
         self.gates.append(result)
         return result
 
@@ -91,8 +93,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="extra argument for the auto-started engine-stub (repeatable)")
     group.addoption("--replay-arg", action="append", default=[],
                     help="extra argument for every `replay run` (repeatable)")
-    group.addoption("--replay-allow-client-bottleneck", action="store_true",
-                    help="gate objectives even on figures tainted by a replay that fell behind its schedule")
+    group.addoption("--replay-judge-as-measured", "--replay-allow-client-bottleneck", dest="replay_judge_as_measured",
+                    action="store_true", help="judge every figure at its measured value, even where a replay "
+                    "behind its schedule may have moved it (default: at both ends of its bias bound)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -156,7 +159,7 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
                                f"{outcome.output[-3000:]}")
         result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output,
-                              allow_bottleneck=request.config.getoption("--replay-allow-client-bottleneck"))
+                              judge_as_measured=request.config.getoption("replay_judge_as_measured"))
         for name, value in reports.headline(result.summary).items():
             request.node.user_properties.append((f"replay.{len(runs)}.{name}", value))
         runs.append(result)

@@ -8,8 +8,9 @@ read from the run's CPU samples (`cpu.parquet`, written by `replay run` beside i
 - host: the hypervisor stole >= STEAL_BUSY cores (steal), or the cores were contended while the
   client was not busy (every core busy, or tasks waiting for a CPU WAITING of the time: other
   processes, such as a server on the same machine, held them): the client was not run.
-Without samples the cause is unknown. The figures a cause taints are listed so that the gate
-can refuse to judge them (`replay gate --allow-client-bottleneck` judges them anyway).
+Without samples the cause is unknown. The figures a cause taints are listed; the gate judges
+them at both ends of the bias bound the late sends and their windows allow (bias.py), and says
+"cannot evaluate" only when that bound straddles a limit (`--judge-as-measured`: as measured).
 """
 from __future__ import annotations
 
@@ -71,9 +72,10 @@ def assess(an, config: dict | None, cpu: pa.Table | None) -> dict:
     offered, achieved = _span_rate(rm.scheduled[m]), _span_rate(rm.sent[m])
     out.update(late_threshold_ms=LATE_MS, late_share=share, behind_schedule=behind, offered_rps=offered,
                achieved_rps=achieved, client_bottleneck=False, cause=None, late_by_cause={}, windows=[], cpu=None,
-               tainted=[], warning=None)
+               tainted=[], warning=None, stalls=None)
     if isinstance(config, dict):
         out["client"] = config.get("client")
+        out["scheduling"] = config.get("scheduling")   # run.json: session, autogroup, nice (replay/priority.py)
     if cpu is not None and cpu.num_rows:
         out["cpu"] = _cpu_summary(cpu)
     if not behind:
@@ -90,6 +92,11 @@ def assess(an, config: dict | None, cpu: pa.Table | None) -> dict:
     out["tainted"] = tainted
     out["client_bottleneck"] = cause is None or "client" in cause
     out["warning"] = _warning(out, slow_rate)
+    from .bias import bias_of   # what the gate's bounds rest on
+    b = bias_of(an, out)
+    if b is not None:
+        out["stalls"] = {"count": len(b.stalls), "stalled_s": round(b.stalled_s, 4),
+                         "affected_requests": b.affected(m), "rate_factor": round(b.rate_factor, 4)}
     return out
 
 
@@ -176,4 +183,11 @@ def _warning(out: dict, slow_rate: bool) -> str:
     else:
         head = "the replay fell behind its schedule, with neither the client nor the host visibly busy"
         advice = "look at the late windows in summary.json"
-    return f"{head}: {late}{where}{rates}. {advice.capitalize()}; tainted: {', '.join(out['tainted'])}."
+    sched = out.get("scheduling") or {}
+    if sched.get("session") == "own":
+        advice += "; the runner ran in a session of its own (its own CPU group under autogroups)"
+    elif sched.get("nice") is not None and not sched.get("nice_asked"):
+        advice += ("; `replay run --nice -10` (root or CAP_SYS_NICE) gives the runner priority on a shared host"
+                   if "host" in (cause or "") else "")
+    return (f"{head}: {late}{where}{rates}. {advice.capitalize()}; tainted (the gate judges them at both ends of "
+            f"their bias bound): {', '.join(out['tainted'])}.")

@@ -64,7 +64,7 @@ def cmd_report(args) -> int:
 
 def cmd_gate(args) -> int:
     from . import evaluate_slo
-    return _show(evaluate_slo(args.run, args.slo, allow_bottleneck=args.allow_client_bottleneck, **_window(args)),
+    return _show(evaluate_slo(args.run, args.slo, judge_as_measured=args.judge_as_measured, **_window(args)),
                  args.json)
 
 
@@ -106,11 +106,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 cannot evaluate)",
                        description="Evaluate every objective of an SLO spec on a run. Exit 0: all hold; "
-                                   "1: an objective failed; 2: could not evaluate (too few samples, bad input).")
+                                   "1: an objective failed; 2: could not evaluate (too few samples, bad input, or a "
+                                   "replay behind its schedule whose bias bound straddles a limit).")
     p.add_argument("run", help="run directory or records file")
     p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
-    p.add_argument("--allow-client-bottleneck", action="store_true",
-                   help="judge objectives on figures that a replay behind its schedule taints (otherwise: exit 2)")
+    p.add_argument("--judge-as-measured", "--allow-client-bottleneck", dest="judge_as_measured", action="store_true",
+                   help="judge every figure at its measured value, even where a replay behind its schedule "
+                        "may have moved it (default: judged at both ends of its bias bound; exit 2 only when "
+                        "the bound straddles the limit)")
     _window_args(p)
     p.set_defaults(func=cmd_gate)
 

@@ -1,7 +1,8 @@
 """SLO gate (DESIGN section 5): evaluate every objective of a spec on a run.
 
 Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something
-could not be evaluated (no samples, too few samples for the percentile asked, no objectives).
+could not be evaluated (no samples, too few samples for the percentile asked, no objectives,
+or a replay behind its schedule whose bias bound straddles the limit: bias.py).
 A failure outranks a cannot-evaluate: one definite violation is the more useful signal.
 """
 from __future__ import annotations
@@ -15,12 +16,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
+from .bias import RATES as BIAS_RATES, Bias, bias_of
+from .metrics import POOLED
 from .schema import STATUSES
 from .slo import Objective, SloSpec, load_slo
 from .stats import MIN_TAIL, PERCENTILES, quantile_cis
 from .text import markdown_table, render_table
 
 COLUMNS = ["objective", "scope", "measured", "limit", "n", "95% CI", "verdict"]
+BOUND_COLUMN = "bias bound"
 FIRST_ERRORS = 3      # distinct (http status, message) pairs a failing gate shows, first sent first
 
 
@@ -34,7 +38,7 @@ class GateRow:
     ci: tuple[float, float] | None
     verdict: str                    # pass, fail, cannot evaluate
     note: str = ""
-
+    bound: tuple[float, float] | None = None   # the statistic at the best and worst end of its bias
 
 @dataclass
 class GateResult:
@@ -58,15 +62,21 @@ class GateResult:
     def passed(self) -> bool:
         return self.exit_code == 0
 
+    @property
+    def columns(self) -> list[str]:
+        bounded = any(r.bound is not None for r in self.rows)
+        return COLUMNS[:3] + [BOUND_COLUMN] + COLUMNS[3:] if bounded else COLUMNS
+
     def _rows(self) -> list[list[object]]:
-        return [[r.objective, r.scope, r.measured, r.limit, r.n, r.ci,
+        bounded = any(r.bound is not None for r in self.rows)
+        return [[r.objective, r.scope, r.measured, *([r.bound] if bounded else []), r.limit, r.n, r.ci,
                  r.verdict + (f" ({r.note})" if r.note else "")] for r in self.rows]
 
     def table(self) -> str:
         verdict = {0: "PASS", 1: "FAIL", 2: "CANNOT EVALUATE"}[self.exit_code]
         caption = "; ".join([f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
-        return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", COLUMNS, self._rows(),
+        return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", self.columns, self._rows(),
                             caption=caption) + self.errors_text()
 
     def errors_text(self) -> str:
@@ -85,7 +95,7 @@ class GateResult:
         return "\n".join(lines) + "\n"
 
     def markdown(self) -> str:
-        return markdown_table(COLUMNS, self._rows())
+        return markdown_table(self.columns, self._rows())
 
     def to_dict(self) -> dict:
         return {"exit_code": self.exit_code, "attainment": self.attainment,
@@ -123,7 +133,17 @@ def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
     return (max(0.0, mid - half), min(1.0, mid + half))
 
 
-def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec) -> GateRow:
+@dataclass
+class Ends:
+    """A run seen at both ends of its bias (bias.py): analyses whose good requests are those of
+    the worst and of the best case."""
+    bias: Bias
+    worst: Analysis
+    best: Analysis
+
+
+def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec,
+              ends: Ends | None = None) -> GateRow:
     if obj.stat is None:
         sc = an.scalars(rows)
         value, n = sc.get(obj.metric), sc["issued"]
@@ -134,39 +154,90 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: 
         if value is None:
             why = "no requests in the window" if not n else "run duration unknown"
             return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
-        return _row(obj, scope, value, n, ci)
+        bound = _scalar_bound(obj.metric, value, rows, ends) if ends else None
+        return _row(obj, scope, value, n, ci, bound=bound)
     x = an.values(obj.metric, rows)
     n = len(x)
     if n == 0:
         return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate", "no samples")
     ci, note = None, ""
+    samples = _sample_bounds(an, obj.metric, rows, ends) if ends else None
     if obj.stat in PERCENTILES:
         p = PERCENTILES[obj.stat] / 100
-        if n * (1 - p) < spec.min_tail_samples:
+        if n * (1 - p) < spec.min_tail_samples - 1e-9:
             need = math.ceil(spec.min_tail_samples / (1 - p) - 1e-9)
             return GateRow(obj.text, scope, stat_value(x, obj.stat), obj.limit, n, None,
                            "cannot evaluate", f"{obj.stat} needs n >= {need}")
-        ci = quantile_cis(x, [PERCENTILES[obj.stat]])[0]
+        q = [PERCENTILES[obj.stat]]
+        ci = quantile_cis(x, q)[0]
+        if samples is not None and ci is not None:   # the interval of both ends: widened by the bias
+            lo, hi = quantile_cis(samples[0], q)[0], quantile_cis(samples[1], q)[0]
+            ci = (min(ci[0], lo[0]), max(ci[1], hi[1])) if lo and hi else ci
         if n * (1 - p) < MIN_TAIL:
             note = f"only {n * (1 - p):.1f} samples beyond {obj.stat}"
-    return _row(obj, scope, stat_value(x, obj.stat), n, ci, note)
+    bound = None if samples is None else (stat_value(samples[0], obj.stat), stat_value(samples[1], obj.stat))
+    return _row(obj, scope, stat_value(x, obj.stat), n, ci, note, bound)
 
 
-def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "") -> GateRow:
+def _sample_bounds(an: Analysis, metric: str, rows: np.ndarray, ends: Ends):
+    if metric.replace("_sched_ms", "_ms") in POOLED:
+        return ends.bias.pooled_bounds(an, metric, rows)
+    return ends.bias.sample_bounds(metric, an.rm, rows)
+
+
+def _scalar_bound(metric: str, value: float, rows: np.ndarray, ends: Ends) -> tuple[float, float] | None:
+    """Attainment and goodput from the good requests of both ends; rates up to what the trace
+    offered when fewer requests went out."""
+    f = ends.bias.rate_factor
+    if metric in ("attainment", "goodput_rps", "token_goodput_per_s"):
+        worst, best = ends.worst.scalars(rows)[metric], ends.best.scalars(rows)[metric]
+        if metric != "attainment":
+            best *= f
+        return None if worst == best == value else (min(worst, best), max(worst, best))
+    if metric in BIAS_RATES and f > 1:
+        return (value, value * f)
+    return None
+
+
+def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "",
+         bound: tuple[float, float] | None = None) -> GateRow:
     ok = obj.holds(value)
-    if ci is not None and ci[0] <= obj.limit <= ci[1]:
+    verdict = "pass" if ok else "fail"
+    if bound is not None:
+        lo, hi = bound
+        worst, best = (hi, lo) if obj.op in ("<=", "<") else (lo, hi)
+        if obj.holds(worst):
+            verdict = "pass"
+        elif not obj.holds(best):
+            verdict = "fail"
+        else:
+            verdict = "cannot evaluate"
+            note = "; ".join(filter(None, [note, "the bias bound straddles the limit"]))
+    elif ci is not None and ci[0] <= obj.limit <= ci[1]:
         note = "; ".join(filter(None, [note, "limit inside the CI"]))
-    return GateRow(obj.text, scope, float(value), obj.limit, int(n), ci, "pass" if ok else "fail", note)
+    return GateRow(obj.text, scope, float(value), obj.limit, int(n), ci, verdict, note,
+                   None if bound is None else (float(bound[0]), float(bound[1])))
 
 
-def gate(an: Analysis, spec: SloSpec, allow_bottleneck: bool = False) -> GateResult:
+def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False) -> GateResult:
     """Evaluate every objective (run-wide, then per class) on an analysed run. When the replay
-    fell behind its schedule (an.bottleneck), objectives on the figures that taints cannot be
-    evaluated, unless `allow_bottleneck`."""
+    fell behind its schedule, each figure it may have moved is judged at both ends of its bias
+    bound (bias.py), unless `judge_as_measured`."""
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
-    rows = [_evaluate(an, o, an.mask, "all", spec) for o in spec.objectives]
+    bias = bias_of(an, an.bottleneck)
+    ends = None
     notes = []
+    if bias is not None and judge_as_measured:
+        notes.append("the replay fell behind its schedule; figures judged as measured (--judge-as-measured)")
+    elif bias is not None:
+        ends = Ends(bias, replace(an, good=good_requests(bias.shifted(an.rm, upper=True), spec)),
+                    replace(an, good=good_requests(bias.shifted(an.rm, upper=False), spec)))
+        cause = (an.bottleneck or {}).get("cause") or "cause unknown"
+        notes.append(f"the replay fell behind its schedule ({cause}): {bias.affected(an.mask)} requests overlapped "
+                     f"{len(bias.stalls)} stalls ({bias.stalled_s:.3g} s); each figure judged at both ends of its "
+                     f"bias bound")
+    rows = [_evaluate(an, o, an.mask, "all", spec, ends) for o in spec.objectives]
     for name, cls in spec.classes.items():
         if not cls.objectives:
             continue
@@ -176,39 +247,23 @@ def gate(an: Analysis, spec: SloSpec, allow_bottleneck: bool = False) -> GateRes
                 sel |= codes == labels.index(name)
         if not sel.any():
             notes.append(f"class {name!r} matches no model or slo_class in this run")
-        rows += [_evaluate(an, o, an.mask & sel, name, spec) for o in cls.objectives]
+        rows += [_evaluate(an, o, an.mask & sel, name, spec, ends) for o in cls.objectives]
     if not rows:
         notes.append("the SLO spec has no objectives to gate on")
-    rows, why = _untainted(rows, spec, an.bottleneck, allow_bottleneck)
-    notes += why
     sc = an.scalars()
     return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an))
 
 
-def _untainted(rows: list[GateRow], spec: SloSpec, bottleneck: dict | None, allow: bool) -> tuple[list[GateRow], list]:
-    """Rows on figures the bottleneck taints become 'cannot evaluate' (good requests too, when
-    per-request thresholds judge tainted latencies)."""
-    tainted = set((bottleneck or {}).get("tainted") or ())
-    if not tainted:
-        return rows, []
-    cause = bottleneck.get("cause") or "unknown cause"
-    if allow:
-        return rows, [f"the replay fell behind its schedule ({cause}); gated anyway (--allow-client-bottleneck)"]
-    if spec.has_per_request and tainted & {"ttft_ms", "e2e_ms", "tpot_ms"}:
-        tainted |= {"attainment", "goodput_rps", "token_goodput_per_s"}
-    note = f"tainted: the replay fell behind its schedule ({cause}); --allow-client-bottleneck to gate anyway"
-    out = [replace(r, verdict="cannot evaluate", note=note) if r.verdict != "cannot evaluate"
-           and r.objective.split()[0].split(".")[0] in tainted else r for r in rows]
-    return out, []
-
-
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
-                 cooldown=None, steady_state: float | None = None, allow_bottleneck: bool = False) -> GateResult:
+                 cooldown=None, steady_state: float | None = None, judge_as_measured: bool = False,
+                 allow_bottleneck: bool | None = None) -> GateResult:
     """Gate a run (directory, records file, records table or Analysis) on an SLO spec. A run
-    directory also tells whether the replay kept its schedule (run.json, cpu.parquet)."""
+    directory also tells whether the replay kept its schedule (run.json, cpu.parquet).
+    `allow_bottleneck`: the old name of `judge_as_measured`."""
     spec = load_slo(slo)
+    judge_as_measured = judge_as_measured or bool(allow_bottleneck)
     if isinstance(run_dir_or_records, Analysis):
-        return gate(run_dir_or_records, spec, allow_bottleneck)
+        return gate(run_dir_or_records, spec, judge_as_measured)
     with plain_pages():
         run = None
         if isinstance(run_dir_or_records, pa.Table):
@@ -221,4 +276,4 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
         from .bottleneck import assess, load_cpu
         an.bottleneck = assess(an, run.config if run else None, load_cpu(run.dir) if run else None)
-        return gate(an, spec, allow_bottleneck)
+        return gate(an, spec, judge_as_measured)

@@ -570,8 +570,6 @@ def test_pytest_blocks(work):
     for p, log in procs:
         out = log.read_text()
         assert "Traceback" not in out.split("short test summary")[0] or p.returncode == 0, out[-4000:]
-        if p.returncode == 1 and "2 passed" not in out and _only_tainted(out):
-            pytest.skip("the host was busy: the gate refused figures that a replay behind its schedule taints")
         assert p.returncode == 0 and "2 passed" in out, out[-4000:]
 
 
@@ -580,10 +578,3 @@ def _pytest(cmd: str, cwd: Path) -> tuple[subprocess.Popen, Path]:
     with open(log, "w") as f:
         return subprocess.Popen(["bash", "-c", cmd.split("#")[0] + " -p no:cacheprovider"], cwd=cwd, env=env(),
                                 stdout=f, stderr=subprocess.STDOUT), log
-
-
-def _only_tainted(out: str) -> bool:
-    """Every gate row that did not pass was refused as tainted (host contention), none failed."""
-    rows = [line for line in out.splitlines() if re.search(r"\b(fail|cannot evaluate)\b", line)
-            and re.search(r"(<=|>=|<|>) ", line)]
-    return bool(rows) and all("tainted" in r for r in rows)
