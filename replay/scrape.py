@@ -90,7 +90,14 @@ class Scraper:
 def start(run_dir: str | Path) -> subprocess.Popen:
     """The scraper process of a run; close its stdin to end it (Output.close does)."""
     return subprocess.Popen([sys.executable, "-m", "llm_replay.replay.scrape", str(run_dir)],
-                            stdin=subprocess.PIPE)
+                            stdin=subprocess.PIPE, preexec_fn=_lower_priority)
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(NICE)
+    except OSError:
+        pass
 
 
 def _t0(run_json: Path, stop: threading.Event) -> float | None:
@@ -107,10 +114,6 @@ def _t0(run_json: Path, stop: threading.Event) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     run_dir = Path((argv or sys.argv[1:])[0])
-    try:
-        os.nice(NICE)
-    except OSError:
-        pass
     config = plan.RunConfig.from_json(json.loads((run_dir / "run.json").read_text())["config"])
     stop = threading.Event()
     # the runner closes our stdin when it is done (or dies): the only stop signal we need

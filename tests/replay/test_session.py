@@ -1,0 +1,69 @@
+"""Where the runner is scheduled (issue 21): in the caller's session and CPU group, never a new
+session (a new session is a CPU group of its own under scheduler autogroups, and a fresh group
+on a busy host waited 30-165 ms for its wake-ups); `--nice` raises it and its group for the run
+only; the /metrics scraper is a niced process of its own, off the runner's event loop."""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+from llm_replay.replay.priority import autogroup, autogroups_on
+from tests.replay.runkit import popen_run, records, run_info, sse_server, wait_t0, write_trace
+
+
+def _processes(run) -> tuple[psutil.Process, list[psutil.Process]]:
+    """The runner (replay run's child) and its own children, once they are up."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = psutil.Process(run.pid).children()
+        if kids:
+            runner = kids[0]
+            grand = runner.children()
+            if grand:
+                return runner, grand
+        time.sleep(0.05)
+    raise AssertionError("no runner (or no scraper) appeared")
+
+
+def test_runner_in_the_callers_session_and_group_scraper_niced_apart(tmp_path):
+    trace = write_trace(tmp_path / "t.parquet", 40, gap_s=0.05, output_tokens=4)
+    with sse_server("--interval", "0.005") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m",
+                        "--scrape", f"{url}/metrics", "--scrape-interval", "200ms")
+        runner, kids = _processes(run)
+        wait_t0(tmp_path / "run")
+        assert os.getsid(runner.pid) == os.getsid(run.pid) == os.getsid(0)     # the old code: a new session
+        assert os.getpgid(runner.pid) == runner.pid != os.getpgid(run.pid)     # its own group: signals
+        if autogroups_on():
+            assert autogroup(runner.pid) == autogroup(run.pid) == autogroup(os.getpid())
+        scraper = [p for p in kids if "llm_replay.replay.scrape" in " ".join(p.cmdline())]
+        assert len(scraper) == 1 and scraper[0].nice() >= 5 > runner.nice()
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    sched = run_info(tmp_path / "run")["scheduling"]
+    assert sched["session"] == "caller" and sched["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+    assert sched["autogroups"] == autogroups_on() and not sched["errors"]
+    assert len(records(tmp_path / "run")) == 40
+    assert (tmp_path / "run" / "server_metrics.parquet").exists()
+    assert not (tmp_path / "run" / "server_metrics.arrows").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority (nice < 0) needs root or CAP_SYS_NICE")
+def test_nice_raises_the_runner_and_its_group_for_the_run_only(tmp_path):
+    before = autogroup(os.getpid())
+    trace = write_trace(tmp_path / "t.parquet", 30, gap_s=0.05, output_tokens=4)
+    with sse_server("--interval", "0.005") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--nice", "-5")
+        wait_t0(tmp_path / "run")
+        runner = psutil.Process(run.pid).children()[0]
+        assert runner.nice() == -5
+        if before is not None and autogroups_on():
+            assert autogroup(os.getpid())[1] == -5                 # the session's CPU group, meanwhile
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert autogroup(os.getpid()) == before                        # restored after the run
+    sched = run_info(tmp_path / "run")["scheduling"]
+    assert sched["nice"] == -5 and sched["nice_asked"] == -5 and not sched["errors"]
