@@ -4,6 +4,12 @@ Replays the same trace at increasing mean rates and finds, by bracketing then bi
 the highest offered rate whose run still passes the SLO gate (typically
 `attainment >= target`). Prints and writes the capacity curve (goodput and p99 latency
 against offered load) and marks the knee of the latency curve.
+
+Each point has the gate's verdict: pass (exit 0), fail (exit 1) or cannot evaluate (exit 2: too
+few samples, figures tainted because the replay fell behind its schedule, ...). A rate that could
+not be evaluated bounds nothing: it steers the search like a failing one (the next rate tried is
+lower), but the capacity is only bracketed by a rate that failed, and the gaps it leaves between
+the highest passing rate and the lowest failing one are bisected too.
 """
 from __future__ import annotations
 
@@ -14,6 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+
+PASS, FAIL, CANNOT = "pass", "fail", "cannot evaluate"
+VERDICTS = {0: PASS, 1: FAIL, 2: CANNOT}   # the SLO gate's exit codes
 
 
 @dataclass
@@ -27,6 +37,29 @@ class Point:
     ttft_p99_ms: float | None
     tpot_p99_ms: float | None
     run_dir: str
+    verdict: str = ""            # pass, fail or cannot evaluate (from exit_code when not given)
+    reason: str | None = None    # why it could not be evaluated (the gate rows' notes)
+
+    def __post_init__(self) -> None:
+        self.verdict = self.verdict or VERDICTS.get(self.exit_code, CANNOT)
+
+
+def shown(verdict: str) -> str:
+    """A verdict as the table and the per-point line show it."""
+    return "FAIL" if verdict == FAIL else verdict
+
+
+def gate_reason(gate) -> str:
+    """Why a gate could not be evaluated: the distinct notes of its rows that could not be
+    (the gate's own notes when it had no rows)."""
+    notes = [r.note or f"{r.objective}: no reason given" for r in gate.rows if r.verdict == CANNOT]
+    if not gate.rows:
+        notes = list(gate.notes) or ["no objectives"]
+    return "; ".join(dict.fromkeys(notes))
+
+
+def _rate(rate: float) -> float:
+    return float(f"{rate:.4g}")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -88,69 +121,103 @@ class Sweeper:
         self.slo = reports.load_slo(args.slo)
         self.points: dict[float, Point] = {}
         self.bracketed = False  # a failing rate above the capacity was found
+        self.upper: float | None = None  # the lowest failing rate
 
     def measure(self, rate: float) -> Point:
+        """Replay the trace at `rate` req/s and gate the run on the SLO."""
         from llm_replay import reports
         from .runproc import replay_run
-        rate = float(f"{rate:.4g}")
-        if rate in self.points:
-            return self.points[rate]
         speed = rate / self.native
         run_dir = self.out / f"rate-{rate:g}"
         extra = ["--speed", f"{speed:.6g}"]
         if self.args.max_requests:
             extra += ["--max-requests", str(self.args.max_requests)]
         extra += [a for a in self.args.run_args if a != "--"]
-        print(f"sweep: rate {rate:g} req/s (speed x{speed:.3g}) ...", flush=True)
         outcome = replay_run(self.trace_path, self.target, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
             raise SweepError(f"replay run at rate {rate:g} produced no records "
                              f"(exit {outcome.returncode}):\n{outcome.output[-2000:]}")
         gate = reports.evaluate_slo(run_dir, self.slo)
         summary = reports.summarize_run(run_dir)
-        point = Point(rate, speed, gate.exit_code == 0, gate.exit_code, gate.attainment,
-                      gate.goodput_rps, _p99(summary, "ttft_ms"), _p99(summary, "tpot_ms"), str(run_dir))
+        verdict = VERDICTS.get(gate.exit_code, CANNOT)
+        return Point(rate, speed, verdict == PASS, gate.exit_code, gate.attainment, gate.goodput_rps,
+                     _p99(summary, "ttft_ms"), _p99(summary, "tpot_ms"), str(run_dir), verdict,
+                     gate_reason(gate) if verdict == CANNOT else None)
+
+    def probe(self, rate: float) -> Point:
+        """The point at `rate` (4 significant digits): measured once, then remembered."""
+        rate = _rate(rate)
+        if rate in self.points:
+            return self.points[rate]
+        print(f"sweep: rate {rate:g} req/s (speed x{rate / self.native:.3g}) ...", flush=True)
+        point = self.measure(rate)
+        why = f" ({point.reason})" if point.verdict == CANNOT and point.reason else ""
         print(f"  attainment {_fmt(point.attainment)}  goodput {_fmt(point.goodput_rps)} req/s  "
-              f"ttft p99 {_fmt(point.ttft_p99_ms)} ms  -> {'pass' if point.passed else 'FAIL'}", flush=True)
+              f"ttft p99 {_fmt(point.ttft_p99_ms)} ms  -> {shown(point.verdict)}{why}", flush=True)
         self.points[rate] = point
         return point
 
     def search(self) -> float | None:
+        """The highest rate that passed below the lowest that failed (None when none passed).
+        A rate that cannot be evaluated is neither bound: after one, the search goes lower as
+        after a failure; bisection then fills every gap between the highest passing rate, the
+        unjudged rates above it and the lowest failing rate (lowest gap first)."""
         args = self.args
-        budget = args.max_runs
-        lo = hi = None
-        if args.rates:
+
+        def room() -> bool:
+            return len(self.points) < args.max_runs
+
+        lo = hi = None   # highest passing rate (below hi), lowest failing rate
+        if args.rates:   # ascending until one fails; an unjudged one bounds nothing: go on
             for r in sorted(float(x) for x in args.rates.split(",") if x.strip()):
-                if len(self.points) >= budget:
+                if not room():
                     break
-                if self.measure(r).passed:
-                    lo = r
-                else:
-                    hi = r
+                p = self.probe(r)
+                if p.verdict == PASS:
+                    lo = p.rate
+                elif p.verdict == FAIL:
+                    hi = p.rate
                     break
         else:
-            r = self.native if math.isfinite(self.native) else 1.0
-            first = self.measure(r).passed
-            lo, hi = (r, None) if first else (None, r)
-            while len(self.points) < budget and (lo is None or hi is None):
-                r = r * 2 if first else r / 2
-                if self.measure(r).passed:
-                    lo = r if lo is None or r > lo else lo
-                    if not first:
-                        break
-                else:
-                    hi = r
-                    if first:
-                        break
-        while lo is not None and hi is not None and hi / lo > 1 + args.tolerance \
-                and len(self.points) < budget:
-            mid = math.sqrt(lo * hi)
-            if self.measure(mid).passed:
-                lo = mid
-            else:
-                hi = mid
+            p = self.probe(self.native if math.isfinite(self.native) else 1.0)
+            up = p.verdict == PASS
+            lo, hi = (p.rate if up else None), (p.rate if p.verdict == FAIL else None)
+            while room():
+                p = self.probe(p.rate * 2 if up else p.rate / 2)
+                if p.verdict == PASS:
+                    lo = p.rate
+                elif p.verdict == FAIL:
+                    hi = p.rate
+                # doubling goes on while rates pass (a failing or unjudged one: bisect below it),
+                # halving while they fail or cannot be evaluated
+                if (p.verdict == PASS) != up:
+                    break
+        while room() and (mid := self._next_mid(lo, hi)) is not None:
+            p = self.probe(mid)
+            if p.verdict == PASS:
+                lo = p.rate
+            elif p.verdict == FAIL:
+                hi = p.rate
         self.bracketed = hi is not None
+        self.upper = hi
         return lo
+
+    def unjudged(self, lo: float | None, hi: float | None) -> list[float]:
+        """The rates between lo and hi (None: unbounded) that could not be evaluated."""
+        return sorted(r for r, p in self.points.items() if p.verdict == CANNOT
+                      and (lo is None or r > lo) and (hi is None or r < hi))
+
+    def _next_mid(self, lo: float | None, hi: float | None) -> float | None:
+        """The geometric midpoint of the lowest gap wider than the tolerance between lo, the
+        unjudged rates above it and hi, not yet tried; None when there is none."""
+        if lo is None:
+            return None
+        edges = [lo, *self.unjudged(lo, hi), *([hi] if hi is not None else [])]
+        for a, b in zip(edges, edges[1:]):
+            mid = _rate(math.sqrt(a * b))
+            if b / a > 1 + self.args.tolerance and a < mid < b and mid not in self.points:
+                return mid
+        return None
 
 
 class SweepError(RuntimeError):
@@ -163,6 +230,42 @@ def _p99(summary: dict, metric: str) -> float | None:
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}"
+
+
+def _rates(rates: list[float], digits: int) -> str:
+    r = [f"{x:.{digits}g}" for x in rates]
+    return r[0] if len(r) == 1 else ", ".join(r[:-1]) + " and " + r[-1]
+
+
+def capacity_text(result: dict, digits: int = 3) -> str:
+    """The capacity line: the capacity, whether a failing rate bounds it, and the rates that
+    could not be evaluated where the capacity could lie (with the gate's reasons)."""
+    cap, pts = result["capacity_rps"], result["points"]
+    verdicts = [p.get("verdict") or (PASS if p["passed"] else FAIL) for p in pts]
+    unjudged = result.get("inconclusive_rps") or []
+    why = "; ".join(dict.fromkeys(p.get("reason") or "no reason given" for p in pts if p["rate"] in unjudged))
+    skipped = f"; {_rates(unjudged, digits)} req/s could not be evaluated ({why})" if unjudged else ""
+    x = f"{cap:.{digits}g}" if cap is not None else ""
+    if cap is None:
+        head = "capacity: no tried rate meets the SLO" if FAIL in verdicts else "capacity: unknown"
+    elif unjudged:
+        upper = result.get("upper_rps")
+        head = f"capacity: at least {x} req/s" + (f" ({upper:.{digits}g} req/s failed)" if upper else "")
+    elif result["capacity_bracketed"]:
+        head = f"capacity (highest rate meeting the SLO): {x} req/s"
+    elif set(verdicts) == {PASS}:  # the true capacity lies above the last rate tried
+        head = f"capacity: at least {x} req/s (every tried rate met the SLO)"
+    else:
+        head = f"capacity: at least {x} req/s (no tried rate failed)"
+    return head + skipped
+
+
+def exit_code(result: dict) -> int:
+    """The gate's convention: 0 a capacity was found, 1 no tried rate meets the SLO and one
+    failed, 2 no tried rate could be judged."""
+    if result["capacity_rps"] is not None:
+        return 0
+    return 1 if any((p.get("verdict") or FAIL) == FAIL for p in result["points"]) else 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,21 +285,19 @@ def run(args: argparse.Namespace) -> int:
     points = sorted(sweeper.points.values(), key=lambda p: p.rate)
     knee_rate = knee([p.rate for p in points], [p.ttft_p99_ms for p in points])
     result = {"capacity_rps": capacity, "capacity_bracketed": sweeper.bracketed, "knee_rps": knee_rate,
-              "native_rate_rps": sweeper.native, "points": [asdict(p) for p in points]}
+              "native_rate_rps": sweeper.native,
+              # the lowest failing rate; the unjudged rates between the capacity and it
+              "upper_rps": sweeper.upper, "inconclusive_rps": sweeper.unjudged(capacity, sweeper.upper),
+              "points": [asdict(p) for p in points]}
     (sweeper.out / "sweep.json").write_text(json.dumps(result, indent=2))
     from .sweep_plot import write_capacity_html
     write_capacity_html(sweeper.out / "capacity.html", result)
-    print("\n rate req/s | pass | attainment | goodput req/s | ttft p99 ms | tpot p99 ms")
+    print("\n rate req/s | verdict         | attainment | goodput req/s | ttft p99 ms | tpot p99 ms")
     for p in points:
-        print(f" {p.rate:10.3g} | {'yes' if p.passed else 'no':4} | {_fmt(p.attainment):>10} | "
+        print(f" {p.rate:10.3g} | {shown(p.verdict):15} | {_fmt(p.attainment):>10} | "
               f"{_fmt(p.goodput_rps):>13} | {_fmt(p.ttft_p99_ms):>11} | {_fmt(p.tpot_p99_ms):>11}")
-    if capacity is None:
-        print("capacity: no tried rate meets the SLO")
-    elif sweeper.bracketed:
-        print(f"capacity (highest rate meeting the SLO): {capacity:.3g} req/s")
-    else:  # no rate failed: the true capacity lies above the last one tried
-        print(f"capacity: at least {capacity:.3g} req/s (every tried rate met the SLO)")
+    print(capacity_text(result))
     if knee_rate is not None:
         print(f"knee of the p99 TTFT curve: {knee_rate:.3g} req/s")
     print(f"sweep directory: {sweeper.out} (sweep.json, capacity.html)")
-    return 0 if capacity is not None else 1
+    return exit_code(result)
