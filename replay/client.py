@@ -241,6 +241,8 @@ def _fill(res: StreamResult, p: ResponseParser, status: str, error: str | None) 
             status, error = "http_error", f"HTTP {p.http_status}: {p.error_message()}"[:200]
         elif not tt and b"event-stream" not in p.content_type and p.content_type:
             status, error = "protocol_error", f"expected text/event-stream, got {p.content_type.decode()[:60]}"
+        elif not tt and not p.saw_data:
+            status, error = "protocol_error", "HTTP 200 but the stream ended with no data event and no [DONE]"
         else:
             status = "ok"
     elif status == "error":

@@ -102,7 +102,7 @@ class ConnectionPool:
         self.kernel_timestamps = kernel_timestamps and SO_TIMESTAMPNS is not None and u.scheme == "http"
         self.ssl_context = (ssl_context or ssl.create_default_context()) if self.tls else None
         hdrs = {"Host": u.netloc.rpartition("@")[2], "User-Agent": "llm-replay", "Accept": "text/event-stream",
-                "Content-Type": "application/json", **(headers or {})}
+                "Accept-Encoding": "identity", "Content-Type": "application/json", **(headers or {})}
         self._head = "".join(f"{k}: {v}\r\n" for k, v in hdrs.items()).encode("latin-1")
         # the dispatcher's Alarm, when one shares this hub: reads check its `due` (see alarm.py)
         self.alarm = NO_ALARM

@@ -186,6 +186,7 @@ class ResponseParser:
         self.reasoning_tokens: int | None = None   # as the usage reported them
         self.text: list[str] | None = [] if keep_text else None
         self.done = False              # saw `data: [DONE]`
+        self.saw_data = False          # some event carried data (token events imply it)
         self.stream_error: str | None = None
         self.error_code: int | None = None
         self.error_body = b""          # body kept for non-200 responses (bounded)
@@ -380,6 +381,9 @@ class ResponseParser:
                     self.keep_alive = True
             elif name == b"content-type":
                 self.content_type = value.lower()
+            elif name == b"content-encoding" and value.lower() not in (b"identity", b""):
+                raise ProtocolError(f"Content-Encoding {value[:20].decode('latin-1')} that the client did not "
+                                    "ask for (it sends Accept-Encoding: identity): the body cannot be read")
         if chunked:
             self.state = CHUNK_SIZE
         elif length is not None:
@@ -431,6 +435,7 @@ class ResponseParser:
             if not datas:
                 return    # comment / ping / id / retry only
             payload = b"\n".join(datas)
+        self.saw_data = True
         if self.done:
             return
         if payload == b"[DONE]":

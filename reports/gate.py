@@ -250,6 +250,9 @@ def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False) -> GateRe
         rows += [_evaluate(an, o, an.mask & sel, name, spec, ends) for o in cls.objectives]
     if not rows:
         notes.append("the SLO spec has no objectives to gate on")
+    empty = int(an.mask[an.rm.empty_ok].sum())
+    if empty:
+        notes.append(f"{empty} requests counted ok streamed no token although their rows asked for output")
     sc = an.scalars()
     return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an))
 

@@ -6,7 +6,7 @@ row by row.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -90,6 +90,8 @@ class RequestMetrics:
     slo_class: tuple[np.ndarray, list[str]]
     length_checks: dict[str, LengthCheck]   # LENGTH_CHECKS
     target: tuple[np.ndarray, list[str]] | None = None   # the deployment each row went to
+    # rows that succeeded with no token although the trace asked for some (an empty 200)
+    empty_ok: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def latency(self, name: str) -> np.ndarray:
         return self.columns[SCHED_ALIAS.get(name, name)]
@@ -152,6 +154,7 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     out = {k: np.empty(n) for k in OUTPUTS}
     rsn: dict | None = None
     checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
+    empty: list[np.ndarray] = []
     lo = 0
     if stream is None:
         stream = table.select(list(STREAMED_COLUMNS)).to_batches(max_chunksize=BATCH)
@@ -181,6 +184,9 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
+        with np.errstate(invalid="ignore"):
+            empty.append(np.flatnonzero(ok[sl] & ~(n_chunks >= 1) & ~(completion > 0)
+                                        & (lengths["output_tokens"] > 0)) + sl.start)
         with np.errstate(invalid="ignore"):
             excess = completion - n_chunks
             one = (excess >= 0) & (excess <= np.maximum(SILENT_TOKENS, 0.02 * n_chunks))
@@ -249,7 +255,8 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
                           {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
                                           np.concatenate(diffs or [np.empty(0)]))
                            for k, (both, rows, diffs) in checks.items()},
-                          encode(table.column("target"), np.int32) if "target" in table.column_names else None)
+                          encode(table.column("target"), np.int32) if "target" in table.column_names else None,
+                          np.concatenate(empty) if empty else np.empty(0, np.int64))
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

@@ -169,7 +169,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "run": {"dir": str(run.dir) if run.dir else None, "records": str(run.records_path),
                 "config": run.config},
         "window": an.window,
-        "counts": {"records": rm.n, "measured": sc["issued"], "ok": sc["ok"], "failed": sc["failed"]},
+        "counts": {"records": rm.n, "measured": sc["issued"], "ok": sc["ok"], "failed": sc["failed"],
+                   "ok_without_tokens": int(m[rm.empty_ok].sum())},
         "n_out_source": {"completion_tokens": n_usage, "chunks": n_chunks,
                          "used": "completion_tokens" if not n_chunks else ("chunks" if not n_usage else "mixed")},
         "throughput": {k: sc[k] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
@@ -197,6 +198,10 @@ def _warnings(s: dict) -> list[str]:
         w.append("no requests in the measured window")
     elif s["counts"]["ok"] == 0:
         w.append("every measured request failed: no latency to report")
+    if s["counts"]["ok_without_tokens"]:
+        w.append(f"{s['counts']['ok_without_tokens']} of {s['counts']['ok']} successful requests streamed no token "
+                 f"although their rows asked for output (an empty 200 from the server?): their latencies are "
+                 f"missing and they count as ok")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
     if s["connections"]["warning"]:

@@ -10,8 +10,10 @@ events per second. A fault is chosen per request by the `X-Fault` header or a mo
 `fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
 override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
 token event: `perf_counter_ns` just before and just after its write, and index -1 when the whole
-request had been read (request id: `X-Request-Id` header or the body's `user`). `--conn-log FILE`
-appends one line (the peer address) per accepted connection.
+request had been read (request id: `X-Request-Id` header or the body's `user`; with `--stamp-id
+prompt` the prompt text, characters other than word ones and `.:-` as `_`, so a client that sends
+neither can be joined on its trace's `prompt` column). perf_counter is CLOCK_MONOTONIC on Linux.
+`--conn-log FILE` appends one line (the peer address) per accepted connection.
 
 Reasoning and tool calls (chat only), as vLLM streams them: `--reasoning N` (or `X-Reasoning: N`)
 makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-field reasoning_content`
@@ -28,12 +30,14 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import ssl
 import time
 
 FAULTS = ("http500", "http429", "stall", "drop", "malformed", "error_in_stream", "done_early",
-          "trailers", "split", "coalesce", "crlf", "comments", "close_idle", "identity", "no_done")
+          "trailers", "split", "coalesce", "crlf", "comments", "close_idle", "identity", "no_done",
+          "empty", "gzip", "done_only")
 CLOSE, STALL = object(), object()
 
 
@@ -152,6 +156,10 @@ class Server:
         n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
         interval = float(hdrs.get("x-interval", a.interval))
         rid = hdrs.get("x-request-id") or str(req.get("user", self.count))
+        if a.stamp_id == "prompt":   # the prompt (or last chat message) as the id, one word
+            msgs = req.get("messages") or [{}]
+            text = req.get("prompt") if "prompt" in req else msgs[-1].get("content") if isinstance(msgs[-1], dict) else ""
+            rid = re.sub(r"[^\w.:-]", "_", str(text))[:200] or rid
         now = time.perf_counter_ns()
         stamps = [-1, now, now] if self.log else None    # index -1: the request was read
         mode = {"reasoning": int(hdrs.get("x-reasoning", a.reasoning)), "field": a.reasoning_field,
@@ -197,6 +205,18 @@ class Server:
         n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
         if not req.get("stream"):
             yield from self.whole(chat, model, n, n_prompt)
+            return
+        if fault == "empty":       # 200 text/event-stream and nothing in it: no data, no [DONE]
+            yield 0, self.head(200, "text/event-stream", None) + b"0\r\n\r\n", None
+            return
+        if fault == "done_only":   # no token event, only [DONE]: "ok" with 0 tokens
+            yield 0, self.head(200, "text/event-stream", None) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n", None
+            return
+        if fault == "gzip":        # a Content-Encoding the client never asked for
+            import gzip
+            body = gzip.compress(b"".join(b'data: {"choices":[{"index":0,"text":"x"}]}\n\n' for _ in range(n))
+                                 + b"data: [DONE]\n\n")
+            yield 0, self.head(200, "text/event-stream", len(body), "Content-Encoding: gzip\r\n") + body, None
             return
         nl, sep = (b"\r\n", b"\r\n\r\n") if fault == "crlf" else (b"\n", b"\n\n")
         close = b"Connection: close\r\n" if fault == "identity" else b""
@@ -303,6 +323,8 @@ def main(argv=None) -> None:
     ap.add_argument("--html", action="store_true", help="answer every request with a 200 HTML page")
     ap.add_argument("--no-images", action="store_true", help="400 for chat requests with image parts")
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
+    ap.add_argument("--stamp-id", choices=("request", "prompt"), default="request",
+                    help="--stamp-log's request id: X-Request-Id / body user (default), or the prompt text")
     ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path) per completion request")
     ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")

@@ -17,6 +17,8 @@ FAULTS = {
     "drop": (("connection_error", "protocol_error"), 200),
     "malformed": ("protocol_error", 200),
     "error_in_stream": ("http_error", 200),
+    "empty": ("protocol_error", 200),       # no data event and no [DONE]: not a success
+    "gzip": ("protocol_error", 200),        # a Content-Encoding the client did not ask for
 }
 
 
@@ -105,3 +107,26 @@ def test_malformed_events_are_protocol_errors_that_say_what_was_wrong(tmp_path):
         assert "Error:" not in r.error and len(r.token_times) == 2, (name, r.error)  # not a Python exception's text
     for name in ("empty_choices", "empty_choice", "empty_object"):  # valid JSON without tokens: no fault
         assert df.loc[name].status == "ok" and len(df.loc[name].token_times) == 5, df.loc[name].error
+
+
+def test_empty_or_encoded_200s_fail_the_gate_and_zero_token_successes_are_flagged(tmp_path):
+    """Issue 22 item 1: an empty 200 stream or an unrequested gzip body is a protocol error
+    naming why, so `error_rate <= 0.01` fails; a stream of only [DONE] is ok but flagged."""
+    from tests.conftest import run_cli
+    trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.005, output_tokens=8)
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("objectives: ['error_rate <= 0.01']\n")
+    why = {"empty": "no data event and no [DONE]", "gzip": "Content-Encoding gzip that the client did not ask for"}
+    for fault, text in why.items():
+        with sse_server("--fault", fault) as url:
+            replay_run(trace, url, tmp_path / fault, "--model-map", "*=m")
+        df = records(tmp_path / fault)
+        assert (df.status == "protocol_error").all() and df.error.str.contains(text, regex=False).all(), df.error[0]
+        g = run_cli("replay", "gate", tmp_path / fault, "--slo", slo)
+        assert g.returncode == 1, g.stdout
+    with sse_server("--fault", "done_only") as url:
+        out = replay_run(trace, url, tmp_path / "done", "--model-map", "*=m")
+    assert (records(tmp_path / "done").status == "ok").all()
+    assert "20 of 20 successful requests streamed no token" in out.stdout
+    g = run_cli("replay", "gate", tmp_path / "done", "--slo", slo)
+    assert g.returncode == 0 and "streamed no token" in g.stdout
