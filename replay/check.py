@@ -70,8 +70,16 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
             return e
 
     served: list[str] = []
-    err = attempt("list_models", lambda: served.extend(m.id for m in client.models.list().data) or served)
-    out["models"] = served
+    lens: dict[str, int] = {}
+
+    def list_models():
+        for m in client.models.list().data:
+            served.append(m.id)
+            if isinstance(getattr(m, "max_model_len", None), int):   # vLLM, SGLang, engine-stub
+                lens[m.id] = m.max_model_len
+        return served
+    err = attempt("list_models", list_models)
+    out["models"], out["max_model_len"] = served, lens
     # Not even a connection (refused, no route, DNS, connect timeout): every other probe would
     # fail the same way, each after its own wait (a host that is down: ~4 s apiece).
     cause = getattr(err, "__cause__", None)

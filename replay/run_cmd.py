@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                    help="also wait for this many `replay worker --master HOST:PORT` processes")
     p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
                    help="master address for remote workers (default 0.0.0.0:5557)")
+    p.add_argument("--exit-code-on-error", type=int, metavar="N",
+                   help="exit N when any request failed (as Locust's option; default: exit 0 unless no request "
+                        "succeeded or a worker was lost, which exit 1)")
     p.add_argument("--nice", type=int, metavar="N", help="run the runner (and, with scheduler autogroups, "
                    "this session's CPU group) at nice N while it lasts, e.g. -10; below 0 needs root or "
                    "CAP_SYS_NICE (a refusal is reported in run.json `scheduling`, not fatal)")
@@ -248,6 +251,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
               file=sys.stderr)
     for url, caps in caps_of.items():
         _check_apis(url, rows[url]["apis"], caps)
+    notes.update(_check_served(c, rows, caps_of))
     apis = set().union(*(g["apis"] for g in rows.values()))
     caps = list(caps_of.values())
     ids_ok = all(k.get("token_id_prompts", True) for k in caps)   # every target, or text for all
@@ -336,6 +340,46 @@ def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
     return out
 
 
+def _check_served(c: plan.RunConfig, rows: dict[str, dict], caps_of: dict[str, dict]) -> dict:
+    """Before sending: every trace model goes to a model its target lists (else an error naming
+    the served ones), and rows longer than that model's context (max_model_len in /v1/models:
+    vLLM, SGLang, engine-stub) are counted in a warning with the way out."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    names = pq.read_schema(c.trace).names
+    t = pq.read_table(c.trace, columns=[n for n in ("model", "input_tokens", "output_tokens") if n in names])
+    total = pc.add(pc.fill_null(t.column("input_tokens"), 0), pc.fill_null(t.column("output_tokens"), 0)) \
+        if "output_tokens" in names else pc.fill_null(t.column("input_tokens"), 0)
+    too_long = {}
+    for url, g in rows.items():
+        caps = caps_of.get(url) or {}
+        served, lens = caps.get("models") or [], caps.get("max_model_len") or {}
+        for label in g["labels_raw"]:
+            name = c.target_model(label)
+            if served and name not in served:
+                how = f"--model-map {label}=SERVED" if label is not None else "--model-map '*=SERVED'"
+                raise RunError(f"target {url} does not serve {name!r} (the trace's model {label or '(none)'!r} is "
+                               f"sent as {name!r}); it serves: {', '.join(served)}; choose one with {how}")
+            if name not in lens:
+                continue
+            mine = None
+            if "model" in names:
+                col = t.column("model")
+                mine = pc.is_null(col) if label is None else pc.equal(col.cast("string"), label)
+            over = pc.greater(total, lens[name])
+            sel = over if mine is None else pc.and_(pc.fill_null(mine, False), over)
+            k = pc.sum(sel).as_py() or 0
+            if k:
+                longest = pc.max(pc.filter(total, sel)).as_py()
+                too_long[name] = {"rows": k, "max_model_len": lens[name], "longest": longest}
+                print(f"replay: warning: {k} of {t.num_rows} trace rows need more than {name!r}'s context "
+                      f"(max_model_len {lens[name]}; input + output tokens up to {longest}): the server will "
+                      f"refuse them; clip them first, e.g. `replay trace transform {c.trace} --clip-input "
+                      f":{max(1, lens[name] // 2)} --clip-output :{max(1, lens[name] // 2)} -o clipped.parquet`",
+                      file=sys.stderr)
+    return {"too_long": too_long} if too_long else {}
+
+
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
@@ -372,8 +416,29 @@ def run(args) -> int:
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
     code = _run_child(run_dir, getattr(args, "nice", None))
+    if code == 0:
+        code = _verdict(run_dir, getattr(args, "exit_code_on_error", None))
     _print_summary(run_dir, slo)
     return code
+
+
+def _verdict(run_dir: Path, on_error: int | None) -> int:
+    """A run that lost a worker, or in which no request succeeded, did not complete: its status
+    says so and the exit code is 1. `--exit-code-on-error N` (Locust's convention): N when any
+    request failed."""
+    from .output import update_run_json
+    info = json.loads((run_dir / "run.json").read_text())
+    counts = info.get("status_counts") or {}
+    failed = sum(v for k, v in counts.items() if k != "ok")
+    if info.get("lost_workers"):
+        update_run_json(run_dir, status="worker_lost")
+        print(f"replay: worker(s) {', '.join(map(str, info['lost_workers']))} lost during the run: their rows "
+              "are recorded as cancelled/not_sent", file=sys.stderr)
+        return 1
+    if counts and not counts.get("ok"):
+        update_run_json(run_dir, status="all_failed")
+        return 1
+    return on_error if on_error is not None and failed else 0
 
 
 def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:

@@ -190,6 +190,10 @@ def start_master(env, config: plan.RunConfig, out: Output) -> Master:
     return master
 
 
+class SetupError(RuntimeError):
+    """The distributed run could not start: one `error:` line, no traceback."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,12 +219,15 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
             runner.quit()
             _reap(procs)
-            raise RuntimeError(f"only {len(runner.clients.ready)} of {want} workers connected")
+            dead = [p.returncode for p in procs if p.poll() is not None]
+            raise SetupError(f"only {len(runner.clients.ready)} of {want} workers connected" +
+                             (f" ({len(dead)} local worker(s) exited with {', '.join(map(str, dead))} before "
+                              "connecting)" if dead else " within the time allowed"))
         gevent.sleep(0.05)
     runner.start(want, spawn_rate=50 * want)  # users first: T0 must not race Locust's spawning
     while len(runner.clients.running) < want:
         if time.monotonic() > deadline:
-            raise RuntimeError("workers did not start their users")
+            raise SetupError("workers did not start their users")
         gevent.sleep(0.05)
     cpu0 = cpu_seconds()
     master = start_master(env, config, out)
@@ -254,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     status = "failed"
     try:
         status = (run_distributed if config.workers > 1 or config.remote_workers else run_local)(config, out)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         counts = out.close()
         update_run_json(run_dir, status=status, status_counts=counts, ended_wall=time.time())

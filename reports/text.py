@@ -145,6 +145,12 @@ def _reasoning_rows(s: dict) -> list[list[object]]:
     return rows
 
 
+def _first_errors(s: dict, k: int = 3) -> str:
+    """The most frequent distinct error messages (the server's own words), with their counts."""
+    top = s["errors"].get("top_messages") or []
+    return "".join(["most frequent errors:\n"] + [f"  x{e['count']}: {e['message']}\n" for e in top[:k]]) if top else ""
+
+
 def format_summary(summary: dict) -> str:
     """The compact terminal summary of a run (rich tables rendered to text)."""
     s = summary
@@ -155,6 +161,7 @@ def format_summary(summary: dict) -> str:
     if s["errors"]["failed"]:
         parts.append(render_table("Errors", ["status", "count"], list(s["errors"]["by_status"].items()),
                                   width=60))
+        parts.append(_first_errors(s))
     if len(s["breakdowns"]["model"]) > 1:
         parts.append(render_table("Per model", ["model", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
                                   [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
@@ -185,7 +192,8 @@ def summary_markdown(summary: dict) -> str:
     if _has_reasoning(s):
         out += ["## Reasoning (ms, successful requests)", "", markdown_table(REASONING_COLUMNS, _reasoning_rows(s)), ""]
     if s["errors"]["failed"]:
-        out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), ""]
+        out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), "",
+                _first_errors(s, 5)]
     if s.get("gate"):
         out += [f"## SLO gate (exit {s['gate']['exit_code']})", "",
                 markdown_table(["objective", "scope", "measured", "limit", "n", "verdict"],

@@ -133,7 +133,8 @@ class Server:
             err = b'{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}'
             return conn.run(iter([(0, self.head(401, "application/json", len(err)) + err, None)]))
         if method == "GET":
-            data = json.dumps({"object": "list", "data": [{"id": a.model, "object": "model"}]}).encode()
+            card = {"id": a.model, "object": "model", **({"max_model_len": a.max_model_len} if a.max_model_len else {})}
+            data = json.dumps({"object": "list", "data": [card]}).encode()
             return conn.run(iter([(0, self.head(200, "application/json", len(data)) + data, None)]))
         try:
             req = json.loads(body)
@@ -148,6 +149,9 @@ class Server:
             err = json.dumps({"error": {"message": "The model does not support image inputs", "code": 400}}).encode()
             return conn.run(iter([(0, self.head(400, "application/json", len(err)) + err, None)]))
         model = str(req.get("model", ""))
+        refusal = self.refuse(req, model)
+        if refusal:
+            return conn.run(iter([(0, self.head(refusal[0], "application/json", len(refusal[1])) + refusal[1], None)]))
         if self.requests is not None:
             self.requests.write(json.dumps({"model": model, "max_tokens": req.get("max_tokens"), "path": path}) + "\n")
             self.requests.flush()
@@ -167,6 +171,23 @@ class Server:
                 "first": float(hdrs.get("x-first-delay", a.first_delay if a.first_delay is not None else interval)),
                 "bad": model[10:].encode() if model.startswith("bad-event:") else None}
         conn.run(self.steps(req, path, fault, n, interval, stamps, rid, mode), stamps)
+
+    def refuse(self, req: dict, model: str) -> tuple[int, bytes] | None:
+        """vLLM's answers to an unknown model (--strict-model) and a request longer than the
+        context (--max-model-len), in its error envelope."""
+        a = self.a
+        if a.strict_model and model != a.model:
+            msg, code = f"The model `{model}` does not exist.", 404
+        elif a.max_model_len:
+            p = req.get("prompt") if "prompt" in req else " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+            need = (len(p) if isinstance(p, list) else len(str(p or "").split())) + int(req.get("max_tokens") or 0)
+            if need <= a.max_model_len:
+                return None
+            msg, code = (f"This model's maximum context length is {a.max_model_len} tokens. However, you "
+                         f"requested {need} tokens. Please reduce the length of the input."), 400
+        else:
+            return None
+        return code, json.dumps({"object": "error", "message": msg, "type": "BadRequestError", "code": code}).encode()
 
     def head(self, status: int, ctype: str, length: int | None, extra: str = "") -> bytes:
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 429: "Too Many Requests",
@@ -329,6 +350,8 @@ def main(argv=None) -> None:
     ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--strict-model", action="store_true", help="404 for a model other than --model (as vLLM)")
+    ap.add_argument("--max-model-len", type=int, help="list it in /v1/models; 400 for longer requests (as vLLM)")
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
     args = ap.parse_args(argv)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):

@@ -14,7 +14,7 @@ import psutil
 
 from tests.conftest import free_port, repo_env
 
-from tests.replay.runkit import (assert_well_formed, popen_run, records, replay_run, sse_server,
+from tests.replay.runkit import (run_info, assert_well_formed, popen_run, records, replay_run, sse_server,
                                  wait_t0, write_trace)
 
 
@@ -71,8 +71,9 @@ def test_lost_worker_rows_are_recorded(tmp_path):
         assert len(workers) == 2
         os.kill(workers[1].pid, signal.SIGKILL)
         out, err = run.communicate(timeout=90)
-    assert run.returncode == 0, err
-    assert "went missing" in err
+    assert run.returncode == 1, err                       # a run that lost a worker did not complete
+    assert "went missing" in err and "lost during the run" in err
+    assert run_info(tmp_path / "run")["status"] == "worker_lost" and "status: worker_lost" in out
     df = records(tmp_path / "run")
     assert len(df) == n and df.request_id.is_unique
     lost = df[df.error.fillna("").str.contains("lost")]

@@ -1,0 +1,64 @@
+"""Issue 22 item 2: a run in which every request failed is not a success. The trace is checked
+against the target's /v1/models before anything is sent (a model it does not serve is an exit-2
+error naming the served ones; rows longer than max_model_len are counted with the way out);
+after the run the server's own messages are on the terminal, and a run where nothing succeeded
+exits 1 with a status that says so; `--exit-code-on-error N` as in Locust."""
+from __future__ import annotations
+
+from tests.conftest import run_cli
+from tests.replay.runkit import records, replay_run, run_info, sse_server, write_trace
+
+
+def _run(trace, url, out, *args, check=True):
+    return run_cli("replay", "run", "--trace", trace, "--target", url, "-o", out, "--no-progress", *args,
+                   timeout=120, check=False)
+
+
+def test_a_model_the_target_does_not_serve_is_an_error_before_sending(tmp_path):
+    trace = write_trace(tmp_path / "t.parquet", 10, gap_s=0.01)
+    with sse_server("--strict-model", "--model", "served-a") as url:
+        p = _run(trace, url, tmp_path / "run", "--model-map", "*=nope")
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "does not serve 'nope'" in last and "served-a" in last, p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "run" / "records.parquet").exists()
+
+
+def test_every_request_failed_exits_1_with_the_servers_words(tmp_path):
+    trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
+    with sse_server("--strict-model", "--model", "served-a") as url:
+        p = _run(trace, url, tmp_path / "run", "--no-check", "--model-map", "*=nope")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "x12: HTTP 404: The model `nope` does not exist." in p.stdout, p.stdout
+    assert run_info(tmp_path / "run")["status"] == "all_failed" and "status: all_failed" in p.stdout
+    assert len(records(tmp_path / "run")) == 12
+
+
+def test_rows_longer_than_the_context_are_counted_before_the_run(tmp_path):
+    import pyarrow as pa
+    from llm_replay.traces.trace import Trace
+    trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.01, input_tokens=20, output_tokens=6)
+    t = Trace.read(trace).table
+    t = t.set_column(t.schema.get_field_index("input_tokens"), "input_tokens", pa.array([20] * 15 + [100] * 5, pa.int32()))
+    Trace(t).write(trace)
+    with sse_server("--max-model-len", "64") as url:
+        p = _run(trace, url, tmp_path / "run")
+    assert p.returncode == 0, p.stderr        # 15 of 20 succeed: a run with failures, not a failed run
+    assert "5 of 20 trace rows need more than 'sse-test''s context (max_model_len 64; input + output tokens up to 106)" \
+        in p.stderr and "--clip-input" in p.stderr, p.stderr
+    assert run_info(tmp_path / "run")["too_long"]["sse-test"]["rows"] == 5
+    df = records(tmp_path / "run")
+    assert (df.status == "http_error").sum() == 5
+    assert "maximum context length is 64 tokens" in p.stdout
+
+
+def test_exit_code_on_error(tmp_path):
+    trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
+    with sse_server("--fault", "http500", "--fault-every", "4") as url:
+        p = _run(trace, url, tmp_path / "a", "--no-check", "--model-map", "*=m", "--exit-code-on-error", "3")
+        assert p.returncode == 3, p.stderr
+        p = _run(trace, url, tmp_path / "b", "--no-check", "--model-map", "*=m")
+        assert p.returncode == 0, p.stderr
+    with sse_server() as url:
+        p = _run(trace, url, tmp_path / "c", "--no-check", "--model-map", "*=m", "--exit-code-on-error", "3")
+    assert p.returncode == 0, p.stderr
