@@ -3,11 +3,20 @@
 - vLLM `vllm bench serve --save-result --save-detailed`: one JSON object whose per-request lists
   are `input_lens`, `output_lens`, `ttfts` (s), `itls` (list of s per request), `errors`
   ("" = success), `generated_texts`, and in newer versions `start_times` (s, perf_counter).
-- AIPerf `profile_export.jsonl`: one JSON object per request with `metadata`
-  (`x_request_id`, `x_correlation_id`, `request_start_ns`, `request_end_ns`, `was_cancelled`),
-  `metrics` ({name: {value, unit}}: `time_to_first_token`, `request_latency`,
-  `inter_chunk_latency`, `input_sequence_length`, `output_sequence_length`, ...) and `error`
-  ({code, type, message} or null).
+- AIPerf `profile_export.jsonl` (shape read from ai-dynamo/aiperf: the record is `MetricRecordInfo`
+  in src/aiperf/common/models/record_export_models.py, its metadata `MetricRecordMetadata` in
+  src/aiperf/common/metric_records_wire.py; metric tags from src/aiperf/metrics/types/, e.g.
+  time_to_first_output_token_metric.py, and docs/metrics_reference.md): one JSON object per request
+  with `metadata` (`x_request_id`, `x_correlation_id`, `request_start_ns`, `request_end_ns`,
+  `was_cancelled`; defaults may be omitted), `metrics` ({tag: {value, unit}} in display units:
+  `time_to_first_token`, `time_to_first_output_token` (first non-reasoning token), `request_latency`,
+  `inter_chunk_latency` (list), `input_sequence_length`, `output_sequence_length` (AIPerf's own
+  re-tokenization: `output_token_count` + `reasoning_token_count`), `usage_prompt_tokens`,
+  `usage_completion_tokens`, `usage_reasoning_tokens` (the server's usage), ...) and `error`
+  ({code, type, message} or null/absent). The server's usage counts win over AIPerf's token counts.
+  Beside it, `profile_export_aiperf.json` holds `input_config`: the model is
+  `input_config.models.items[].name` (src/aiperf/config/models.py `ModelsAdvanced`; written by
+  src/aiperf/exporters/metrics_json_exporter.py), in older versions `input_config.endpoint.model_names`.
 
 Fields the source does not have stay null and are listed in run.json under `missing`.
 """
@@ -141,14 +150,20 @@ def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
     sibling = src.with_name("profile_export_aiperf.json")
     if sibling.exists():
         try:
-            config = json.loads(sibling.read_text()).get("input_config")
-            model = model or ((config or {}).get("endpoint") or {}).get("model_names", [None])[0]
-        except (OSError, ValueError, AttributeError, IndexError):
+            config = json.loads(sibling.read_text()).get("input_config") or {}
+            names = ([m.get("name") for m in (config.get("models") or {}).get("items", [])]
+                     or (config.get("endpoint") or {}).get("model_names") or [])
+            if len(names) > 1 and not model:
+                notes.append(f"AIPerf ran {len(names)} models ({', '.join(names)}) and its records do not "
+                             "say which served each request: labelled with the first (--model to override)")
+            model = model or (names[0] if names else None)
+        except (OSError, ValueError, AttributeError, TypeError):
             notes.append(f"could not read {sibling.name}; no run config imported")
     t0 = min(r["metadata"]["request_start_ns"] for r in recs) if recs else 0
     cols: dict[str, list] = {k: [] for k in ("request_id", "session_id", "sent_s", "first_token_s",
-                                             "last_token_s", "token_times", "input_tokens",
-                                             "completion_tokens", "status", "http_status", "error")}
+                                             "last_token_s", "first_answer_s", "token_times", "input_tokens",
+                                             "prompt_tokens", "completion_tokens", "reasoning_tokens",
+                                             "reasoning_chunks", "status", "http_status", "error")}
     for i, r in enumerate(recs):
         md, mt, err = r["metadata"], r.get("metrics") or {}, r.get("error")
         sent = (md["request_start_ns"] - t0) * 1e-9
@@ -167,10 +182,23 @@ def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
             last = sent + lat
         elif ok and md.get("request_end_ns") and rel is None:
             last = (md["request_end_ns"] - t0) * 1e-9
+        # server usage first; AIPerf's re-tokenized counts (output_sequence_length ~10 % high) as fallback
+        reasoning = _metric(mt, "usage_reasoning_tokens", "reasoning_token_count") if ok else None
+        ttfa = _metric_s(mt, "time_to_first_output_token") if ok else None
+        if rel is None:
+            rc = None
+        elif ttfa is not None:     # chunks before the first answer chunk (TTFA is one of the chunk times)
+            rc = sum(t < ttfa - 1e-6 for t in rel)
+        else:                      # no answer: all chunks were reasoning, if there was any
+            rc = len(rel) if reasoning else None
         for k, v in (("request_id", md.get("x_request_id") or str(i)), ("session_id", md.get("x_correlation_id")),
-                     ("sent_s", sent), ("first_token_s", first), ("last_token_s", last), ("token_times", rel),
+                     ("sent_s", sent), ("first_token_s", first), ("last_token_s", last),
+                     ("first_answer_s", None if ttfa is None else sent + ttfa), ("token_times", rel),
                      ("input_tokens", _metric(mt, "input_sequence_length", "error_isl")),
-                     ("completion_tokens", _metric(mt, "output_sequence_length", "output_token_count") if ok else None),
+                     ("prompt_tokens", _metric(mt, "usage_prompt_tokens") if ok else None),
+                     ("completion_tokens", _metric(mt, "usage_completion_tokens", "output_sequence_length",
+                                                   "output_token_count") if ok else None),
+                     ("reasoning_tokens", reasoning), ("reasoning_chunks", rc),
                      ("status", status), ("http_status", (err or {}).get("code") if status == "http_error" else None),
                      ("error", None if ok else f"{(err or {}).get('type', 'cancelled')}: {(err or {}).get('message', '')}"[:500])):
             cols[k].append(v)

@@ -63,6 +63,32 @@ def test_aiperf_profile_export(tmp_path):
     assert s["errors"]["by_status"] == {"http_error": 1, "cancelled": 1}
 
 
+def test_aiperf_013_prefers_server_usage_and_carries_reasoning(tmp_path):
+    """AIPerf 0.13 records (fixtures/aiperf_0.13): output_sequence_length is AIPerf re-tokenizing the
+    text (14, 6, 12) while the server's usage says 10, 5, 8 = the chunks streamed; the model is in
+    profile_export_aiperf.json under input_config.models.items[].name."""
+    info = import_results("aiperf", FIX / "aiperf_0.13" / "profile_export.jsonl", tmp_path / "q")
+    assert info["rows"] == 4 and "model" not in info["missing"] and "first_answer_s" not in info["missing"]
+    t = load_records(tmp_path / "q").to_pylist()
+    assert [x["status"] for x in t] == ["ok", "ok", "ok", "http_error"]
+    assert {x["model"] for x in t} == {"Qwen/Qwen3-8B"}
+    assert [x["completion_tokens"] for x in t] == [10, 5, 8, None]          # usage, not 14, 6, 12
+    assert [x["prompt_tokens"] for x in t] == [563, 133, 313, None]
+    assert [x["input_tokens"] for x in t] == [550, 120, 300, 550]      # AIPerf's ISL: the request side
+    assert [x["reasoning_tokens"] for x in t] == [4, None, 4, None]     # usage's 4 over AIPerf's 5; fallback
+    assert [x["reasoning_chunks"] for x in t[:3]] == [4, 0, 3]
+    assert t[0]["first_answer_s"] == pytest.approx(0.28) and t[2]["first_answer_s"] == pytest.approx(1.24)
+    s = summarize_run(tmp_path / "q", write=False)
+    tp = s["throughput"]
+    assert tp["output_tokens_per_s"] == pytest.approx(23 / tp["duration_s"])  # 10 + 5 + 8, not 14 + 6 + 12
+    assert s["itl_source"]["several_tokens"] == 0 and s["itl_source"]["one_token_usage"] == 3
+    assert not any("several tokens" in w for w in s["warnings"])
+    lat = s["latency"]                    # TTFA from time_to_first_output_token; TTFT stays the first chunk
+    assert lat["ttfa_ms"]["max"] == pytest.approx(280.0) and lat["ttfa_ms"]["p50"] == pytest.approx(240.0)
+    assert lat["ttft_ms"]["max"] == pytest.approx(200.0)
+    assert s["reasoning"]["requests"] == 2 and s["reasoning"]["no_answer"] == 0
+
+
 @pytest.mark.parametrize("fmt, content, words", [
     ("vllm", '{"duration": 3}', "no per-request 'ttfts'"),
     ("vllm", '{"ttfts": [0.1], "errors": ["", ""]}', "has 2 entries"),
