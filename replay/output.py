@@ -52,7 +52,7 @@ class Output:
         # its own process (parsing a /metrics page stalls an event loop), started now so that
         # its imports are done before T0; it starts sampling when run.json holds T0
         from . import scrape
-        self.scraper = scrape.start(self.dir) if scrape.sources(config) else None
+        self.scraper = scrape.start(self.dir)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.file(batch)

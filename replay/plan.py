@@ -52,6 +52,7 @@ class RunConfig:
     master_host: str = "127.0.0.1"
     master_port: int = 0
     seed: int = 0
+    salt: int | None = None                  # mixed into the prompt seed per run (replay run draws one)
     image_url_base: str | None = None        # images by URL ({base}/{W}x{H}.png) instead of inline data
     sessions: str = "off"                    # off | timestamps | closed
     prompt_mode: str = "ids"                 # ids | text
@@ -86,6 +87,14 @@ class RunConfig:
 
     def key_env_of(self, label: str | None) -> str | None:
         return self.api_key_envs.get(label, self.api_key_env) if label is not None else self.api_key_env
+
+    @property
+    def prompt_seed(self) -> int:
+        """The seed of the prompt and image bytes: `seed`, salted per run so that a second run
+        does not hit the first one's prefix cache (equal blocks within a run stay equal)."""
+        if self.salt is None:
+            return self.seed
+        return int.from_bytes(hashlib.blake2b(f"{self.seed}:{self.salt}".encode(), digest_size=4).digest(), "little")
 
     def target_model(self, label: str | None) -> str | None:
         """The served model name for `label`: --model-map, else its target's first served model

@@ -7,7 +7,8 @@
 - `--tokenizer tokenizer.json`: text cut at an exact token boundary (needs `tokenizers`).
 
 Each `hash_ids` block is generated from (seed, hash id) alone, so equal blocks are
-byte-identical and the trace's prefix sharing reaches the server's prefix cache; the tail
+byte-identical and the trace's prefix sharing reaches the server's prefix cache (the seed is
+salted per run, `RunConfig.prompt_seed`, so only sharing within the run can hit); the tail
 after the blocks is seeded by the row, so distinct requests never share it. A `prompt`
 column is sent verbatim. A row with `num_images` is a chat request whose user message is
 its text followed by that many generated images (`replay.images`) of size `image_px`.
@@ -72,12 +73,12 @@ class PromptBuilder:
 
     def __init__(self, config: plan.RunConfig) -> None:
         self.c = config
-        self.mode, self.seed, self.bs = config.prompt_mode, config.seed, config.block_size
+        self.mode, self.seed, self.bs = config.prompt_mode, config.prompt_seed, config.block_size
         self.blocks: dict[int, object] = {}
         self.cal = dict(config.calibration or {})
         self.drift: dict[str, float] = {}
         self.tok = load_tokenizer(config.tokenizer) if config.tokenizer else None
-        self.images = Images(config.seed, config.image_url_base)
+        self.images = Images(config.prompt_seed, config.image_url_base)
 
     # --- token ids ----------------------------------------------------------------
     def _block(self, h: int, text_chars: int = 0):

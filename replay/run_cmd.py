@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -116,6 +117,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--api-key-env", action="append", default=[], metavar="[MODEL=]VAR",
                    help="environment variable holding the API key (MODEL=VAR: for that model's target; repeatable)")
     p.add_argument("--seed", type=int, default=0, help="prompt (and image) content seed")
+    p.add_argument("--salt", type=int, metavar="N", help="salt of the prompt bytes (default: a new random salt "
+                   "per run, recorded in run.json config.salt, so a run never hits the prefix cache an earlier run "
+                   "filled; give an earlier run's salt to repeat its bytes on purpose)")
     p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
                    "(files from `python3 -m llm_replay.replay.images`) instead of inline PNG data URLs")
     p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
@@ -204,7 +208,8 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        timeout_s=args.timeout, grace_s=args.grace, api_key_env=key_env, api_key_envs=key_envs,
                        workers=args.workers, remote_workers=args.remote_workers, master_host=host or "0.0.0.0",
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
-                       seed=args.seed, image_url_base=args.image_url_base, sessions=args.sessions,
+                       seed=args.seed, salt=args.salt if args.salt is not None else secrets.randbits(32),
+                       image_url_base=args.image_url_base, sessions=args.sessions,
                        tokenizer=args.tokenizer,
                        scrape_url=scrape, scrapes=scrapes, scrape_interval_s=args.scrape_interval,
                        progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
@@ -252,6 +257,9 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     for url, caps in caps_of.items():
         _check_apis(url, rows[url]["apis"], caps)
     notes.update(_check_served(c, rows, caps_of))
+    reuse = _intended_reuse(c)
+    if reuse:
+        notes["intended_prefix_reuse"] = reuse
     apis = set().union(*(g["apis"] for g in rows.values()))
     caps = list(caps_of.values())
     ids_ok = all(k.get("token_id_prompts", True) for k in caps)   # every target, or text for all
@@ -338,6 +346,17 @@ def _rows_per_target(c: plan.RunConfig) -> dict[str, dict]:
     for d in out.values():
         d["labels"].sort()
     return out
+
+
+def _intended_reuse(c: plan.RunConfig) -> dict | None:
+    """The prefix reuse the trace's hash_ids intend (an unbounded cache), for the report to set
+    against the server's own prefix-cache counters."""
+    import pyarrow.parquet as pq
+    from llm_replay.traces.stats import prefix_cache_hits
+    if "hash_ids" not in pq.read_schema(c.trace).names:
+        return None
+    r = prefix_cache_hits(pq.read_table(c.trace, columns=["hash_ids", "input_tokens"]), c.block_size)
+    return None if r is None else {k: r[k] for k in ("token_hit_ratio", "block_hit_ratio")}
 
 
 def _check_served(c: plan.RunConfig, rows: dict[str, dict], caps_of: dict[str, dict]) -> dict:
@@ -467,6 +486,9 @@ def _run_child(run_dir: Path, nice: int | None = None) -> int:
     prio.before_start()
     # our session (a new one is a CPU group of its own: priority.py), its own process group:
     # Ctrl-C at a terminal reaches only us, and we forward it once
+    from . import scrape
+    scraper = scrape.start(run_dir)   # first: its imports are done by T0, its first sample before it
+    env[scrape.OWNED] = "1"
     child = subprocess.Popen([sys.executable, "-m", "llm_replay.replay.runner", str(run_dir)], env=env,
                              preexec_fn=prio.in_child)
     update_run_json(run_dir, scheduling=prio.after_start(child.pid))
@@ -487,6 +509,12 @@ def _run_child(run_dir: Path, nice: int | None = None) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         prio.restore()
+        if scraper is not None:   # stdin closed: a last sample, then server_metrics.parquet
+            scraper.stdin.close()
+            try:
+                scraper.wait(15)
+            except subprocess.TimeoutExpired:
+                scraper.kill()
     t0_wall = json.loads((run_dir / "run.json").read_text()).get("t0_wall")
     if t0_wall:
         sampler.write(run_dir, t0_wall)

@@ -1,7 +1,7 @@
 """`--scrape [MODEL=]URL`: sample the targets' Prometheus metrics during the run.
 
-The scraper is a process of its own (`python -m llm_replay.replay.scrape RUN_DIR`, started by
-the runner's Output, niced): fetching and parsing a vLLM /metrics page (54 KB) takes ~22 ms of
+The scraper is a process of its own (`python -m llm_replay.replay.scrape RUN_DIR`, niced,
+started by `replay run` beside its runner, or by the runner's Output on the Locust CLI path): fetching and parsing a vLLM /metrics page (54 KB) takes ~22 ms of
 CPU, which inside the runner's event loop doubled its worst stall (issue 21). It waits for T0
 in run.json, then every interval fetches the text exposition, parses it with
 prometheus_client's parser and appends it (one row per sample, time relative to T0) to an IPC
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -78,6 +79,7 @@ class Scraper:
             self.scrape_once()
             nxt += self.interval
             stop.wait(max(0.0, nxt - time.perf_counter()))
+        self.scrape_once()   # the counters after the last request: the run's increase is complete
 
     def close(self) -> None:
         self.file.close()
@@ -87,13 +89,24 @@ class Scraper:
                   f"(last: {self.last_error})", file=sys.stderr)
 
 
-def start(run_dir: str | Path) -> subprocess.Popen:
-    """The scraper process of a run; close its stdin to end it (Output.close does)."""
+OWNED = "LLM_REPLAY_SCRAPER"   # set for a runner whose parent runs the scraper
+
+
+def start(run_dir: str | Path) -> subprocess.Popen | None:
+    """The scraper process of a run (None: nothing to scrape); close its stdin to end it."""
+    if os.environ.get(OWNED):
+        return None
+    config = plan.RunConfig.from_json(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    if not sources(config):
+        return None
     return subprocess.Popen([sys.executable, "-m", "llm_replay.replay.scrape", str(run_dir)],
                             stdin=subprocess.PIPE, preexec_fn=_lower_priority)
 
 
 def _lower_priority() -> None:
+    """Niced, and deaf to the terminal's Ctrl-C (it shares `replay run`'s process group): it
+    ends when its stdin closes, after a last sample."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         os.nice(NICE)
     except OSError:

@@ -185,11 +185,46 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "dispatch_lag": an.bottleneck or assess(an, run.config, None),
         "length_mismatch": _mismatches(an, run),
         "connections": connections(an, run.config),
+        "prefix_cache": prefix_cache(run.config, run.server_metrics),
         "breakdowns": by,
         "timeseries": series,
     }
     summary["warnings"] = _warnings(summary)
     return summary
+
+
+FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning
+
+
+def _counter_increase(server: pa.Table | None, suffix: str) -> float | None:
+    """Increase of a scraped counter over the run, summed over its label sets (resets skipped)."""
+    if server is None or not server.num_rows:
+        return None
+    names = server.column("name").to_pylist()
+    rows = [i for i, n in enumerate(names) if str(n).endswith(suffix)]
+    if not rows:
+        return None
+    df = server.take(pa.array(rows)).to_pandas().sort_values("time_s")
+    return float(df.groupby(df["labels"].fillna(""))["value"].diff().clip(lower=0).sum())
+
+
+def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
+    """The server's prefix-cache hits over the run (vLLM's and engine-stub's token counters)
+    against the reuse the trace's hash_ids intend (run.json `intended_prefix_reuse`): a server
+    that hits far more than intended was flattered (an earlier run's prompt bytes repeated with
+    --salt, a warm-up, sharing the trace does not model)."""
+    intended = ((config or {}).get("intended_prefix_reuse") or {}).get("token_hit_ratio")
+    hits, queries = (_counter_increase(server, f"prefix_cache_{k}_total") for k in ("hits", "queries"))
+    if intended is None and not queries:
+        return None
+    ratio = hits / queries if queries else None
+    out = {"intended_token_hit_ratio": intended, "server_hits": hits, "server_queries": queries,
+           "server_hit_ratio": ratio, "warning": None}
+    if ratio is not None and intended is not None and ratio > intended + FLATTERED:
+        out["warning"] = (f"the server's prefix cache hit {ratio:.0%} of prompt tokens where the trace's hash_ids "
+                          f"intend {intended:.0%}: the run was flattered by sharing the trace does not have (an "
+                          f"earlier run's prompt bytes repeated with --salt, a warm-up, a common system prompt)")
+    return out
 
 
 def _warnings(s: dict) -> list[str]:
@@ -206,6 +241,8 @@ def _warnings(s: dict) -> list[str]:
         w.append(s["dispatch_lag"]["warning"])
     if s["connections"]["warning"]:
         w.append(s["connections"]["warning"])
+    if (s.get("prefix_cache") or {}).get("warning"):
+        w.append(s["prefix_cache"]["warning"])
     r = s["reasoning"]
     if r["no_answer"]:
         w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the "

@@ -42,3 +42,30 @@ def test_engine_fault_flags(tmp_path):
     assert (df.status == "protocol_error").sum() > 0 and (df.status == "connection_error").sum() + \
         (df.status == "protocol_error").sum() > 2, df.status.value_counts()
     assert (df.status == "ok").sum() > n // 4
+
+
+def test_each_run_salts_its_prompts_so_a_second_run_is_not_flattered(tmp_path):
+    """Issue 22 item 3: the same trace replayed twice with the same bytes hits the prefix cache
+    the first run filled; by default each run salts its prompts (run.json config.salt), and the
+    report sets the server's prefix-cache hits against the reuse the trace's hash_ids intend."""
+    import json
+    n = 24   # every row its own six blocks: the trace intends no reuse at all
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.02, input_tokens=96, output_tokens=2,
+                        hash_ids=[[i * 10 + k for k in range(6)] for i in range(n)])
+    eng = start_engine()
+    try:
+        def run(name, *args):
+            replay_run(trace, eng.url, tmp_path / name, "--scrape", f"{eng.url}/metrics", "--scrape-interval",
+                       "100ms", *args, timeout=120)
+            return json.loads((tmp_path / name / "summary.json").read_text())
+        first, repeat, fresh = run("a", "--salt", "5"), run("b", "--salt", "5"), run("c")
+    finally:
+        eng.stop()
+    salts = [json.loads((tmp_path / d / "run.json").read_text())["config"]["salt"] for d in "abc"]
+    assert salts[0] == salts[1] == 5 and salts[2] != 5
+    for s in (first, repeat, fresh):
+        assert s["prefix_cache"]["intended_token_hit_ratio"] == 0.0 and s["prefix_cache"]["server_queries"] > 0
+    assert repeat["prefix_cache"]["server_hit_ratio"] > 0.5 and "flattered" in repeat["prefix_cache"]["warning"]
+    assert any("flattered" in w for w in repeat["warnings"])
+    for s in (first, fresh):   # a new salt: nothing of the earlier runs is reused
+        assert s["prefix_cache"]["server_hit_ratio"] < 0.05 and s["prefix_cache"]["warning"] is None

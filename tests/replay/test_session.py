@@ -15,15 +15,14 @@ from tests.replay.runkit import popen_run, records, run_info, sse_server, wait_t
 
 
 def _processes(run) -> tuple[psutil.Process, list[psutil.Process]]:
-    """The runner (replay run's child) and its own children, once they are up."""
+    """The runner and the scraper (replay run's children), once both are up."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         kids = psutil.Process(run.pid).children()
-        if kids:
-            runner = kids[0]
-            grand = runner.children()
-            if grand:
-                return runner, grand
+        runner = [p for p in kids if "llm_replay.replay.runner" in " ".join(p.cmdline())]
+        scraper = [p for p in kids if "llm_replay.replay.scrape" in " ".join(p.cmdline())]
+        if runner and scraper:
+            return runner[0], scraper
         time.sleep(0.05)
     raise AssertionError("no runner (or no scraper) appeared")
 
@@ -33,13 +32,12 @@ def test_runner_in_the_callers_session_and_group_scraper_niced_apart(tmp_path):
     with sse_server("--interval", "0.005") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m",
                         "--scrape", f"{url}/metrics", "--scrape-interval", "200ms")
-        runner, kids = _processes(run)
+        runner, scraper = _processes(run)
         wait_t0(tmp_path / "run")
         assert os.getsid(runner.pid) == os.getsid(run.pid) == os.getsid(0)     # the old code: a new session
         assert os.getpgid(runner.pid) == runner.pid != os.getpgid(run.pid)     # its own group: signals
         if autogroups_on():
             assert autogroup(runner.pid) == autogroup(run.pid) == autogroup(os.getpid())
-        scraper = [p for p in kids if "llm_replay.replay.scrape" in " ".join(p.cmdline())]
         assert len(scraper) == 1 and scraper[0].nice() >= 5 > runner.nice()
         out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
@@ -58,7 +56,7 @@ def test_nice_raises_the_runner_and_its_group_for_the_run_only(tmp_path):
     with sse_server("--interval", "0.005") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--nice", "-5")
         wait_t0(tmp_path / "run")
-        runner = psutil.Process(run.pid).children()[0]
+        runner = [p for p in psutil.Process(run.pid).children() if "replay.runner" in " ".join(p.cmdline())][0]
         assert runner.nice() == -5
         if before is not None and autogroups_on():
             assert autogroup(os.getpid())[1] == -5                 # the session's CPU group, meanwhile
