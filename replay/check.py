@@ -105,8 +105,11 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
         out["reasoning_stream"] = bool(fields)
         out["reasoning_field"] = fields[0] if fields else None
         details = getattr(usage, "completion_tokens_details", None)
-        out["reasoning_tokens_in_usage"] = getattr(details, "reasoning_tokens", None) is not None or \
-            (usage is not None and (usage.model_extra or {}).get("reasoning_tokens") is not None)
+        rt = getattr(details, "reasoning_tokens", None)
+        rt = rt if rt is not None else (usage.model_extra or {}).get("reasoning_tokens") if usage is not None else None
+        # a count that stays 0 while reasoning streams is not a count (SGLang on some paths)
+        out["reasoning_tokens_in_usage"] = rt is not None and (bool(rt) or not fields)
+        out["reasoning_tokens_reported"] = rt
         return any(d.content or d.tool_calls for d in deltas) or bool(fields)
     attempt("chat_stream", chat_stream)
 
@@ -153,7 +156,7 @@ def main(args) -> int:
         print(f"  {name:24s} {'yes' if caps.get(name) else 'no ':3s}  {err}")
     if caps.get("reasoning_stream"):
         print(f"reasoning: streamed in delta.{caps['reasoning_field']}; reasoning_tokens in usage: "
-              f"{'yes' if caps.get('reasoning_tokens_in_usage') else 'no (replay counts reasoning chunks)'}")
+              f"{'yes' if caps.get('reasoning_tokens_in_usage') else 'no, it reports 0 (replay counts reasoning chunks)' if caps.get('reasoning_tokens_reported') == 0 else 'no (replay counts reasoning chunks)'}")
     mode = "ids" if caps.get("token_id_prompts") else "text"
     print(f"replay run defaults: --prompt-mode {mode}, force output length "
           f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")

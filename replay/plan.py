@@ -58,6 +58,7 @@ class RunConfig:
     prompt_mode: str = "ids"                 # ids | text
     tokenizer: str | None = None
     calibration: dict | None = None          # text mode: tokens = a + b * chars (per api)
+    template_tokens: dict = field(default_factory=dict)   # --tokenizer: chat template tokens per api@target
     force_output_len: bool = True            # send min_tokens + ignore_eos
     block_size: int = 16
     scrape_url: str | None = None

@@ -30,8 +30,8 @@ class Progress:
         counts = pc.value_counts(batch.column("status")).to_pylist()   # one pass: a flush holds the hub
         for v in counts:
             self.status[v["values"]] = self.status.get(v["values"], 0) + v["counts"]
-        n = batch.num_rows
-        self.done += n
+        # done: requests that ended (a Ctrl-C's cancelled and not_sent rows are counted apart)
+        self.done += sum(v["counts"] for v in counts if v["values"] not in ("not_sent", "cancelled"))
         self.errors += sum(v["counts"] for v in counts if v["values"] not in ("ok", "not_sent", "cancelled"))
         toks = pc.sum(batch.column("completion_tokens")).as_py() or 0
         self.tokens += toks
@@ -49,8 +49,10 @@ class Progress:
         lag = f"{np.percentile(np.asarray(self.lags), 99) * 1e3:.1f} ms" if self.lags else "-"
         elapsed = now - self.t0 if self.t0 else 0.0
         left = max(0.0, self.duration_s - elapsed)
+        stopped = "".join(f"  {k.replace('_', ' ')} {self.status[k]}" for k in ("cancelled", "not_sent")
+                          if self.status.get(k))
         return (f"[{elapsed:7.1f}s] sent {sent}/{self.total}  in flight {inflight}  done {self.done}  "
-                f"errors {self.errors}  lag p99 {lag}  tok/s {tps:.0f}  left {left:.0f}s")
+                f"errors {self.errors}{stopped}  lag p99 {lag}  tok/s {tps:.0f}  left {left:.0f}s")
 
     def run(self, stream=sys.stderr, every: float | None = None) -> None:
         """Print forever (a greenlet or thread); the caller kills it."""

@@ -111,9 +111,9 @@ class PromptBuilder:
 
     def text(self, row: tuple, api: str, tokens: int | None = None, target: str | None = None) -> str:
         n = max(1, row[plan.IN] if tokens is None else tokens)
-        if self.tok is not None:
-            return self._exact_text(row, n)
         key = self.cal_key(api, target)
+        if self.tok is not None:   # a row's input_tokens count the chat template the server adds
+            return self._exact_text(row, max(1, n - (self.c.template_tokens.get(key, 0) if tokens is None else 0)))
         a, b = self.cal.get(key, (0.0, 0.25))
         block_chars = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
         parts, have = [], 0
@@ -198,6 +198,22 @@ def load_tokenizer(path: str):
 
 class PromptError(ValueError):
     exit_code = 2
+
+
+def template_tokens(post: Callable[[str, dict], dict], model: str, tok, seed: int = 0) -> int:
+    """Tokens the target's chat template adds around a user message (usage.prompt_tokens of a
+    message of exactly 32 tokens by `tok`, less 32): --tokenizer cuts chat text that much shorter."""
+    text = corpus_text(seed, 0x7E3, 400)
+    offsets = tok.encode(text, add_special_tokens=False).offsets
+    text = text[:offsets[min(32, len(offsets)) - 1][1]]
+    n = len(tok.encode(text, add_special_tokens=False).ids)
+    resp = post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": text}],
+                                         "max_tokens": 1})
+    pt = (resp.get("usage") or {}).get("prompt_tokens")
+    if not isinstance(pt, int):
+        raise PromptError("--tokenizer with chat: the target reported no usage.prompt_tokens, so the chat "
+                          "template's tokens cannot be measured")
+    return max(0, pt - n)
 
 
 def calibrate(post: Callable[[str, dict], dict], api: str, model: str, seed: int = 0) -> tuple[float, float]:

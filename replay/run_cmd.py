@@ -274,8 +274,18 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     text_apis = {a for a in apis if a == "chat" or c.prompt_mode == "text"}
     if text_apis and c.tokenizer:
         notes["tokenizer"] = _check_tokenizer(c.tokenizer)
+        if "chat" in text_apis:   # the template's tokens are the server's, within input_tokens
+            from .prompts import load_tokenizer, template_tokens
+            tok = load_tokenizer(c.tokenizer)
+            for url, g in rows.items():
+                if "chat" in g["apis"]:
+                    key, model = _key(g["key_env"]), c.target_model(g["labels_raw"][0]) if g["labels_raw"] else c.default_model
+                    c.template_tokens["chat" if url == c.target else f"chat@{url}"] = template_tokens(
+                        lambda p, b: http_json(url, p, b, key), model, tok, c.seed)
         print(f"replay: text prompts cut to exact token counts with {c.tokenizer} "
-              f"(vocab {notes['tokenizer']['vocab_size']}; no calibration)", file=sys.stderr)
+              f"(vocab {notes['tokenizer']['vocab_size']}; no calibration"
+              + (f"; chat template {', '.join(f'{v} tokens ({k})' for k, v in c.template_tokens.items())}"
+                 if c.template_tokens else "") + ")", file=sys.stderr)
     elif c.tokenizer:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
     if text_apis and not c.tokenizer:

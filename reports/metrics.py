@@ -211,7 +211,9 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         ms(first, sent, o["ttft_ms"])
         ms(first, sched, o["ttft_sched_ms"])
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_token(ms(last, first, o["answer_ms"]), n_out - 1, n_out >= 2, o["tpot_ms"])
+            # one chunk (several tokens in one event, e.g. an invisible </think> counted by the
+            # usage): no time between tokens was seen, so no TPOT (it was 0)
+            per_token(ms(last, first, o["answer_ms"]), n_out - 1, (n_out >= 2) & ~(n_chunks < 2), o["tpot_ms"])
             per_token(e2e, n_out, n_out >= 1, o["ntpot_ms"])
             per_token(e2e_s, n_out, n_out >= 1, o["ntpot_sched_ms"])
         reasoning = as_f64(tb.column("reasoning_tokens"))
@@ -229,7 +231,8 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
             ms(np.where(np.isnan(answer), last, answer), first, r["reasoning_ms"])   # no answer: all of it
             r["reasoning_ms"][rc == 0] = np.nan
             with np.errstate(invalid="ignore", divide="ignore"):
-                per_token(ms(last, answer, o["answer_ms"]), n_answer - 1, n_answer >= 2, r["tpot_answer_ms"])
+                per_token(ms(last, answer, o["answer_ms"]), n_answer - 1, (n_answer >= 2) & ~(n_chunks - rc < 2),
+                          r["tpot_answer_ms"])
         end = o["end"]                    # last token, else first token, else sent
         np.copyto(end, last)
         gap = np.isnan(end)

@@ -224,6 +224,7 @@ class Server:
         model = json.dumps(str(req.get("model", self.a.model)))
         prompt = req.get("prompt") if not chat else " ".join(str(m.get("content", "")) for m in req.get("messages", []))
         n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
+        n_prompt += self.a.chat_template_tokens if chat else 0
         if not req.get("stream"):
             yield from self.whole(chat, model, n, n_prompt)
             return
@@ -279,8 +280,9 @@ class Server:
         tail = frame(b"data: " + last + sep)
         so = req.get("stream_options") or {}
         if so.get("include_usage") or self.a.usage:
-            details = b',"completion_tokens_details":{"reasoning_tokens":%d}' % min(n, mode["reasoning"]) \
-                if chat and mode["report"] else b""
+            details = b',"completion_tokens_details":{"reasoning_tokens":%d}' % (
+                0 if self.a.report_reasoning_zero else min(n, mode["reasoning"])) \
+                if chat and (mode["report"] or self.a.report_reasoning_zero) else b""
             tail += frame(b"data: " + pre[:pre.index(b'"choices"')] + b'"choices":[],"usage":{"prompt_tokens":%d,'
                           b'"total_tokens":%d,"completion_tokens":%d%s}}' % (n_prompt, n_prompt + n, n, details) + sep)
         if fault != "no_done":
@@ -338,6 +340,7 @@ def main(argv=None) -> None:
     ap.add_argument("--reasoning", type=int, default=0, help="chat: the first N token events are reasoning")
     ap.add_argument("--reasoning-field", default="reasoning_content", choices=("reasoning_content", "reasoning"))
     ap.add_argument("--report-reasoning", action="store_true", help="usage.completion_tokens_details.reasoning_tokens")
+    ap.add_argument("--report-reasoning-zero", action="store_true", help="usage reports 0 reasoning tokens (SGLang)")
     ap.add_argument("--tool-calls", type=int, default=0, choices=(0, 1), help="chat: the answer is a streamed tool call")
     ap.add_argument("--first-delay", type=float, help="seconds before the first token event (default --interval)")
     ap.add_argument("--chat-only", action="store_true", help="404 on /v1/completions, as chat-only gateways")
@@ -350,6 +353,7 @@ def main(argv=None) -> None:
     ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--chat-template-tokens", type=int, default=0, help="chat prompts count this many more tokens")
     ap.add_argument("--strict-model", action="store_true", help="404 for a model other than --model (as vLLM)")
     ap.add_argument("--max-model-len", type=int, help="list it in /v1/models; 400 for longer requests (as vLLM)")
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")

@@ -30,6 +30,17 @@ def test_check_reports_capabilities(tmp_path):
             assert caps[k] is True, (k, caps["errors"])
 
 
+def test_check_does_not_believe_a_reasoning_count_that_stays_zero():
+    """Issue 22 item 6: a server that streams reasoning but reports 0 reasoning tokens."""
+    for flag, said, believed in (("--report-reasoning", "reasoning_tokens in usage: yes", True),
+                                 ("--report-reasoning-zero", "reasoning_tokens in usage: no, it reports 0", False)):
+        with sse_server("--reasoning", "3", flag) as url:
+            text = run_cli("replay", "check", "--target", url, check=True).stdout
+            caps = json.loads(run_cli("replay", "check", "--target", url, "--json", check=True).stdout)
+        assert said in text, text
+        assert caps["reasoning_stream"] and caps["reasoning_tokens_in_usage"] is believed
+
+
 def test_check_fails_fast_on_a_dead_target():
     # refused: one line, exit 2, at once (not one connection error per probe)
     dead = run_cli("replay", "check", "--target", f"http://127.0.0.1:{free_port()}", timeout=30)

@@ -177,17 +177,20 @@ def test_replay_run_with_tokenizer_sends_exact_text_prompts(tmp_path):
                       "hash_ids": pa.array(hash_ids, pa.list_(pa.int64()))})
     trace = tmp_path / "t.parquet"
     Trace(table, {"block_size": 16}).write(trace)
-    with sse_server("--interval", "0.001") as url:
+    with sse_server("--interval", "0.001", "--chat-template-tokens", "16") as url:   # as a real template
         proc = replay_run(trace, url, tmp_path / "run", "--prompt-mode", "text", "--tokenizer", path,
                           "--model-map", "*=m")
     df = records(tmp_path / "run")
     assert len(df) == n and set(df.request_id) == {str(i) for i in range(n)}
     assert (df.status == "ok").all(), df.status.value_counts()
     assert_well_formed(df)
-    assert (df.prompt_tokens == df.input_tokens).all(), df[df.prompt_tokens != df.input_tokens]
+    short_chat = (df.request_id.astype(int) % 4 == 0) & (df.input_tokens <= 16)   # shorter than the template
+    assert (df.prompt_tokens == df.input_tokens)[~short_chat].all(), df[df.prompt_tokens != df.input_tokens]
+    assert (df.prompt_tokens[short_chat] == 17).all()     # one token of text: the least a message can be
     info = run_info(tmp_path / "run")
     assert info["tokenizer"]["path"] == path and info["tokenizer"]["vocab_size"] > 200
-    assert info["config"]["prompt_mode"] == "text" and not info["config"]["calibration"]  # no probes
+    assert info["config"]["prompt_mode"] == "text" and not info["config"]["calibration"]  # no calibration
+    assert info["config"]["template_tokens"] == {"chat": 16}   # measured once: chat rows are not 16 over
     assert f"exact token counts with {path}" in proc.stderr
 
 

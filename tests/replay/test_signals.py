@@ -78,3 +78,14 @@ def test_sigkill_of_replay_run_takes_the_runner_along_and_keeps_the_stream(tmp_p
     run, expected = _run_and_kill(tmp_path, kill_runner_only=False)
     table = pa.Table.from_batches(list(read_stream(tmp_path / "run" / "records.arrows")))
     assert len(expected) > 50 and expected <= set(table.column("request_id").to_pylist())
+
+
+def test_the_last_progress_line_after_ctrl_c_counts_only_what_ended():
+    """Issue 22 item 6: after Ctrl-C the final line said `done 191` when 2 requests were done."""
+    from llm_replay.replay.progress import Progress
+    p = Progress(191, 10.0)
+    status = ["ok", "ok", "cancelled"] + ["not_sent"] * 188
+    p.add(pa.record_batch({"status": pa.array(status), "completion_tokens": pa.array([4] * 191, pa.int32()),
+                           "sent_s": pa.array([0.0] * 191), "scheduled_s": pa.array([0.0] * 191)}))
+    line = p.line()
+    assert "done 2 " in line and "cancelled 1" in line and "not sent 188" in line, line

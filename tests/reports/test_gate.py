@@ -62,6 +62,16 @@ def test_too_few_samples_for_the_percentile_is_cannot_evaluate(tmp_path):
     assert evaluate_slo(t, {"per_request": {"ttft_ms": 100}}).exit_code == 2
 
 
+def test_p90_of_exactly_ten_samples_is_judged():
+    """Issue 22 item 6: 10 * (1 - 0.9) is 0.99999... in floating point; it was refused."""
+    rows = [dict(HAND[1], request_id=f"r{i}", scheduled_s=2.0 + i, sent_s=2.0 + i, first_token_s=2.5 + i,
+                 last_token_s=2.5 + i) for i in range(10)]
+    res = evaluate_slo(records(rows), {"objectives": ["ttft_ms.p90 <= 10000"]})
+    assert res.rows[0].verdict == "pass" and res.rows[0].n == 10, res.table()
+    res = evaluate_slo(records(rows[:9]), {"objectives": ["ttft_ms.p90 <= 10000"]})
+    assert res.rows[0].verdict == "cannot evaluate" and "needs n >= 10" in res.rows[0].note
+
+
 def test_class_objectives_gate_their_subset():
     t = records(HAND)
     spec = {"objectives": ["ttft_ms.max <= 1000"],

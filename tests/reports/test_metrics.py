@@ -42,6 +42,16 @@ def test_per_request_metrics_by_hand():
     assert rm.n_out_from_usage.tolist() == [True, False, False]
 
 
+def test_no_tpot_from_one_chunk_of_several_tokens():
+    """Issue 22 item 6: two tokens in one streamed event (an invisible </think> counted by the
+    usage) showed no time between tokens: TPOT is undefined, not 0."""
+    one = dict(request_id="d", model="m1", slo_class="chat", status="ok", scheduled_s=1.0, sent_s=1.0,
+               first_token_s=1.2, last_token_s=1.2, token_times=[0.2], input_tokens=10, output_tokens=2,
+               prompt_tokens=10, completion_tokens=2)
+    rm = request_metrics(records([one, HAND[0]]))
+    assert math.isnan(rm.columns["tpot_ms"][0]) and rm.columns["tpot_ms"][1] == pytest.approx(75.0)
+
+
 def test_pooled_icl_and_per_token_itl():
     t = records(HAND)
     pooled = pooled_gaps(t.slice(0, 2))
