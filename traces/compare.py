@@ -1,16 +1,49 @@
 """`replay trace compare A B`: realism statistics of two traces side by side, with a verdict
-per metric against a tolerance (relative for rates, dispersion and lengths; absolute for
-correlations, shares and hit ratios). The statistics come from `traces.stats`. A trace
-without a `model` column counts as one model, the same as any single label on the other side.
+per metric. The statistics come from `traces.stats`. A trace without a `model` column counts
+as one model, the same as any single label on the other side.
+
+Verdicts:
+- **fail** when one side has a metric and the other lacks it (`reason` names why, e.g. "B has
+  no hash_ids": a generated trace that lost its prefix reuse does not pass). A trace without
+  `hash_ids` is read as one without prefix reuse (hit ratio 0: replay sends unrelated
+  prompts), without `session_id` and `hash_ids` as single-request conversations, without
+  `num_images` as imageless; the row names the missing column and fails unless the other
+  side has no more of it either (a Mooncake hour without reuse matches its fitted copy);
+- **n/a** only when neither side has it (counted apart in the summary, not as passing);
+- **not judged** for an index of dispersion (IDC) at a scale where either trace holds fewer
+  than `MIN_WINDOWS` complete windows (the fitter's threshold): a variance from so few counts
+  says little, so the row says "only k windows" and cannot fail the comparison;
+- else **pass** when the difference is within max(tolerance, sampling band): the fixed
+  tolerance (`TOLERANCES`: relative for rates, dispersion and lengths; absolute for
+  correlations, shares and hit ratios) is the model error accepted, and the sampling band the
+  difference two realisations of one process reach by chance. Each band is two-sided at
+  level 0.05 / m, m the rows judged (Bonferroni), so two seeds of one spec fail at most 5 % of
+  the time when the error models hold. Standard errors, each side's own, combined as
+  z * sqrt(se_A^2 + se_B^2):
+  - IDC from k windows: k - 1 times it is about chi-square(k - 1) (the dispersion test), so
+    IDC_B / IDC_A is F(k_B - 1, k_A - 1) and the band is that F's quantiles (wide at few
+    windows: x3.7 at 24);
+  - mean rate: rate * sqrt(D / n), n requests, D the IDC at the largest scale judged (mean
+    of both sides, at least 1: Var(count) = D n, D = 1 for Poisson);
+  - inter-arrival CV: the delta method on the gaps' moments (CV / sqrt(n) for Poisson);
+  - length quantiles: distribution-free, a quarter of the spread of the order statistics at
+    q +- 2 sqrt(q (1 - q) / n) (two binomial sd);
+  - shares: sqrt(p (1 - p) / n); Spearman: (1 - rho^2) sqrt(1.06 / (n - 3)) (Fieller).
+  Rows without an error model (prefix hit ratio, reuse distance, turns, mean images: their
+  units are correlated) keep the fixed tolerance. Windows, gaps and requests are taken as
+  independent, so strongly correlated (bursty) traffic still needs long traces to pass.
 """
 from __future__ import annotations
 
 import html
+from collections import Counter
 from typing import Any
 
 import numpy as np
+from scipy import stats as sst
 
 from . import stats
+from .fit_dists import IDC_SCALES, MIN_WINDOWS
 
 # metric family -> (kind, tolerance): "rel" compares |b - a| / |a|, "abs" compares |b - a|
 TOLERANCES = {
@@ -27,25 +60,30 @@ TOLERANCES = {
     "turns": ("rel", 0.10),
     "turn_gap": ("rel", 0.20),
 }
-LONG_IDC_S = 600.0        # IDC at 600 s: shown when both traces span 4 windows of it, judged
-LONG_IDC_WINDOWS = 4      # only from 20 (the variance of 4-19 counts is too noisy: a Poisson
-LONG_IDC_JUDGED = 20      # stream's own IDC estimate varies by sqrt(2 / (windows - 1)), 33% at 19)
+FAMILY_ALPHA = 0.05       # two realisations of one spec fail at most this often (Bonferroni)
 MIN_COUNT_SHARE = 0.01    # image counts this rare in both traces get no row of their own
 
 
-def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _share_se(p: float, n: int) -> float:
+    return float(np.sqrt(p * (1 - p) / n)) if n else 0.0
+
+
+def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None, n: tuple[int, int]) -> list[dict[str, Any]]:
     """The image-count distribution: share of requests with images, mean images per request,
     and the share of each count (0, 1, 2, ...) that holds >= 1% of either trace. A trace
     without `num_images` sends no images: it compares as all zeros."""
     none = {"share_with_images": 0.0, "mean_images": 0.0, "count_histogram": {"0": 1}}
     ia, ib = ia or none, ib or none
-    rows = [_row("images.share_with_images", "image_share", ia["share_with_images"], ib["share_with_images"]),
+    se = lambda pa_, pb_: (_share_se(pa_, n[0]), _share_se(pb_, n[1]))  # noqa: E731
+    rows = [_row("images.share_with_images", "image_share", ia["share_with_images"], ib["share_with_images"],
+                 se(ia["share_with_images"], ib["share_with_images"])),
             _row("images.mean_per_request", "image_mean", ia["mean_images"], ib["mean_images"])]
     sa, sb = ({int(k): v / max(sum(h.values()), 1) for k, v in h.items()}
               for h in (ia["count_histogram"], ib["count_histogram"]))
     for k in sorted(set(sa) | set(sb)):
         if max(sa.get(k, 0.0), sb.get(k, 0.0)) >= MIN_COUNT_SHARE:
-            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0)))
+            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0),
+                             se(sa.get(k, 0.0), sb.get(k, 0.0))))
     return rows
 
 
@@ -58,19 +96,58 @@ def _turn_rows(a: Any, b: Any) -> list[dict[str, Any]]:
     ta, tb = (stats.turn_stats(x, _block_size(x), source) for x in (a, b))
     if not ta and not tb:
         return []
-    ta, tb = ta or {"turns": {}, "gap_s": {}}, tb or {"turns": {}, "gap_s": {}}
-    return [_row("turns_per_session.mean", "turns", ta["turns"].get("mean"), tb["turns"].get("mean")),
-            _row("turns_per_session.p90", "turns", ta["turns"].get("p90"), tb["turns"].get("p90")),
-            _row("turn_gap_s.p50", "turn_gap", ta["gap_s"].get("p50"), tb["gap_s"].get("p50"))]
+    why = _lacks((ta, tb), "has no session_id or hash_ids")
+    # without either column every request is a conversation of its own (one turn, no gap)
+    one = {"turns": {"mean": 1.0, "p90": stats.count_quantile(np.ones(1), 0.9)}, "gap_s": {}}
+    ta, tb = ta or one, tb or one
+    return [_row("turns_per_session.mean", "turns", ta["turns"]["mean"], tb["turns"]["mean"], reason=why),
+            _row("turns_per_session.p90", "turns", ta["turns"]["p90"], tb["turns"]["p90"], reason=why),
+            _row("turn_gap_s.p50", "turn_gap", ta["gap_s"].get("p50"), tb["gap_s"].get("p50"), reason=why,
+                 missing=why[2:] if why else "has no multi-turn conversation")]
 
 
-def _row(metric: str, family: str, a: float | None, b: float | None) -> dict[str, Any]:
+def _lacks(pair: tuple, what: str) -> str | None:
+    """'B has no hash_ids' when the statistic of one side of `pair` is missing."""
+    return None if bool(pair[0]) == bool(pair[1]) else f"{'AB'[bool(pair[0])]} {what}"
+
+
+def _row(metric: str, family: str, a: float | None, b: float | None, se: tuple = (None, None),
+         missing: str | tuple[str, str] = "has no value", dof: tuple[int, int] | None = None,
+         reason: str | None = None) -> dict[str, Any]:
+    """A row before `_judge`: "fail" when only one side has the value (reason: that side and
+    `missing`, per side when a pair), "n/a" when neither has it, else "judge" with the sampling
+    error of each side (`se`, in the metric's unit) or, for an IDC, the degrees of freedom
+    (`dof`: B, A). `reason`: a note, e.g. that one side's value stands for a missing column."""
     kind, tol = TOLERANCES[family]
-    if a is None or b is None:
-        return {"metric": metric, "a": a, "b": b, "diff": None, "tolerance": f"{kind} {tol:g}", "verdict": "n/a"}
-    diff = abs(b - a) / abs(a) if kind == "rel" and a != 0 else abs(b - a)
-    return {"metric": metric, "a": a, "b": b, "diff": diff, "tolerance": f"{kind} {tol:g}",
-            "verdict": "pass" if diff <= tol + 1e-12 else "fail"}
+    r = {"metric": metric, "a": a, "b": b, "diff": None, "tolerance": f"{kind} {tol:g}", "limit": None,
+         "verdict": "n/a", "reason": reason, "_judge": (kind, tol, se, dof)}
+    if (a is None) != (b is None):
+        side = int(a is not None)
+        r.update(verdict="fail", reason=f"{'AB'[side]} {missing if isinstance(missing, str) else missing[side]}")
+    elif a is not None:
+        r.update(diff=abs(b - a) / abs(a) if kind == "rel" and a != 0 else abs(b - a), verdict="judge")
+    return r
+
+
+def _judge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Verdicts: pass when diff <= limit = max(tolerance, sampling band); the bands are
+    two-sided at FAMILY_ALPHA / (rows judged)."""
+    alpha = FAMILY_ALPHA / max(sum(r["verdict"] == "judge" for r in rows), 1)
+    z = float(sst.norm.isf(alpha / 2))
+    for r in rows:
+        kind, tol, se, dof = r.pop("_judge")
+        if r["verdict"] != "judge":
+            continue
+        a, b = r["a"], r["b"]
+        if dof and a > 0:   # IDC_B / IDC_A ~ F(k_B - 1, k_A - 1)
+            band = abs((sst.f.isf(alpha / 2, *dof) if b >= a else sst.f.ppf(alpha / 2, *dof)) - 1)
+        else:
+            band = z * float(np.hypot(se[0] or 0.0, se[1] or 0.0)) / (abs(a) if kind == "rel" and a else 1.0)
+        r["limit"] = max(tol, band)
+        r["verdict"] = "pass" if r["diff"] <= r["limit"] + 1e-12 else "fail"
+        if band > tol:
+            r["tolerance"] += f", sampling {band:.3g}"
+    return rows
 
 
 def _block_size(trace: Any) -> int | None:
@@ -78,29 +155,74 @@ def _block_size(trace: Any) -> int | None:
     return int(bs) if isinstance(bs, (int, float)) else None
 
 
+def _windows(x: Any, w: float) -> int:
+    t = stats.arrivals_ns(x)
+    return int((t[-1] - t[0]) // max(int(round(w * 1e9)), 1)) if len(t) else 0
+
+
+def _cv_se(x: Any) -> float | None:
+    """Delta method: CV = sd / mean of the gaps, influence (d^2 / var - 1) / 2 - d / mean."""
+    g, cv = stats.interarrivals_s(x), stats.interarrival_cv(x)
+    if not cv:
+        return None
+    d = g - g.mean()
+    return cv * float(np.sqrt(((d ** 2 / g.var() - 1) / 2 - d / g.mean()).var() / len(g)))
+
+
+def _length_groups(x: Any) -> dict[str, dict[str, np.ndarray]]:
+    """Input and output lengths (nulls dropped), overall ('') and per model ('m.')."""
+    t = stats._tbl(x)
+    cols = {c: stats._lengths(t, c) for c in ("input_tokens", "output_tokens")}
+    groups = {"": cols}
+    mc = stats._model_codes(t)
+    if mc is not None:
+        codes, labels = mc
+        groups.update({f"{labels[c]}.": {k: v[codes == c] for k, v in cols.items()}
+                       for c in np.flatnonzero(np.bincount(codes, minlength=len(labels)))})
+    return {g: {k: v[~np.isnan(v)] for k, v in cols.items()} for g, cols in groups.items()}
+
+
+def _quantiles_se(v: np.ndarray) -> dict[str, tuple[float | None, float | None]]:
+    """{p50/p90/p99: (value as stats.quantiles, standard error)}; the error is a quarter of the
+    spread of the quantiles at q +- 2 sqrt(q (1 - q) / n), two binomial sd of the order statistic."""
+    if not len(v):
+        return {k: (None, None) for k in stats.QUANTILES}
+    qs = np.array(list(stats.QUANTILES.values())) / 100
+    h = 2 * np.sqrt(qs * (1 - qs) / len(v))
+    lo, hi = np.percentile(v, 100 * np.clip(np.stack([qs - h, qs + h]), 0, 1))
+    q = stats.quantiles(v)
+    return {k: (q[k], float(x - y) / 4) for k, x, y in zip(stats.QUANTILES, hi, lo)}
+
+
 def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
-    """One row per metric: {metric, a, b, diff, tolerance, verdict in pass/fail/n/a}."""
-    rows = [_row("mean_rate", "mean_rate", stats.mean_rate(a), stats.mean_rate(b)),
-            _row("interarrival_cv", "interarrival_cv", stats.interarrival_cv(a), stats.interarrival_cv(b))]
-    ia, ib = stats.index_of_dispersion(a), stats.index_of_dispersion(b)
-    rows += [_row(f"idc_{w}", "idc", ia[w], ib.get(w)) for w in ia]
-    span = min(stats.duration_s(a), stats.duration_s(b))
-    key = f"{LONG_IDC_S:g}s"
-    long = _row(f"idc_{key}", "idc", *(stats.index_of_dispersion(x, (LONG_IDC_S,))[key]
-                                       if span >= LONG_IDC_WINDOWS * LONG_IDC_S else None for x in (a, b)))
-    if span < LONG_IDC_JUDGED * LONG_IDC_S:  # shown, not judged
-        long.update(verdict="n/a", tolerance=f"{long['tolerance']} (>= {LONG_IDC_JUDGED:g} windows)")
-    rows.append(long)
-    la, lb = stats.length_quantiles(a), stats.length_quantiles(b)
-    groups = [("", la, lb)]
-    per_a, per_b = la.get("per_model", {}), lb.get("per_model", {})
-    if len(per_a) > 1:
-        groups += [(f"{m}.", per_a[m], per_b.get(m, {})) for m in per_a]
-    for prefix, ga, gb in groups:
+    """One row per metric: {metric, a, b, diff, tolerance, limit, verdict, reason}; verdict in
+    pass / fail / not judged / n/a (see the module docstring)."""
+    n = [stats._tbl(x).num_rows for x in (a, b)]
+    ia, ib = (stats.index_of_dispersion(x, IDC_SCALES) for x in (a, b))
+    ka, kb = ([_windows(x, w) for w in IDC_SCALES] for x in (a, b))
+    # the count variance over the span is about D n, D the IDC at the largest scale judged
+    # (the mean of both sides: one process under the null; at least Poisson's 1: it is noisy)
+    d = max(1.0, np.mean([next((i[k] for k, w in reversed(list(zip(i, kx))) if w >= MIN_WINDOWS and i[k]), 1.0)
+                 for i, kx in ((ia, ka), (ib, kb))]))
+    ra, rb = stats.mean_rate(a), stats.mean_rate(b)
+    rows = [_row("mean_rate", "mean_rate", ra, rb, tuple(r and r * np.sqrt(d / nx) for r, nx in zip((ra, rb), n))),
+            _row("interarrival_cv", "interarrival_cv", stats.interarrival_cv(a), stats.interarrival_cv(b),
+                 (_cv_se(a), _cv_se(b)))]
+    for key, wa, wb in zip(ia, ka, kb):
+        rows.append(_row(f"idc_{key}", "idc", ia[key], ib[key], dof=(wb - 1, wa - 1)))
+        if min(wa, wb) < MIN_WINDOWS:
+            rows[-1].update(verdict="not judged", reason=f"only {min(wa, wb)} windows")
+    ga, gb = _length_groups(a), _length_groups(b)
+    for prefix in [g for g in ga if not g or len(ga) > 2]:   # per model when A has several
         for col in ("input_tokens", "output_tokens"):
-            for q in ("p50", "p90", "p99"):
-                rows.append(_row(f"{prefix}{col}.{q}", "length", ga[col][q], gb.get(col, {}).get(q)))
-    rows.append(_row("spearman_input_output", "spearman", stats.spearman_io(a), stats.spearman_io(b)))
+            qa, qb = _quantiles_se(ga[prefix][col]), _quantiles_se(gb.get(prefix, {}).get(col, np.zeros(0)))
+            for q in stats.QUANTILES:
+                rows.append(_row(f"{prefix}{col}.{q}", "length", qa[q][0], qb[q][0], (qa[q][1], qb[q][1]),
+                                 f"has no requests of model {prefix[:-1]}" if prefix else "has no value"))
+    sp = [stats.spearman_io(x) for x in (a, b)]
+    m = [stats._tbl(x).num_rows - stats._tbl(x).column("output_tokens").null_count for x in (a, b)]
+    rows.append(_row("spearman_input_output", "spearman", *sp,
+                     tuple(r and (1 - r * r) * np.sqrt(1.06 / max(k - 3, 1)) for r, k in zip(sp, m))))
     ma, mb = stats.model_mix(a), stats.model_mix(b)
     # no model column = one unnamed model: it matches a single label on the other side (fit ->
     # generate names it `default`); shares are compared when a side has several or they differ
@@ -109,37 +231,46 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     if not mb and len(ma) == 1:
         mb = dict(ma)
     if len(ma) > 1 or set(ma) != set(mb):
-        rows += [_row(f"model_share.{m}", "model_share", ma.get(m, 0.0), mb.get(m, 0.0)) for m in {**ma, **mb}]
+        rows += [_row(f"model_share.{k}", "model_share", ma.get(k, 0.0), mb.get(k, 0.0),
+                      (_share_se(ma.get(k, 0.0), n[0]), _share_se(mb.get(k, 0.0), n[1]))) for k in {**ma, **mb}]
     pa_, pb_ = stats.prefix_cache_hits(a, _block_size(a)), stats.prefix_cache_hits(b, _block_size(b))
-    if pa_ or pb_:
-        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", (pa_ or {}).get("block_hit_ratio"),
-                         (pb_ or {}).get("block_hit_ratio")))
-    if pa_ or pb_:
+    if pa_ or pb_:   # without hash_ids replay sends unrelated prompts: a hit ratio of 0
+        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *((p or {}).get("block_hit_ratio", 0.0) for p in (pa_, pb_)),
+                         reason=_lacks((pa_, pb_), "has no hash_ids")))
         ra, rb = stats.reuse_distances(a), stats.reuse_distances(b)
+        why = tuple("has no prefix-cache hits" if p else "has no hash_ids" for p in (pa_, pb_))
         for q in ("p50", "p90"):
             rows.append(_row(f"reuse_distance_requests.{q}", "reuse_distance", (ra or {}).get("requests", {}).get(q),
-                             (rb or {}).get("requests", {}).get(q)))
+                             (rb or {}).get("requests", {}).get(q), missing=why))
     rows += _turn_rows(a, b)
     ia, ib = stats.image_stats(a), stats.image_stats(b)
     if ia or ib:
-        rows += _image_rows(ia, ib)
-    return rows
+        rows += _image_rows(ia, ib, n)
+    return _judge(rows)
 
 
 def _fmt(v: Any) -> str:
     return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """'17 of 17 judged metrics within tolerance; 1 not judged (too few windows); 2 not applicable'."""
+    c = Counter(r["verdict"] for r in rows)
+    return "; ".join([f"{c['pass']} of {c['pass'] + c['fail']} judged metrics within tolerance"] +
+                     [f"{c[k]} {text}" for k, text in (("fail", "outside"), ("not judged", "not judged (too few windows)"),
+                                                       ("n/a", "not applicable")) if c[k]])
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    return r["verdict"].upper() + (f" ({r['reason']})" if r.get("reason") else "")
+
+
 def format_table(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> str:
     head = ("metric", name_a, name_b, "diff", "tolerance", "verdict")
-    body = [(r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"]), r["tolerance"], r["verdict"].upper())
-            for r in rows]
+    body = [(r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"]), r["tolerance"], _verdict(r)) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
-    fails = sum(r["verdict"] == "fail" for r in rows)
-    lines.append(f"{len(rows) - fails} of {len(rows)} metrics within tolerance" +
-                 (f"; {fails} outside" if fails else ""))
-    return "\n".join(lines)
+    return "\n".join([*lines, summary(rows)])
 
 
 QQ_PROBS = np.concatenate([[0.001, 0.005], np.arange(0.01, 1.0, 0.01), [0.995, 0.999]])
@@ -192,10 +323,9 @@ def render_html(rows: list[dict[str, Any]], a: Any, b: Any, name_a: str = "A", n
     """A self-contained page: the comparison table (tolerance and verdict per metric) and the
     QQ plot of the two traces' inter-arrival times. No script, no external resource."""
     esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
-    fails = sum(r["verdict"] == "fail" for r in rows)
-    body = "\n".join(f'<tr class="{esc(r["verdict"].replace("/", ""))}"><td>{esc(r["metric"])}</td><td>{_fmt(r["a"])}</td>'
+    body = "\n".join(f'<tr class="{esc(r["verdict"].replace("/", "").replace(" ", ""))}"><td>{esc(r["metric"])}</td><td>{_fmt(r["a"])}</td>'
                      f'<td>{_fmt(r["b"])}</td><td>{_fmt(r["diff"])}</td><td>{esc(r["tolerance"])}</td>'
-                     f'<td>{esc(r["verdict"].upper())}</td></tr>' for r in rows)
+                     f'<td>{esc(_verdict(r))}</td></tr>' for r in rows)
     xa, yb, zeros = qq_points(a, b)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>trace compare: {esc(name_a)} vs {esc(name_b)}</title>
@@ -204,11 +334,11 @@ body {{ font-family: sans-serif; margin: 2em; color: #222; }}
 table {{ border-collapse: collapse; }} td, th {{ padding: 2px 10px; border-bottom: 1px solid #ddd; text-align: right; }}
 td:first-child, th:first-child {{ text-align: left; }}
 tr.fail td:last-child {{ color: #c33; font-weight: bold; }} tr.pass td:last-child {{ color: #2a7; }}
-tr.na td:last-child {{ color: #888; }}
+tr.na td:last-child, tr.notjudged td:last-child {{ color: #888; }}
 </style></head><body>
 <h1>trace compare</h1>
 <p>A = {esc(name_a)}<br>B = {esc(name_b)}</p>
-<p>{len(rows) - fails} of {len(rows)} metrics within tolerance{f"; {fails} outside" if fails else ""}</p>
+<p>{esc(summary(rows))}</p>
 <table><tr><th>metric</th><th>A</th><th>B</th><th>diff</th><th>tolerance</th><th>verdict</th></tr>
 {body}
 </table>
