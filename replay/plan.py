@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from llm_replay.traces.errors import TraceError
+from llm_replay.traces.schema import BY_NAME
 from llm_replay.traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
@@ -115,7 +116,12 @@ def sha256_file(path: str | Path) -> str:
 
 def _origin(path: str) -> int:
     for b in Trace.iter_batches(path, batch_size=1, columns=["arrival_ns"]):
-        return int(b.column(0)[0].as_py()) if b.num_rows else 0
+        if not b.num_rows:
+            return 0
+        try:
+            return int(b.column(0)[0].as_py())
+        except (TypeError, ValueError):   # not a number: the batch checks name the rule and the row
+            return 0
     raise TraceError("the trace is empty (0 rows)", file=path)
 
 
@@ -137,6 +143,7 @@ class TraceWindow:
             if validate:
                 _validate(b, path, offset, last)
                 last = int(b.column("arrival_ns")[-1].as_py())
+            b = _canonical(b)
             arr = b.column("arrival_ns").to_numpy()
             if self.hi is not None and arr[0] >= self.hi:
                 return
@@ -178,6 +185,16 @@ def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
     if first is None:
         return iter(())
     return itertools.chain([first], chunks)
+
+
+def _canonical(b: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch in the trace schema's types: a file that `validate` accepts may store them
+    otherwise (arrival_ns as strings, int64 token counts), which conform casts."""
+    want = pa.schema([pa.field(n, BY_NAME[n].type if n in BY_NAME else t)
+                      for n, t in zip(b.schema.names, b.schema.types)])
+    if b.schema.equals(want):
+        return b
+    return pa.Table.from_batches([b]).cast(want).combine_chunks().to_batches()[0]
 
 
 def _validate(b: pa.RecordBatch, path: str, offset: int, last: int | None) -> None:

@@ -88,6 +88,17 @@ def test_bad_inputs_are_one_line_errors(tmp_path, server):
     assert p.returncode == 2 and "/v1/models" in p.stderr
     p = replay_run(trace, server, tmp_path / "r4", "--api-key-env", "SURELY_UNSET_VAR_X", check=False)
     assert p.returncode == 2 and "SURELY_UNSET_VAR_X" in p.stderr
+    # types that validate casts (string arrival_ns) are cast for the run too; text that is no
+    # number is validate's one-line error (both were an ArrowInvalid traceback)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    for name, arrivals in (("s.parquet", ["0", "1000000"]), ("x.parquet", ["0", "soon"])):
+        pq.write_table(pa.table({"arrival_ns": arrivals, "input_tokens": pa.array([8, 8], pa.int32()),
+                                 "output_tokens": pa.array([2, 2], pa.int32())}), tmp_path / name)
+    p = replay_run(tmp_path / "s.parquet", server, tmp_path / "r5", "--model-map", "*=m", check=False)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    p = replay_run(tmp_path / "x.parquet", server, tmp_path / "r6", check=False)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and "'soon'" in p.stderr, p.stderr
 
 
 def test_model_map_line_names_only_the_unmapped_models(tmp_path, server):
