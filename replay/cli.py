@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+from pathlib import Path
 
 from . import __version__
 
@@ -52,14 +55,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
-        return int(func(args) or 0)
+        code = int(func(args) or 0)
+        sys.stdout.flush()   # here, where a closed pipe is caught, not at exit
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:   # `replay ... | head`: the reader left; end quietly, as coreutils do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as e:  # noqa: BLE001 - only errors that declare an exit code are user errors
         code = getattr(e, "exit_code", None)
         if code is None:
-            raise
+            if os.environ.get("LLM_REPLAY_TRACEBACK"):
+                raise
+            # a bug, not the input's fault: still one line and exit 2 (exit 1 means "an SLO
+            # failed" to a CI gate); LLM_REPLAY_TRACEBACK=1 shows where
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            print(f"error: unexpected {type(e).__name__}: {str(e)[:300]} (in {Path(where.filename).name}:"
+                  f"{where.lineno}; a bug: please report it with the command; LLM_REPLAY_TRACEBACK=1 shows "
+                  "the traceback)", file=sys.stderr)
+            return 2
         print(f"error: {e}", file=sys.stderr)
         return int(code)
 

@@ -11,6 +11,7 @@ user per worker process), and the replay options are `replay run`'s, registered 
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -30,6 +31,9 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--run-dir", help="replay: run directory (default runs/locust-<UTC time>)")
     add_target_argument(parser)   # MODEL=URL: per-model deployments; --host is the default target
     add_run_arguments(parser)
+    # Locust serves its web UI, which starts load against the target, on every interface with
+    # no login; here only on this host unless --web-host says otherwise
+    parser.set_defaults(web_host="127.0.0.1")
 
 
 @events.init.add_listener
@@ -47,10 +51,16 @@ def _on_init(environment, **kw) -> None:
     opts.target = ([host] if host else []) + [t for t in opts.target if t != host]
     opts.out = opts.run_dir or f"runs/locust-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     opts.workers, opts.remote_workers, opts.master_bind = 1, 0, ""
-    config, notes = build_config(opts)
-    if isinstance(runner, MasterRunner):
-        config.workers = max(1, opts.expect_workers or 1)
-    prepare_run_dir(config, notes)
+    try:
+        config, notes = build_config(opts)
+        if isinstance(runner, MasterRunner):
+            config.workers = max(1, opts.expect_workers or 1)
+        prepare_run_dir(config, notes)
+    except Exception as e:  # noqa: BLE001 - bad input or a target that fails the check: one line
+        if getattr(e, "exit_code", None) is None:
+            raise
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(int(e.exit_code))   # before Locust has started anything: nothing to clean up
     _state["config"] = config
 
 

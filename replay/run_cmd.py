@@ -180,8 +180,8 @@ def served_models(target: str, key: str | None) -> list[str]:
     try:
         data = http_json(target, "/v1/models", key=key, timeout=10).get("data")
         return [m["id"] for m in data]
-    except RunError as e:
-        raise RunError(f"{e} (--model-map '*=NAME' skips the model list)") from None
+    except RunError as e:   # the hint only where the target answered: a dead one is just dead
+        raise RunError(f"{e} (--model-map '*=NAME' skips the model list)" if " -> " in str(e) else str(e)) from None
     except (KeyError, TypeError):
         raise RunError(f"target {target}: GET /v1/models -> not an OpenAI model list (no data[].id); "
                        "pass --model-map '*=NAME'") from None
@@ -447,7 +447,18 @@ def run(args) -> int:
     code = _run_child(run_dir, getattr(args, "nice", None))
     if code == 0:
         code = _verdict(run_dir, getattr(args, "exit_code_on_error", None))
-    _print_summary(run_dir, slo)
+    hits = []
+
+    def late_ctrl_c(_sig, _frame):   # a Ctrl-C meant for the run must not cost its summary
+        hits.append(1)
+        if len(hits) > 1:
+            raise KeyboardInterrupt
+        print("replay: writing the summary (Ctrl-C again to skip it)", file=sys.stderr)
+    old = signal.signal(signal.SIGINT, late_ctrl_c)
+    try:
+        _print_summary(run_dir, slo)
+    finally:
+        signal.signal(signal.SIGINT, old)
     return code
 
 
@@ -533,7 +544,13 @@ def _run_child(run_dir: Path, nice: int | None = None) -> int:
         info = json.loads((run_dir / "run.json").read_text())
         config = plan.RunConfig.from_json(info["config"])
         kept, added = salvage(run_dir, config, time.time() - info.get("t0_wall", time.time()))
-        update_run_json(run_dir, status="failed", runner_exit=rc, ended_wall=time.time())
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        counts = {v["values"]: v["counts"] for v in pc.value_counts(
+            pq.read_table(run_dir / "records.parquet", columns=["status"]).column("status").combine_chunks()
+        ).to_pylist()} if (run_dir / "records.parquet").exists() else {}
+        update_run_json(run_dir, status="failed", runner_exit=rc, ended_wall=time.time(),
+                        status_counts=dict(sorted(counts.items())))
         print(f"replay: the runner exited with {rc}; {kept} records flushed before that were kept, "
               f"{added} rows without one recorded as cancelled/not_sent", file=sys.stderr)
         return 1

@@ -141,17 +141,28 @@ def spec_from_dict(raw: object, source: object = None) -> SloSpec:
     return spec
 
 
+MAX_SPEC_BYTES = 1 << 20
+
+
 def _read(path: Path) -> object:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SloSpecError(f"cannot read SLO spec: {e.strerror or e}", file=path) from None
+    except UnicodeDecodeError as e:
+        raise SloSpecError(f"not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}): an SLO spec is "
+                           "YAML or TOML", file=path) from None
+    if len(text) > MAX_SPEC_BYTES:
+        raise SloSpecError(f"{len(text):,} characters: an SLO spec is a few lines (at most {MAX_SPEC_BYTES:,})",
+                           file=path)
     if path.suffix == ".toml":
         import tomllib
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise SloSpecError(f"invalid TOML: {e}", file=path) from None
+        except RecursionError:
+            raise SloSpecError("invalid TOML: nested too deeply", file=path) from None
         tool = data.get("tool", {}).get("replay", {})
         if "slo" in tool:
             return tool["slo"]
@@ -163,6 +174,8 @@ def _read(path: Path) -> object:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SloSpecError(f"invalid YAML: {e}", file=path) from None
+    except RecursionError:   # PyYAML's composer recurses once per nesting level
+        raise SloSpecError("invalid YAML: nested too deeply", file=path) from None
 
 
 def load_slo(path_or_dict: str | Path | dict | SloSpec) -> SloSpec:

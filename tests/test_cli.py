@@ -25,3 +25,28 @@ def test_package_imports_stay_light():
     import subprocess, sys
     from tests.conftest import repo_env
     subprocess.run([sys.executable, "-c", code], env=repo_env(), check=True)
+
+
+def test_a_reader_that_leaves_early_and_bad_slo_files_give_no_traceback(tmp_path):
+    """Issue 23 item 2: `replay trace compare A B | head` ended in a BrokenPipeError traceback;
+    a non-UTF-8 or deeply nested SLO file was a traceback with exit 1, which a CI gate reads as
+    a failed objective."""
+    import subprocess
+    import sys
+
+    from tests.conftest import repo_env
+    from tests.replay.runkit import write_trace
+    trace = write_trace(tmp_path / "t.parquet", 200, gap_s=0.01)
+    p = subprocess.Popen([sys.executable, "-m", "llm_replay.replay", "trace", "compare", str(trace), str(trace)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=repo_env())
+    p.stdout.close()                       # the reader is gone before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(60) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, body in (("bin.yaml", b"objectives: ['error_rate <= 0.1']\n\xff\xfe\x00"),
+                       ("deep.yaml", b"a: " + b"[" * 20000 + b"]" * 20000 + b"\n"),
+                       ("deep.toml", b"a = " + b"[" * 20000 + b"]" * 20000 + b"\n")):
+        (tmp_path / name).write_bytes(body)
+        g = run_cli("replay", "gate", run, "--slo", tmp_path / name)
+        assert g.returncode == 2 and g.stderr.startswith("error: ") and g.stderr.count("\n") == 1, g.stderr

@@ -100,3 +100,37 @@ def _locust(log: Path, *args, locustfile=LOCUSTFILE) -> subprocess.Popen:
     with open(log, "w") as f:
         return subprocess.Popen([sys.executable, "-m", "locust", "-f", str(locustfile), *map(str, args)],
                                 env=repo_env(), stdout=f, stderr=subprocess.STDOUT)
+
+
+def test_web_ui_binds_loopback_stops_on_ctrl_c_and_a_dead_target_is_one_line(tmp_path):
+    """Issue 23 items 2 and 4: Locust's web UI (which starts load against the target, no login)
+    listens on 127.0.0.1 unless --web-host says otherwise; Ctrl-C ends it; a target that cannot be
+    reached is one `error:` line and exit 2, not a traceback."""
+    import signal
+    import time
+
+    import psutil
+
+    from tests.conftest import free_port
+    trace = write_trace(tmp_path / "t.parquet", 5, gap_s=0.05)
+    port = free_port()
+    ui = _locust(tmp_path / "ui.log", "--host", "http://127.0.0.1:9", "--trace", trace, "--run-dir", tmp_path / "ui",
+                 "--web-port", port, "--no-check", "--model-map", "*=m")
+    try:
+        deadline = time.monotonic() + 60
+        while not [c for c in psutil.Process(ui.pid).net_connections("tcp") if c.status == "LISTEN"
+                   and c.laddr.port == port]:
+            assert time.monotonic() < deadline and ui.poll() is None, (tmp_path / "ui.log").read_text()
+            time.sleep(0.2)
+        bound = {c.laddr.ip for c in psutil.Process(ui.pid).net_connections("tcp") if c.laddr.port == port}
+        assert bound == {"127.0.0.1"}, bound
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(30) == 0
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+    dead = subprocess.run([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host",
+                          f"http://127.0.0.1:{free_port()}", "--trace", str(trace), "-t", "5s"],
+                         env=repo_env(), capture_output=True, text=True, timeout=120)
+    assert dead.returncode == 2 and "Traceback" not in dead.stderr, dead.stderr
+    assert dead.stderr.strip().splitlines()[-1].startswith("error: target http://127.0.0.1:"), dead.stderr

@@ -71,7 +71,9 @@ def test_sigkill_of_runner_keeps_flushed_records(tmp_path):
     assert len(lost) > 0 and (lost.error == "runner died").all()
     assert lost.status.isin(["cancelled", "not_sent"]).all()
     assert lost[lost.status == "not_sent"].scheduled_s.min() > ok.scheduled_s.max() - 1.5
-    assert run_info(tmp_path / "run")["status"] == "failed"
+    info = run_info(tmp_path / "run")
+    assert info["status"] == "failed" and sum(info["status_counts"].values()) == N
+    assert f"status: failed  " in run.out and f"ok {len(ok)}" in run.out    # the last line has the counts
 
 
 def test_sigkill_of_replay_run_takes_the_runner_along_and_keeps_the_stream(tmp_path):

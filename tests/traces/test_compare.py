@@ -126,7 +126,7 @@ def test_a_lost_statistic_fails_with_the_reason(tmp_path):
     assert p.returncode == 1
     line = next(x for x in p.stdout.splitlines() if x.startswith("prefix_block_hit_ratio"))
     assert "FAIL (B has no hash_ids)" in line
-    rows = {r["metric"]: r for r in json.loads(run_cli("replay", "trace", "compare", a, b, "--json").stdout)}
+    rows = {r["metric"]: r for r in compare_traces(src, Trace.read(b))}
     assert rows["prefix_block_hit_ratio"]["a"] > 0.3 and rows["prefix_block_hit_ratio"]["b"] == 0.0
     assert rows["reuse_distance_requests.p50"]["verdict"] == "fail"
     assert rows["reuse_distance_requests.p50"]["reason"] == "B has no hash_ids"
