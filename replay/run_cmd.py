@@ -497,6 +497,9 @@ def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
     return run_dir
 
 
+STOP_MARGIN_S = 15.0   # after a forwarded Ctrl-C/SIGTERM and the grace time, a stuck runner is killed
+
+
 def _run_child(run_dir: Path, nice: int | None = None) -> int:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
@@ -515,17 +518,29 @@ def _run_child(run_dir: Path, nice: int | None = None) -> int:
     update_run_json(run_dir, scheduling=prio.after_start(child.pid))
     for err in prio.errors:
         print(f"replay: warning: --nice: {err}", file=sys.stderr)
-    forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
+    asked: list[float] = []   # when we forwarded a signal
+
+    def forward(sig, _frame) -> None:
+        asked.append(time.monotonic())
+        child.send_signal(sig)
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     from .hostcpu import CpuSampler
     sampler = CpuSampler(child.pid)   # while we wait anyway: the client's and the host's CPU
+    grace = float(json.loads((run_dir / "run.json").read_text())["config"].get("grace_s") or 0)
     try:
         while True:
             try:
-                rc = child.wait(timeout=max(0.0, sampler.due - time.monotonic()) if sampler.ok else None)
+                rc = child.wait(timeout=max(0.0, sampler.due - time.monotonic()) if sampler.ok else 0.5)
                 break
             except subprocess.TimeoutExpired:
-                sampler.sample()
+                if sampler.ok:
+                    sampler.sample()
+                # a runner stuck in a computation never sees the signal (its handler runs in its
+                # event loop): after the grace and a margin it is killed, its records salvaged
+                if asked and time.monotonic() > asked[0] + grace + STOP_MARGIN_S and child.poll() is None:
+                    print(f"replay: the runner did not stop within {grace + STOP_MARGIN_S:g} s of the signal; "
+                          "killing it (its flushed records are kept)", file=sys.stderr)
+                    child.kill()
     finally:
         for s, h in old.items():
             signal.signal(s, h)

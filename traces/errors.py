@@ -1,7 +1,22 @@
 """Actionable trace errors: which file, which column, which rows, which rule."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+
+MAX_RULE_CHARS = 600   # a rule quoting a 5,000-digit number or a binary line is cut in the middle
+_UNPRINTABLE = re.compile(r"[^\S ]|[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str, limit: int = MAX_RULE_CHARS) -> str:
+    """`text` on one line for a terminal: control characters, other line breaks and undecodable
+    bytes (surrogates) as repr-style escapes (`\\x1b`, `\\n`), and at most about `limit`
+    characters (the middle cut, saying how much)."""
+    text = _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], str(text))
+    if len(text) > limit:
+        head, tail = limit * 2 // 3, limit // 6
+        text = f"{text[:head]} ...[{len(text) - head - tail:,} characters cut]... {text[-tail:]}"
+    return text
 
 
 class TraceError(ValueError):
@@ -19,10 +34,10 @@ class TraceError(ValueError):
     def _format(self) -> str:
         where = []
         if self.file:
-            where.append(str(self.file))
+            where.append(printable(str(self.file), 300))
         if self.column:
             where.append(f"column {self.column!r}")
-        msg = self.rule
+        msg = printable(self.rule)
         if self.rows is not None:
             shown = ", ".join(str(r) for r in self.rows[:10])
             more = f" and {len(self.rows) - 10} more" if len(self.rows) > 10 else ""

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import TraceError
-from .schema import BY_NAME, REQUIRED, SCHEMA_VERSION, schema_for
+from .schema import BY_NAME, MAX_TOKENS, REQUIRED, SCHEMA_VERSION, schema_for
 from .validate import check_image_px, check_num_images
 
 ROW_GROUP = 1 << 20                    # rows per Parquet row group
@@ -101,15 +101,17 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
     if (arr < 0).any():
         raise TraceError("arrival_ns must be >= 0", file=file, column="arrival_ns",
                          rows=_bad_rows(arr < 0), total_rows=n)
-    inp = cols["input_tokens"].to_numpy()
-    if (inp < 0).any():
-        raise TraceError("input_tokens must be >= 0", file=file, column="input_tokens",
-                         rows=_bad_rows(inp < 0), total_rows=n)
-    out = cols["output_tokens"].to_numpy(zero_copy_only=False)
-    out_f = np.asarray(out, dtype=np.float64)
-    if (out_f < 0).any():
-        raise TraceError("output_tokens must be >= 0", file=file, column="output_tokens",
-                         rows=_bad_rows(out_f < 0), total_rows=n)
+    for name in ("input_tokens", "output_tokens"):
+        mm = pc.min_max(cols[name])  # cheap; rows are located only when it fails
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and lo < 0:
+            v = cols[name].fill_null(0).to_numpy()
+            raise TraceError(f"{name} must be >= 0", file=file, column=name, rows=_bad_rows(v < 0), total_rows=n)
+        if hi is not None and hi > MAX_TOKENS:
+            v = cols[name].fill_null(0).to_numpy()
+            raise TraceError(f"{name} must be <= {MAX_TOKENS:,} (2^24) tokens per request: no model takes "
+                             f"more; a larger count is a unit or mapping mistake (got {hi:,})",
+                             file=file, column=name, rows=_bad_rows(v > MAX_TOKENS), total_rows=n)
     order = None
     if n > 1 and (np.diff(arr) < 0).any():
         if not sort:

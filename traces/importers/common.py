@@ -161,7 +161,7 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
             try:
                 obj = _DECODER.decode(raw.decode("utf-8"))
             except (ValueError, RecursionError) as e:
-                raise TraceError(f"line {lineno}: invalid JSON ({str(e)[:120]})", file=str(path)) from None
+                raise TraceError(f"line {lineno}: invalid JSON ({str(e).split(';')[0][:120]})", file=str(path)) from None
             if not isinstance(obj, dict):
                 raise TraceError(f"line {lineno}: expected a JSON object, got {type(obj).__name__}", file=str(path))
             batch.append(obj)

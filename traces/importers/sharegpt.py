@@ -63,6 +63,8 @@ def iter_json_items(path: Path, chunk: int = 1 << 20) -> Iterator[Any]:
                 continue
             except RecursionError:
                 raise TraceError(f"item {n} is nested too deeply", file=str(path)) from None
+            except ValueError as e:  # an integer past Python's int_max_str_digits (4300 digits)
+                raise TraceError(f"invalid JSON in item {n}: {str(e).split(';')[0]}", file=str(path)) from None
             yield item
             n += 1
             pos = end
