@@ -186,8 +186,7 @@ def _warning(out: dict, slow_rate: bool) -> str:
     sched = out.get("scheduling") or {}
     if sched.get("session") == "own":
         advice += "; the runner ran in a session of its own (its own CPU group under autogroups)"
-    elif sched.get("nice") is not None and not sched.get("nice_asked"):
-        advice += ("; `replay run --nice -10` (root or CAP_SYS_NICE) gives the runner priority on a shared host"
-                   if "host" in (cause or "") else "")
+    elif sched.get("policy") != "fifo" and "host" in (cause or ""):
+        advice += "; `replay run --realtime` (root or CAP_SYS_NICE) lets the runner wake at once on a shared host"
     return (f"{head}: {late}{where}{rates}. {advice.capitalize()}; tainted (the gate judges them at both ends of "
             f"their bias bound): {', '.join(out['tainted'])}.")

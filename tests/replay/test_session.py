@@ -65,3 +65,18 @@ def test_nice_raises_the_runner_and_its_group_for_the_run_only(tmp_path):
     assert autogroup(os.getpid()) == before                        # restored after the run
     sched = run_info(tmp_path / "run")["scheduling"]
     assert sched["nice"] == -5 and sched["nice_asked"] == -5 and not sched["errors"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="SCHED_FIFO needs root or CAP_SYS_NICE")
+def test_realtime_runs_the_runner_under_sched_fifo(tmp_path):
+    trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.05, output_tokens=4)
+    with sse_server("--interval", "0.005") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--realtime")
+        wait_t0(tmp_path / "run")
+        runner = [p for p in psutil.Process(run.pid).children() if "replay.runner" in " ".join(p.cmdline())][0]
+        assert os.sched_getscheduler(runner.pid) == os.SCHED_FIFO
+        assert os.sched_getscheduler(run.pid) != os.SCHED_FIFO      # only the runner
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    sched = run_info(tmp_path / "run")["scheduling"]
+    assert sched["policy"] == "fifo" and not sched["errors"]
