@@ -82,9 +82,10 @@ def _tool(tools, choice, always: bool) -> tuple[str | None, str]:
     if isinstance(choice, dict):
         named = (choice.get("function") or {}).get("name")
         fns = [f for f in fns if f["name"] == named] or fns
-    props = ((fns[0].get("parameters") or {}).get("properties") or {})
-    required = (fns[0].get("parameters") or {}).get("required") or list(props) or ["input"]
-    return fns[0]["name"], str(required[0])
+    params = fns[0].get("parameters") if isinstance(fns[0].get("parameters"), dict) else {}
+    keys = next((k for k in (params.get("required"), params.get("properties")) if isinstance(k, (list, dict)) and k),
+                ["input"])
+    return fns[0]["name"], str(next(iter(keys)))
 
 
 class ChoiceDeltas:

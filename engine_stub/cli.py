@@ -21,6 +21,8 @@ from .images import MERGE, PATCH, ImageOptions
 from .pacing import PROFILES
 from .server import ServerOptions, build_app
 
+KEY_ENV = "ENGINE_STUB_API_KEY"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="engine-stub", description="A small vLLM in torch (reference target).")
@@ -51,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--threads", type=int, default=1, help="torch threads (default 1: a load generator shares the cores)")
     a("--engine-process", action="store_true", help="run the engine loop in a child process (no GIL sharing)")
     a("--emulate", choices=sorted(PROFILES), help="pace steps and size the KV cache like this model+GPU")
-    a("--api-key", default=os.environ.get("ENGINE_STUB_API_KEY"), help="require Bearer KEY on /v1/*")
+    key = s.add_mutually_exclusive_group()
+    key.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on /v1/* (default: "
+                     f"${KEY_ENV}); prefer {KEY_ENV} or --api-key-file: a key on the command line is visible "
+                     "to every local user in `ps`")
+    key.add_argument("--api-key-file", metavar="PATH", help="read the API key from the first line of PATH")
     a("--max-waiting", type=int, default=0, help="429 when this many requests wait (0: unbounded)")
     a("--max-body-bytes", type=int, default=4 << 20)
     a("--reasoning", metavar="SHARE|N", help="chat answers start with reasoning: a share of each request's "
@@ -74,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fault-seed", type=int, default=0)
     a("--log-level", default="warning")
     return parser
+
+
+def api_key(args) -> str | None:
+    """The key: --api-key, else the first line of --api-key-file, else $ENGINE_STUB_API_KEY (empty: none)."""
+    if args.api_key_file is None:
+        return args.api_key or os.environ.get(KEY_ENV) or None
+    try:
+        with open(args.api_key_file) as f:
+            key = f.readline().strip()
+    except OSError as e:
+        raise ValueError(f"--api-key-file {args.api_key_file}: {e.strerror}") from None
+    if not key:
+        raise ValueError(f"--api-key-file {args.api_key_file}: the file is empty")
+    return key
 
 
 def parse_models(specs: list[str] | None, loras: list[str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -132,7 +152,7 @@ async def serve(args) -> int:
     answer = AnswerOptions(parse_reasoning(args.reasoning), args.reasoning_field, args.tool_calls)
     images = ImageOptions(args.image_patch, args.image_merge)
     images.validate()
-    app, state = build_app(ServerOptions(args.api_key, args.max_waiting, args.max_body_bytes, answer, images),
+    app, state = build_app(ServerOptions(api_key(args), args.max_waiting, args.max_body_bytes, answer, images),
                            Faults(faults))
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -196,6 +216,9 @@ class _QuietDrops(logging.Filter):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.api_key:
+        print(f"warning: --api-key shows the key to every local user (ps); set {KEY_ENV} or use --api-key-file",
+              file=sys.stderr, flush=True)
     logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
     try:
         return asyncio.run(serve(args))

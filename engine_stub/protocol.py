@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Union
+from typing import Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# engine-stub's own caps (vLLM has none): each batch prompt is a choice, each stop string is searched per step
+MAX_BATCH_PROMPTS, MAX_STOPS, MAX_STOP_CHARS = 256, 64, 1024
 
 
 class StreamOptions(BaseModel):
@@ -13,13 +16,19 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """Types and ranges as vLLM's protocol and SamplingParams._verify_args (top_k <= vocab and the
+    stop_token_ids range are checked by the server, which knows the vocabulary)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=-1)
-    seed: int | None = None
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
+    seed: int | None = Field(None, ge=-2**63, lt=2**63)    # int64 as vLLM; -1 means none
     n: int = Field(1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -29,10 +38,20 @@ class _Sampling(BaseModel):
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = None
 
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else v or []
+        if not all(stops):
+            raise ValueError("stop cannot contain an empty string")
+        if len(stops) > MAX_STOPS or max(map(len, stops), default=0) > MAX_STOP_CHARS:
+            raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
+        return v
+
     @property
     def stop_strings(self) -> list[str]:
         s = self.stop
-        return [x for x in ([s] if isinstance(s, str) else s or []) if x]
+        return [s] if isinstance(s, str) else s or []
 
     @property
     def include_usage(self) -> bool:
@@ -48,6 +67,8 @@ class CompletionRequest(_Sampling):
         if (isinstance(v, (str, list)) and len(v) == 0) or (isinstance(v, list) and any(
                 isinstance(x, (str, list)) and len(x) == 0 for x in v)):
             raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and v and not isinstance(v[0], int) and len(v) > MAX_BATCH_PROMPTS:
+            raise ValueError(f"at most {MAX_BATCH_PROMPTS} prompts in one request, got {len(v)}")
         return v
 
     def prompts(self) -> list[Union[str, list[int]]]:
@@ -67,6 +88,30 @@ class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     reasoning_tokens: int | None = Field(None, ge=0)   # engine-stub extension (answer.py)
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    parameters: dict | None = None
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class ChatExtras(BaseModel):
+    """Types of the chat fields answer.py reads from a request's extras (as vLLM's protocol)."""
+    tools: list[_Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], _NamedToolChoice, None] = None
+    chat_template_kwargs: dict | None = None
 
 
 def usage(prompt: int, completion: int, cached: int = 0, reasoning: int | None = None) -> dict:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 import uuid
 from dataclasses import dataclass
@@ -17,12 +16,13 @@ from typing import Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from .answer import AnswerOptions, AnswerPlan, ChoiceDeltas, plan
 from .engine import AsyncEngine, EngineCore, RequestOutput
 from .faults import DroppedConnection, Faults, RequestFaults
 from .images import ImageError, ImageOptions, chat_images
-from .protocol import ChatRequest, ChunkWriter, CompletionRequest, usage
+from .protocol import ChatExtras, ChatRequest, ChunkWriter, CompletionRequest, usage
 from .request import EngineRequest, SamplingParams
 
 VERSION = "0.1.0"
@@ -128,6 +128,8 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         body = await _read_json(request, opts.max_body_bytes)
         try:
             req = ChatRequest.model_validate(body) if chat else CompletionRequest.model_validate(body)
+            if chat:
+                ChatExtras.model_validate(req.model_extra)
         except ValidationError as e:
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
@@ -171,18 +173,19 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
 
 
 class _Guard:
-    """Pure ASGI middleware (no per-chunk overhead on streams): API key and startup checks."""
+    """Pure ASGI middleware (no per-chunk overhead on streams): API key and startup checks.
+    The `Bearer` scheme is case-insensitive (RFC 9110, as vLLM)."""
 
     def __init__(self, app, opts: ServerOptions, state: State) -> None:
         self.app, self.opts, self.state = app, opts, state
-        self.expected = f"Bearer {opts.api_key}".encode() if opts.api_key is not None else None
+        self.key = opts.api_key.encode() if opts.api_key is not None else None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             error = None
-            if self.expected is not None:
-                auth = dict(scope["headers"]).get(b"authorization", b"")
-                if not hmac.compare_digest(auth, self.expected):
+            if self.key is not None:
+                scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+                if not (hmac.compare_digest(token, self.key) and scheme.lower() == b"bearer"):
                     error = APIError(401, "invalid or missing API key")
             if error is None and self.state.engine is None:
                 error = APIError(503, "the engine is starting", retry_after=1)
@@ -192,6 +195,8 @@ class _Guard:
 
 
 async def _read_json(request: Request, limit: int):
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise APIError(400, "Unsupported Media Type: Only 'application/json' is allowed")  # vLLM's 400
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body larger than {limit} bytes")
@@ -201,8 +206,8 @@ async def _read_json(request: Request, limit: int):
         if size > limit:
             raise APIError(413, f"request body larger than {limit} bytes")
         chunks.append(chunk)
-    try:
-        body = json.loads(b"".join(chunks))
+    try:  # pydantic-core's parser (jiter) bounds nesting at 200 levels: a deep body is a 400, not a RecursionError
+        body = from_json(b"".join(chunks))
     except ValueError as e:
         raise APIError(400, f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -268,10 +273,15 @@ def _sampling(core: EngineCore, req, chat: bool, prompts: list[list[int]]) -> Sa
     if req.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({req.min_tokens}) must be <= max_tokens ({max_tokens})", "min_tokens")
     vocab = core.cfg.model.vocab_size
-    stop_ids = tuple(t for t in (req.stop_token_ids or ()) if 0 <= t < vocab)
+    if req.top_k > vocab:
+        raise APIError(400, f"top_k must be -1 or 0 (disable) or in [1, {vocab}] (the vocabulary), got {req.top_k}",
+                       "top_k")
+    stop_ids = tuple(dict.fromkeys(req.stop_token_ids or ()))
+    if any(not 0 <= t < vocab for t in stop_ids):
+        raise APIError(400, f"stop_token_ids must be in [0, {vocab}) (the vocabulary)", "stop_token_ids")
     return SamplingParams(max_tokens=max_tokens, temperature=1.0 if req.temperature is None else req.temperature,
-                          top_p=req.top_p, top_k=req.top_k, seed=req.seed, min_tokens=req.min_tokens,
-                          ignore_eos=req.ignore_eos, stop_token_ids=stop_ids)
+                          top_p=req.top_p, top_k=req.top_k, seed=None if req.seed == -1 else req.seed,  # as vLLM
+                          min_tokens=req.min_tokens, ignore_eos=req.ignore_eos, stop_token_ids=stop_ids)
 
 
 async def _watch_disconnect(request: Request, engine: AsyncEngine, ids: list[str], queue: asyncio.Queue):

@@ -215,3 +215,73 @@ def test_non_stream_disconnect_aborts_and_frees_blocks(url):
     s.close()
     assert wait_idle(url)
     assert metric(url, "vllm:request_success_total", finished_reason="abort") == aborted + 1
+
+
+def post_raw(url, body: bytes, path="/v1/completions", ctype: str | None = "application/json"):
+    return httpx.post(url + path, content=body, headers={"content-type": ctype} if ctype else {}, timeout=60)
+
+
+def envelope(r, status=400) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status and err["message"]
+    return err
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": IDS, "top_k": 10**9}, "top_k"), ({"prompt": IDS, "top_k": -2}, "top_k"),
+    ({"prompt": IDS, "top_k": 2**80}, "top_k"),
+    ({"prompt": IDS, "seed": 2**80}, "seed"), ({"prompt": IDS, "seed": 2**63}, "seed"),
+    ({"prompt": IDS, "stop": ["x"] * 100_000}, "stop"), ({"prompt": IDS, "stop": "x" * 1025}, "stop"),
+    ({"prompt": IDS, "stop": ["ok", ""]}, "stop"), ({"prompt": IDS, "stop": 5}, "stop"),
+    ({"prompt": IDS, "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"prompt": IDS, "stop_token_ids": [8192]}, "stop_token_ids"),
+    ({"prompt": IDS, "n": 2}, "n"), ({"prompt": IDS, "max_tokens": 0}, "max_tokens"),
+    ({"prompt": IDS, "min_tokens": -1}, "min_tokens"), ({"prompt": IDS, "min_tokens": 2**80}, "min_tokens"),
+    ({"prompt": IDS, "temperature": 2.5}, "temperature"), ({"prompt": IDS, "temperature": float("nan")}, "temperature"),
+    ({"prompt": IDS, "top_p": 0}, "top_p"), ({"prompt": IDS, "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": IDS, "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": IDS, "repetition_penalty": 0}, "repetition_penalty"), ({"prompt": IDS, "min_p": 2}, "min_p"),
+    ({"prompt": IDS, "stream": "maybe"}, "stream"), ({"prompt": IDS, "model": 7}, "model"),
+    ({"prompt": ["hi"] * 257}, "prompt"), ({"prompt": [[1000]] * 257}, "prompt"),
+    ({**CHAT, "tools": "x"}, "tools"), ({**CHAT, "tools": [{"type": "function", "function": "x"}]}, "tools"),
+    ({**CHAT, "tools": [{"function": {"description": "no name"}}]}, "tools"),
+    ({**CHAT, "tool_choice": {"type": "function", "function": "x"}}, "tool_choice"),
+    ({**CHAT, "tool_choice": "sometimes"}, "tool_choice"),
+    ({**CHAT, "chat_template_kwargs": "x"}, "chat_template_kwargs"),
+])
+def test_hostile_fields_are_400(url, body, param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = post_raw(url, json.dumps(body).encode(), path)  # json.dumps writes NaN, as some clients do
+    assert envelope(r)["param"] == param and "choices" not in r.json()
+
+
+def test_hostile_bodies_are_400_and_the_server_still_serves(url, client):
+    prompts, generated = metric(url, "vllm:prompt_tokens_total"), metric(url, "vllm:generation_tokens_total")
+    for body in [b"[" * 100_000 + b"]" * 100_000, b'{"prompt": ' + b"[" * 100_000 + b"1" + b"]" * 100_000 + b"}",
+                 b'{"prompt": [1000], "x": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"]:
+        assert "valid JSON" in envelope(post_raw(url, body))["message"]
+    # 10,000 token lists: refused before anything is tokenized or generated (vLLM has no cap; engine-stub 256)
+    r = httpx.post(url + "/v1/completions", json={"prompt": [IDS[:2]] * 10_000, "max_tokens": 1}, timeout=60)
+    assert envelope(r)["param"] == "prompt" and "256" in r.json()["error"]["message"]
+    ok = json.dumps({"prompt": IDS[:3], "max_tokens": 1}).encode()
+    for ctype in ["text/plain", "application/x-www-form-urlencoded", None]:   # vLLM: 400, not 415
+        assert "application/json" in envelope(post_raw(url, ok, ctype=ctype))["message"]
+    assert metric(url, "vllm:prompt_tokens_total") == prompts
+    assert metric(url, "vllm:generation_tokens_total") == generated
+    for ctype in ["application/json; charset=utf-8", "Application/JSON"]:
+        assert post_raw(url, ok, ctype=ctype).status_code == 200
+    # the edges that stay accepted, as vLLM: seed -1 (= no seed) and the int64 range, top_k -1 / 0 / vocab
+    for extra in [{"seed": -1}, {"seed": 2**63 - 1}, {"seed": -2**63}, {"top_k": -1}, {"top_k": 8192},
+                  {"stop": ["x" * 1024] * 64, "stop_token_ids": [0, 8191, 8191]}, {"prompt": [IDS[:2]] * 256}]:
+        r = httpx.post(url + "/v1/completions", json={"prompt": IDS[:3], "max_tokens": 1, **extra}, timeout=60)
+        assert r.status_code == 200, (extra, r.text)
+    r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                       tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto",
+                                       extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 3
+    body = {**CHAT, "tools": [{"function": {"name": "f", "parameters": {"required": 5}}}], "tool_choice": "required"}
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200  # schemas: unchecked

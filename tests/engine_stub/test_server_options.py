@@ -20,8 +20,10 @@ IDS = list(range(2000, 2030))
 
 
 @pytest.fixture(scope="module")
-def url():
-    eng = start_engine("--model", "tiny", "--model", "m2=micro", "--lora", "ad1", "--api-key", KEY,
+def url(tmp_path_factory):
+    key_file = tmp_path_factory.mktemp("key") / "key"
+    key_file.write_text(KEY + "\n")
+    eng = start_engine("--model", "tiny", "--model", "m2=micro", "--lora", "ad1", "--api-key-file", key_file,
                        "--max-waiting", "2", "--max-num-seqs", "2", "--num-blocks", "40",
                        "--max-body-bytes", "4096")
     yield eng.url
@@ -44,6 +46,10 @@ def test_api_key(url):
     r = post(url, {"prompt": IDS, "max_tokens": 1}, headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401 and r.json()["error"]["code"] == 401
     assert post(url, {"prompt": IDS, "max_tokens": 1}).status_code == 200
+    for auth in [f"bearer {KEY}", f"BEARER {KEY}", f"Bearer {KEY}"]:   # the scheme is case-insensitive
+        assert post(url, {"prompt": IDS, "max_tokens": 1}, headers={"Authorization": auth}).status_code == 200
+    for auth in [f"Basic {KEY}", f"Bearer{KEY}", f"Bearer {KEY.upper()}", KEY, f"Bearer {KEY}x"]:
+        assert post(url, {"prompt": IDS, "max_tokens": 1}, headers={"Authorization": auth}).status_code == 401
     assert httpx.get(url + "/health").status_code == 200  # health and metrics stay open
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
@@ -141,9 +147,29 @@ def _is_json(s):
         return False
 
 
+def test_api_key_sources(tmp_path, monkeypatch, capsys):
+    from llm_replay.engine_stub.cli import api_key, build_parser
+    parse = build_parser().parse_args
+    monkeypatch.setenv("ENGINE_STUB_API_KEY", "from-env")
+    assert api_key(parse(["serve"])) == "from-env"
+    (tmp_path / "k").write_text("from-file\n")
+    assert api_key(parse(["serve", "--api-key-file", str(tmp_path / "k")])) == "from-file"
+    assert api_key(parse(["serve", "--api-key", "from-argv"])) == "from-argv"
+    monkeypatch.setenv("ENGINE_STUB_API_KEY", "")
+    assert api_key(parse(["serve"])) is None
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        api_key(parse(["serve", "--api-key-file", str(tmp_path / "empty")]))
+    with pytest.raises(SystemExit):
+        parse(["serve", "--help"])
+    assert "ENGINE_STUB_API_KEY" in capsys.readouterr().out
+
+
 def test_bad_flags_exit_2_with_a_message():
-    r = run_cli("engine_stub", "serve", "--model", "x=nosuch", "--port", "0", timeout=60)
+    r = run_cli("engine_stub", "serve", "--model", "x=nosuch", "--port", "0", "--api-key", "k", timeout=60)
     assert r.returncode == 2 and "unknown preset 'nosuch'" in r.stderr and "Traceback" not in r.stderr
+    # a key on the command line shows in `ps`: warned, with the way out
+    assert "--api-key shows the key" in r.stderr and "ENGINE_STUB_API_KEY" in r.stderr
 
 
 def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
