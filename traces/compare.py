@@ -1,37 +1,31 @@
-"""`replay trace compare A B`: realism statistics of two traces side by side, with a verdict
-per metric. The statistics come from `traces.stats`. A trace without a `model` column counts
-as one model, the same as any single label on the other side.
+"""`replay trace compare A B`: realism statistics (`traces.stats`) of two traces side by side,
+a verdict per metric. A trace without a `model` column counts as one model, the same as any
+single label on the other side.
 
-Verdicts:
-- **fail** when one side has a metric and the other lacks it (`reason` names why, e.g. "B has
-  no hash_ids": a generated trace that lost its prefix reuse does not pass). A trace without
-  `hash_ids` is read as one without prefix reuse (hit ratio 0: replay sends unrelated
-  prompts), without `session_id` and `hash_ids` as single-request conversations, without
-  `num_images` as imageless; the row names the missing column and fails unless the other
-  side has no more of it either (a Mooncake hour without reuse matches its fitted copy);
-- **n/a** only when neither side has it (counted apart in the summary, not as passing);
-- **not judged** for an index of dispersion (IDC) at a scale where either trace holds fewer
-  than `MIN_WINDOWS` complete windows (the fitter's threshold): a variance from so few counts
-  says little, so the row says "only k windows" and cannot fail the comparison;
-- else **pass** when the difference is within max(tolerance, sampling band): the fixed
-  tolerance (`TOLERANCES`: relative for rates, dispersion and lengths; absolute for
-  correlations, shares and hit ratios) is the model error accepted, and the sampling band the
-  difference two realisations of one process reach by chance. Each band is two-sided at
-  level 0.05 / m, m the rows judged (Bonferroni), so two seeds of one spec fail at most 5 % of
-  the time when the error models hold. Standard errors, each side's own, combined as
-  z * sqrt(se_A^2 + se_B^2):
-  - IDC from k windows: k - 1 times it is about chi-square(k - 1) (the dispersion test), so
-    IDC_B / IDC_A is F(k_B - 1, k_A - 1) and the band is that F's quantiles (wide at few
-    windows: x3.7 at 24);
-  - mean rate: rate * sqrt(D / n), n requests, D the IDC at the largest scale judged (mean
-    of both sides, at least 1: Var(count) = D n, D = 1 for Poisson);
-  - inter-arrival CV: the delta method on the gaps' moments (CV / sqrt(n) for Poisson);
-  - length quantiles: distribution-free, a quarter of the spread of the order statistics at
-    q +- 2 sqrt(q (1 - q) / n) (two binomial sd);
-  - shares: sqrt(p (1 - p) / n); Spearman: (1 - rho^2) sqrt(1.06 / (n - 3)) (Fieller).
-  Rows without an error model (prefix hit ratio, reuse distance, turns, mean images: their
-  units are correlated) keep the fixed tolerance. Windows, gaps and requests are taken as
-  independent, so strongly correlated (bursty) traffic still needs long traces to pass.
+- **fail** when one side has a metric and the other lacks it, with the reason ("B has no
+  hash_ids"). A trace without `hash_ids` counts as one without prefix reuse (hit ratio 0:
+  replay sends unrelated prompts), one without `session_id` and `hash_ids` as single-request
+  conversations, one without `num_images` as imageless: such a row names the missing column
+  and fails unless the other side has no more of it (a Mooncake hour without reuse passes);
+- **n/a** only when neither side has it (counted apart, not as passing);
+- **not judged**: an index of dispersion (IDC) from fewer than `MIN_WINDOWS` complete windows
+  on either side (the fitter's threshold) says "only k windows" and cannot fail;
+- else **pass** when the difference is within max(tolerance, sampling band). The tolerance
+  (`TOLERANCES`) is the model error accepted; the band is what two realisations of one
+  process differ by chance, two-sided at 0.05 / m for m rows judged (Bonferroni: two seeds of
+  one spec fail at most 5 % of the time where the error models hold), z sqrt(se_A^2 + se_B^2)
+  from each side's standard error:
+  - IDC from k windows: (k - 1) IDC / E[IDC] is about chi-square(k - 1) (the dispersion
+    test), so IDC_B / IDC_A is F(k_B - 1, k_A - 1): the band is its quantiles (x3.7 at 24);
+  - mean rate: rate sqrt(D / n), n requests, D >= 1 the IDC at the largest scale judged
+    (mean of both sides; Var(count) = D n); inter-arrival CV: delta method on the gaps'
+    moments (CV / sqrt(n) for Poisson);
+  - length quantiles (distribution-free): a quarter of the spread between the quantiles at
+    q +- 2 sqrt(q (1 - q) / n); shares: sqrt(p (1 - p) / n); Spearman: (1 - rho^2)
+    sqrt(1.06 / (n - 3)) (Fieller).
+  Prefix hit ratio, reuse distance, turns and mean images (correlated units) keep the fixed
+  tolerance. Windows, gaps and requests are taken as independent: strongly correlated
+  (bursty) traffic still needs long traces to pass.
 """
 from __future__ import annotations
 
@@ -64,26 +58,19 @@ FAMILY_ALPHA = 0.05       # two realisations of one spec fail at most this often
 MIN_COUNT_SHARE = 0.01    # image counts this rare in both traces get no row of their own
 
 
-def _share_se(p: float, n: int) -> float:
-    return float(np.sqrt(p * (1 - p) / n)) if n else 0.0
-
-
 def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None, n: tuple[int, int]) -> list[dict[str, Any]]:
     """The image-count distribution: share of requests with images, mean images per request,
     and the share of each count (0, 1, 2, ...) that holds >= 1% of either trace. A trace
     without `num_images` sends no images: it compares as all zeros."""
     none = {"share_with_images": 0.0, "mean_images": 0.0, "count_histogram": {"0": 1}}
     ia, ib = ia or none, ib or none
-    se = lambda pa_, pb_: (_share_se(pa_, n[0]), _share_se(pb_, n[1]))  # noqa: E731
-    rows = [_row("images.share_with_images", "image_share", ia["share_with_images"], ib["share_with_images"],
-                 se(ia["share_with_images"], ib["share_with_images"])),
+    rows = [_row("images.share_with_images", "image_share", ia["share_with_images"], ib["share_with_images"], n=n),
             _row("images.mean_per_request", "image_mean", ia["mean_images"], ib["mean_images"])]
     sa, sb = ({int(k): v / max(sum(h.values()), 1) for k, v in h.items()}
               for h in (ia["count_histogram"], ib["count_histogram"]))
     for k in sorted(set(sa) | set(sb)):
         if max(sa.get(k, 0.0), sb.get(k, 0.0)) >= MIN_COUNT_SHARE:
-            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0),
-                             se(sa.get(k, 0.0), sb.get(k, 0.0))))
+            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0), n=n))
     return rows
 
 
@@ -113,12 +100,14 @@ def _lacks(pair: tuple, what: str) -> str | None:
 
 def _row(metric: str, family: str, a: float | None, b: float | None, se: tuple = (None, None),
          missing: str | tuple[str, str] = "has no value", dof: tuple[int, int] | None = None,
-         reason: str | None = None) -> dict[str, Any]:
+         reason: str | None = None, n: tuple[int, int] | None = None) -> dict[str, Any]:
     """A row before `_judge`: "fail" when only one side has the value (reason: that side and
     `missing`, per side when a pair), "n/a" when neither has it, else "judge" with the sampling
-    error of each side (`se`, in the metric's unit) or, for an IDC, the degrees of freedom
-    (`dof`: B, A). `reason`: a note, e.g. that one side's value stands for a missing column."""
+    error of each side (`se`, in the metric's unit; for shares of n requests, binomial) or, for
+    an IDC, the degrees of freedom (`dof`: B, A). `reason`: e.g. the column a value stands for."""
     kind, tol = TOLERANCES[family]
+    if n and a is not None and b is not None:
+        se = tuple(float(np.sqrt(p * (1 - p) / k)) if k else 0.0 for p, k in zip((a, b), n))
     r = {"metric": metric, "a": a, "b": b, "diff": None, "tolerance": f"{kind} {tol:g}", "limit": None,
          "verdict": "n/a", "reason": reason, "_judge": (kind, tol, se, dof)}
     if (a is None) != (b is None):
@@ -143,7 +132,7 @@ def _judge(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             band = abs((sst.f.isf(alpha / 2, *dof) if b >= a else sst.f.ppf(alpha / 2, *dof)) - 1)
         else:
             band = z * float(np.hypot(se[0] or 0.0, se[1] or 0.0)) / (abs(a) if kind == "rel" and a else 1.0)
-        r["limit"] = max(tol, band)
+        r["limit"] = float(max(tol, band))
         r["verdict"] = "pass" if r["diff"] <= r["limit"] + 1e-12 else "fail"
         if band > tol:
             r["tolerance"] += f", sampling {band:.3g}"
@@ -202,27 +191,28 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     ka, kb = ([_windows(x, w) for w in IDC_SCALES] for x in (a, b))
     # the count variance over the span is about D n, D the IDC at the largest scale judged
     # (the mean of both sides: one process under the null; at least Poisson's 1: it is noisy)
-    d = max(1.0, np.mean([next((i[k] for k, w in reversed(list(zip(i, kx))) if w >= MIN_WINDOWS and i[k]), 1.0)
-                 for i, kx in ((ia, ka), (ib, kb))]))
+    judged = [[v for v, k in zip(i.values(), kx) if k >= MIN_WINDOWS and v] or [1.0]
+              for i, kx in ((ia, ka), (ib, kb))]
+    d = max(1.0, (judged[0][-1] + judged[1][-1]) / 2)
     ra, rb = stats.mean_rate(a), stats.mean_rate(b)
-    rows = [_row("mean_rate", "mean_rate", ra, rb, tuple(r and r * np.sqrt(d / nx) for r, nx in zip((ra, rb), n))),
+    rows = [_row("mean_rate", "mean_rate", ra, rb, tuple(r and r * np.sqrt(d / k) for r, k in zip((ra, rb), n))),
             _row("interarrival_cv", "interarrival_cv", stats.interarrival_cv(a), stats.interarrival_cv(b),
                  (_cv_se(a), _cv_se(b)))]
     for key, wa, wb in zip(ia, ka, kb):
         rows.append(_row(f"idc_{key}", "idc", ia[key], ib[key], dof=(wb - 1, wa - 1)))
         if min(wa, wb) < MIN_WINDOWS:
-            rows[-1].update(verdict="not judged", reason=f"only {min(wa, wb)} windows")
+            rows[-1].update(verdict="not judged", reason=f"only {min(wa, wb)} window{'s' * (min(wa, wb) != 1)}")
     ga, gb = _length_groups(a), _length_groups(b)
     for prefix in [g for g in ga if not g or len(ga) > 2]:   # per model when A has several
         for col in ("input_tokens", "output_tokens"):
             qa, qb = _quantiles_se(ga[prefix][col]), _quantiles_se(gb.get(prefix, {}).get(col, np.zeros(0)))
             for q in stats.QUANTILES:
                 rows.append(_row(f"{prefix}{col}.{q}", "length", qa[q][0], qb[q][0], (qa[q][1], qb[q][1]),
-                                 f"has no requests of model {prefix[:-1]}" if prefix else "has no value"))
+                                 f"has no requests of model {prefix[:-1]}" if prefix not in gb else "has no value"))
     sp = [stats.spearman_io(x) for x in (a, b)]
     m = [stats._tbl(x).num_rows - stats._tbl(x).column("output_tokens").null_count for x in (a, b)]
     rows.append(_row("spearman_input_output", "spearman", *sp,
-                     tuple(r and (1 - r * r) * np.sqrt(1.06 / max(k - 3, 1)) for r, k in zip(sp, m))))
+                     tuple(None if r is None else (1 - r * r) * np.sqrt(1.06 / max(k - 3, 1)) for r, k in zip(sp, m))))
     ma, mb = stats.model_mix(a), stats.model_mix(b)
     # no model column = one unnamed model: it matches a single label on the other side (fit ->
     # generate names it `default`); shares are compared when a side has several or they differ
@@ -231,11 +221,12 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     if not mb and len(ma) == 1:
         mb = dict(ma)
     if len(ma) > 1 or set(ma) != set(mb):
-        rows += [_row(f"model_share.{k}", "model_share", ma.get(k, 0.0), mb.get(k, 0.0),
-                      (_share_se(ma.get(k, 0.0), n[0]), _share_se(mb.get(k, 0.0), n[1]))) for k in {**ma, **mb}]
+        rows += [_row(f"model_share.{k}", "model_share", ma.get(k, 0.0), mb.get(k, 0.0), n=n)
+                 for k in {**ma, **mb}]
     pa_, pb_ = stats.prefix_cache_hits(a, _block_size(a)), stats.prefix_cache_hits(b, _block_size(b))
     if pa_ or pb_:   # without hash_ids replay sends unrelated prompts: a hit ratio of 0
-        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *((p or {}).get("block_hit_ratio", 0.0) for p in (pa_, pb_)),
+        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *((p or {}).get("block_hit_ratio", 0.0)
+                                                                   for p in (pa_, pb_)),
                          reason=_lacks((pa_, pb_), "has no hash_ids")))
         ra, rb = stats.reuse_distances(a), stats.reuse_distances(b)
         why = tuple("has no prefix-cache hits" if p else "has no hash_ids" for p in (pa_, pb_))
@@ -256,9 +247,9 @@ def _fmt(v: Any) -> str:
 def summary(rows: list[dict[str, Any]]) -> str:
     """'17 of 17 judged metrics within tolerance; 1 not judged (too few windows); 2 not applicable'."""
     c = Counter(r["verdict"] for r in rows)
+    extra = (("fail", "outside"), ("not judged", "not judged (too few windows)"), ("n/a", "not applicable"))
     return "; ".join([f"{c['pass']} of {c['pass'] + c['fail']} judged metrics within tolerance"] +
-                     [f"{c[k]} {text}" for k, text in (("fail", "outside"), ("not judged", "not judged (too few windows)"),
-                                                       ("n/a", "not applicable")) if c[k]])
+                     [f"{c[k]} {text}" for k, text in extra if c[k]])
 
 
 def _verdict(r: dict[str, Any]) -> str:
@@ -323,8 +314,9 @@ def render_html(rows: list[dict[str, Any]], a: Any, b: Any, name_a: str = "A", n
     """A self-contained page: the comparison table (tolerance and verdict per metric) and the
     QQ plot of the two traces' inter-arrival times. No script, no external resource."""
     esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
-    body = "\n".join(f'<tr class="{esc(r["verdict"].replace("/", "").replace(" ", ""))}"><td>{esc(r["metric"])}</td><td>{_fmt(r["a"])}</td>'
-                     f'<td>{_fmt(r["b"])}</td><td>{_fmt(r["diff"])}</td><td>{esc(r["tolerance"])}</td>'
+    body = "\n".join(f'<tr class="{esc(r["verdict"].replace("/", "").replace(" ", ""))}">'
+                     f'<td>{esc(r["metric"])}</td><td>{_fmt(r["a"])}</td><td>{_fmt(r["b"])}</td>'
+                     f'<td>{_fmt(r["diff"])}</td><td>{esc(r["tolerance"])}</td>'
                      f'<td>{esc(_verdict(r))}</td></tr>' for r in rows)
     xa, yb, zeros = qq_points(a, b)
     return f"""<!doctype html>

@@ -118,9 +118,9 @@ def test_compare_fails_on_a_different_hit_ratio_or_turns():
 def test_idc_600s_needs_long_traces():
     short = _conversations(duration=2000)
     row = _rows(short, short)["idc_600s"]
-    assert row["a"] is None and row["verdict"] == "n/a" and "-" in format_table([row])
+    assert row["verdict"] == "not judged" and row["reason"] == "only 3 windows" and "NOT JUDGED" in format_table([row])
     hour = _rows(_conversations(duration=3600), _conversations(duration=3600))["idc_600s"]
-    assert hour["a"] is not None and hour["verdict"] == "n/a"     # 6 windows: shown, not judged
+    assert hour["a"] is not None and hour["verdict"] == "not judged"     # 6 windows: shown, not judged
     t = generate({"duration": 14000, "clients": [{"rate": 2, "input": {"dist": "constant", "value": 5},
                                                   "output": {"dist": "constant", "value": 5}}]}, seed=2)
     bursty = generate({"duration": 14000, "clients": [{"rate": 2, "arrival": {"process": "gamma", "cv": 4},
