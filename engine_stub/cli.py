@@ -36,9 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
            f"presets: {', '.join(PRESETS)} (default tiny)")
     a("--lora", action="append", default=[], metavar="NAME[=BASE]",
       help="serve a seeded LoRA adapter NAME on model BASE (default: the first model); repeatable")
-    a("--lora-rank", type=int, default=8)
+    a("--lora-rank", type=int, default=8, help="rank of each seeded LoRA adapter (default 8)")
     a("--max-loras", type=int, default=2, help="distinct adapters per step")
-    a("--block-size", type=int, default=16)
+    a("--block-size", type=int, default=16, help="tokens per KV-cache block, the prefix-cache unit (default 16)")
     a("--num-blocks", type=int, help=f"KV blocks per model (default {EngineConfig.DEFAULT_NUM_BLOCKS})")
     a("--kv-cache-bytes", type=int, help="KV budget in bytes per model (instead of --num-blocks)")
     a("--max-num-seqs", type=int, default=64)

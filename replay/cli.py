@@ -9,6 +9,7 @@ printed as one line and exit with that code; never a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -29,8 +30,23 @@ SUBCOMMAND_MODULES = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but an option it does not know is named first, with the option meant: a
+    `--taget URL` used to be reported as a missing --target."""
+    argv: list[str] = []
+
+    def error(self, message: str):
+        known = set(self._option_string_actions)
+        if self._subparsers is None and known:     # a (sub)command's own parser
+            typos = [a.split("=")[0] for a in Parser.argv if a.startswith("--") and a.split("=")[0] not in known]
+            if typos:
+                near = difflib.get_close_matches(typos[0], known, 1)
+                message = f"unrecognized argument {typos[0]}" + (f" (did you mean {near[0]}?)" if near else "")
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="replay",
         description="Replay LLM request traces open-loop against OpenAI-compatible servers; "
                     "report tail latency and goodput; gate on SLOs.")
@@ -49,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

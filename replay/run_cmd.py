@@ -7,6 +7,7 @@ time); if the child dies, the records it flushed are still finalised here.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -27,11 +28,16 @@ class RunError(ValueError):
     exit_code = 2
 
 
+class DurationError(RunError, argparse.ArgumentTypeError):
+    """A RunError that argparse prints as it is (not as 'invalid parse_duration value')."""
+
+
 def parse_duration(s: str) -> float:
-    m = re.fullmatch(r"\s*([0-9.]+)\s*(ms|s|m|h)?\s*", str(s))
+    m = re.fullmatch(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*", str(s))
     if not m:
-        raise RunError(f"not a duration: {s!r} (examples: 30, 1.5s, 500ms, 2m)")
-    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+        raise DurationError(f"not a duration: {s!r} (a number of seconds, or with a unit ms, s, m or min, h: "
+                            "30, 1.5s, 500ms, 2m, 5min, 1h)")
+    return float(m.group(1)) * {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[m.group(2)]
 
 
 def add_parser(sub) -> None:
@@ -126,7 +132,9 @@ def add_run_arguments(p) -> None:
     p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
                    "(files from `python3 -m llm_replay.replay.images`) instead of inline PNG data URLs")
     p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
-                   help="multi-turn sessions: turns at trace times, or closed loop with think time")
+                   help="multi-turn sessions: off (default: every row at its own timestamp, no history), "
+                        "timestamps (turns at their trace times, with the chat history), or closed (turn k+1 "
+                        "sent when turn k has completed, plus the think time)")
     p.add_argument("--prompt-mode", choices=("ids", "text"),
                    help="token-id prompts (completions) or calibrated text (default: ids when the target accepts them)")
     p.add_argument("--tokenizer", metavar="tokenizer.json", help="local tokenizer for exact text prompts")
@@ -135,7 +143,8 @@ def add_run_arguments(p) -> None:
     p.add_argument("--scrape", action="append", default=[], metavar="[MODEL=]URL",
                    help="Prometheus metrics URL to sample during the run (MODEL=URL: that model's "
                         "deployment; repeatable; samples carry a `target` label)")
-    p.add_argument("--scrape-interval", type=parse_duration, default=1.0)
+    p.add_argument("--scrape-interval", type=parse_duration, default=1.0, metavar="DURATION",
+                   help="time between two --scrape samples (default 1s)")
     p.add_argument("--spin-ms", type=float, default=0.0,
                    help="wake this many ms early and busy-wait (yielding to I/O) until each row is due: "
                         "sub-millisecond dispatch lag for extra client CPU (e.g. 1)")

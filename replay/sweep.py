@@ -66,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="find the highest request rate that meets the SLO",
                        description="Replay a trace at increasing rates; bracket and bisect the "
                                    "highest rate whose run passes the SLO gate.")
-    p.add_argument("--trace", required=True)
+    p.add_argument("--trace", required=True, help="trace file (Parquet), replayed at each rate by time compression")
     p.add_argument("--target", action="append", default=[], metavar="[MODEL=]URL",
                    help="base URL (default: start engine-stub locally); MODEL=URL (repeatable) as in `replay run`")
     p.add_argument("--slo", required=True, help="SLO file (YAML/TOML/pyproject.toml)")

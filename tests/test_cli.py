@@ -50,3 +50,14 @@ def test_a_reader_that_leaves_early_and_bad_slo_files_give_no_traceback(tmp_path
         (tmp_path / name).write_bytes(body)
         g = run_cli("replay", "gate", run, "--slo", tmp_path / name)
         assert g.returncode == 2 and g.stderr.startswith("error: ") and g.stderr.count("\n") == 1, g.stderr
+
+
+def test_hints_name_the_mistake():
+    """A typo'd option is named with the option meant (it was reported as a missing --target);
+    a duration names the accepted forms (it said 'invalid parse_duration value')."""
+    p = run_cli("replay", "run", "--taget", "http://127.0.0.1:8000", "--trace", "t.parquet")
+    assert p.returncode == 2 and "unrecognized argument --taget (did you mean --target?)" in p.stderr, p.stderr
+    p = run_cli("replay", "run", "--trace", "t.parquet", "--target", "http://127.0.0.1:8000", "--duration", "5 mins")
+    assert p.returncode == 2 and "not a duration: '5 mins'" in p.stderr and "5min" in p.stderr, p.stderr
+    from llm_replay.replay.run_cmd import parse_duration
+    assert [parse_duration(x) for x in ("5min", "1.5s", "500ms", "2m", "1h", "30")] == [300, 1.5, 0.5, 120, 3600, 30]
