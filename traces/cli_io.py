@@ -133,10 +133,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .trace import Trace
-    t = Trace.read(args.trace, sort=args.sort)
-    print(f"ok: {args.trace}: {t.num_rows} requests over {t.duration_s:.3f} s; "
-          f"columns: {', '.join(t.table.column_names)}")
+    from .validate import validate_file
+    v = validate_file(args.trace, sort=args.sort)
+    print(f"ok: {args.trace}: {v['rows']} requests over {v['duration_s']:.3f} s; columns: {', '.join(v['columns'])}")
     return 0
 
 
@@ -165,9 +164,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
     from .describe import describe_file
     try:
         windows = tuple(float(w) for w in args.windows.split(","))
+        if not all(0 < w < float("inf") for w in windows):
+            raise ValueError
     except ValueError:
         from .errors import TraceError
-        raise TraceError(f"--windows must be comma-separated seconds, got {args.windows!r}") from None
+        raise TraceError(f"--windows must be comma-separated seconds > 0, got {args.windows!r}") from None
     sys.stdout.write(describe_file(args.trace, as_json=args.json, windows_s=windows))
     return 0
 

@@ -23,8 +23,10 @@ from scipy import stats as sst
 from . import stats
 from .errors import TraceError
 from .fit_dists import fit_arrivals, fit_length
+from .spec import MAX_DURATION_S
 
 MAX_CLIENTS = 64          # more distinct client_ids than this: one aggregate client
+MAX_WINDOWS = 1_000_000   # rate-profile / model-mix windows of --window (the default makes ~48)
 
 
 def _col(t: pa.Table, name: str) -> np.ndarray | None:
@@ -211,7 +213,8 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         t = t.set_column(t.column_names.index("arrival_ns"), "arrival_ns", pa.array(a))
     times = a / 1e9
     opens = np.ones(len(a), bool)
-    c: dict[str, Any] = {"name": name, "rate": round(len(a) / duration, 6)}
+    rate = len(a) / duration  # 6 decimals, and 6 digits below 0.1 req/s (a trace over years: ~1e-6)
+    c: dict[str, Any] = {"name": name, "rate": round(rate, 6) if rate >= 0.1 else float(f"{rate:.6g}")}
     if _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
         c["sessions"], opens = _fit_sessions(t, opens)
     starts = times[opens]
@@ -281,8 +284,16 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     if span <= 0:
         raise TraceError("all arrivals share one timestamp: no rate to fit")
     duration = span * len(a) / (len(a) - 1)
+    if duration > MAX_DURATION_S:
+        raise TraceError(f"the trace spans {span:,.0f} s: a spec holds at most {MAX_DURATION_S:g} s (292 years "
+                         "of int64 ns)")
     fixed_window = window is not None  # --window: the renewal model at that window, no search
     window = float(window or max(60.0, round(duration / 48 / 60) * 60))
+    if not 0 < window < float("inf"):
+        raise TraceError(f"--window must be > 0 seconds, got {window:g}")
+    if duration / window > MAX_WINDOWS:  # the rate table and the mix hold one entry per window
+        raise TraceError(f"--window {window:g} s cuts the {duration:,.0f} s trace into {duration / window:,.0f} "
+                         f"windows; at most {MAX_WINDOWS:,} (a window of at least {duration / MAX_WINDOWS:.3g} s)")
     # a bucketed clock (Mooncake: ~3 s) is a property of the source: generate floors to it
     buckets = stats.timestamp_buckets(t) or _dequantized(getattr(trace, "metadata", {}) or {})
     groups = [(t, "fitted")]

@@ -74,10 +74,7 @@ def fit_length(x: np.ndarray, integer: bool = True) -> dict[str, Any]:
 def _idc(u: np.ndarray, w: float) -> float | None:
     """Index of dispersion of counts of points u in windows of width w."""
     nb = int(u[-1] // w) if len(u) else 0
-    if nb < 10:
-        return None
-    c = np.bincount((u // w).astype(np.int64), minlength=nb)[:nb]
-    return float(c.var(ddof=1) / c.mean()) if c.mean() > 0 else None
+    return stats.dispersion(stats.window_counts(u, w, 0.0, nb), nb) if nb >= 10 else None
 
 
 def fit_profile(t: np.ndarray, duration: float, window: float) -> tuple[dict[str, Any], np.ndarray]:
@@ -152,7 +149,8 @@ def _fit_onoff(u: np.ndarray, rate: float) -> dict[str, Any]:
     ok = np.isfinite(idc) & (idc > 0)
     scales, idc = scales[ok], idc[ok]
     small = (0.3, 1.0)
-    p0 = [float(np.mean(np.bincount((u // b).astype(np.int64))[: int(u[-1] // b)] == 0)) for b in small]
+    nbs = [max(int(u[-1] // b), 1) for b in small]  # the share of empty windows among the complete ones
+    p0 = [float((nb - (stats.window_counts(u, b, 0.0, nb) > 0).sum()) / nb) for b, nb in zip(small, nbs)]
 
     def unpack(x: np.ndarray) -> tuple[float, float, float, float]:
         p1, ratio, rho = 1 / (1 + np.exp(-x[0])), 1 / (1 + np.exp(-x[1])), np.exp(x[2])

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from .arrivals import arrival_times
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
 from .pages import reused_pages
-from .schema import schema_for
+from .schema import MAX_TOKENS, schema_for
 from .spec import parse_spec
 from .spec_types import Client, Images, Spec
 from .trace import ROW_GROUP, Trace, is_text_path, parquet_writer, with_schema_version
@@ -285,10 +285,10 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
             new[idx] = finish(x, d, spec.length_scale)
             out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
     out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
+    np.minimum(out, MAX_TOKENS, out=out)  # the trace schema's ceiling per request
     if c.sessions:  # turn k's prompt = turn k-1's prompt + its answer + the new user tokens
         new = _segmented_cumsum(new + out, first, k) - out
-    if spec.max_input_tokens is not None:
-        new = np.minimum(new, spec.max_input_tokens)
+    new = np.minimum(new, min(spec.max_input_tokens or MAX_TOKENS, MAX_TOKENS))
     return new.astype(np.int32), out.astype(np.int32)
 
 

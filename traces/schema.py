@@ -47,10 +47,10 @@ COLUMNS: tuple[Column, ...] = (
 # request. 8192 px a side bounds one image the same way (8192x8192 RGB is 200 MB raw).
 MAX_IMAGES = 64
 MAX_IMAGE_SIDE = 8192
-# Tokens per request: input_tokens and output_tokens are each at most 2^24 = 16,777,216, 16x
-# the longest context window served today (1M-10M tokens); a larger count is a unit or mapping
-# mistake (bytes for tokens), and replay builds a prompt of that many tokens, generate and fit
-# tables over that support. validate enforces it (`trace.conform`), generate caps at it.
+# Tokens per request: input_tokens and output_tokens are each at most 2^24 = 16,777,216, above
+# the longest context windows served today (1M-10M tokens); a larger count is a unit or mapping
+# mistake (bytes for tokens), and replay would build a prompt of that many tokens. validate
+# enforces it (`trace.conform`), generate caps at it.
 MAX_TOKENS = 1 << 24
 DEFAULT_IMAGE_PX = "512x512"       # what replay sends for a row with images and no image_px
 IMAGE_PX_PATTERN = r"^\d+x\d+$"

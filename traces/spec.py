@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
-from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES
+from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES, MAX_TOKENS
 from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Arrival, Client,
                          Dist, Images, ModelSpec, Modulation, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
                          weibull_cv)
@@ -103,6 +103,8 @@ def parse_dist(r: _Reader, lo: float = 1.0, hi: float = 1_000_000.0) -> Dist:
         p = {"a": r.num("a", lo=0, lo_open=True)}
         if "max" not in r.d:
             raise r.err("max", "zipf needs a max (support is min..max)")
+        if hi - lo > MAX_TOKENS:  # its support is a table in memory
+            raise r.err("max", f"a zipf support min..max holds at most {MAX_TOKENS:,} values, got {hi - lo + 1:,.0f}")
     elif fam == "uniform":
         r.check_keys(common | {"low", "high"})
         p = {"low": r.num("low", lo=0), "high": r.num("high", lo=0)}
@@ -207,6 +209,8 @@ def parse_profile(r: _Reader) -> Profile:
     return p
 
 
+MAX_DURATION_S = 9e9      # arrivals are int64 ns: 2^63 ns is 292 years
+MAX_WINDOWS = 10_000_000  # profile table / modulation windows over the duration (one knot each)
 MAX_SIGMA = 4.0     # log-normal modulation: exp(4^2) - 1 ~ 9e6 is already beyond any trace
 
 
@@ -389,7 +393,8 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
     clients = d.get("clients")
     if not isinstance(clients, list) or not clients:
         raise r.err("clients", "must be a non-empty list of clients")
-    return Spec(duration=r.num("duration", lo=0, lo_open=True), seed=r.num("seed", 0, lo=0, integer=True),
+    duration = r.num("duration", lo=0, lo_open=True, hi=MAX_DURATION_S)
+    spec = Spec(duration=duration, seed=r.num("seed", 0, lo=0, integer=True),
                 block_size=r.num("block_size", 16, lo=1, integer=True),
                 length_scale=r.num("length_scale", 1.0, lo=0, lo_open=True),
                 max_input_tokens=r.num("max_input_tokens", None, lo=1, integer=True),
@@ -397,6 +402,13 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
                 timestamp_quantum_s=r.num("timestamp_quantum_s", None, lo=0, lo_open=True),
                 timestamp_spread=r.flag("timestamp_spread", False),
                 clients=[parse_client(_Reader(c, f"clients[{i}]", file), i, exact) for i, c in enumerate(clients)])
+    for i, c in enumerate(spec.clients):  # generate holds one knot (rate value) per window
+        for key, w in (("profile", c.profile.window if c.profile.kind == "table" else None),
+                       ("modulation", c.modulation.window if c.modulation else None)):
+            if w and duration / w > MAX_WINDOWS:
+                raise SpecError(f"clients[{i}].{key}.window", f"{w:g} s cuts the {duration:g} s duration into "
+                                f"{duration / w:,.0f} windows; at most {MAX_WINDOWS:,}", file)
+    return spec
 
 
 def load_spec_file(path: str | Path) -> dict[str, Any]:

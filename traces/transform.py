@@ -18,6 +18,9 @@ from .errors import TraceError
 from .trace import Trace
 
 
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def _new(trace: Trace, table: pa.Table, op: dict[str, Any], sort: bool = False) -> Trace:
     meta = {**trace.metadata, "transforms": [*trace.metadata.get("transforms", []), op]}
     if table.num_rows == 0:
@@ -40,6 +43,8 @@ def speed(trace: Trace, factor: float) -> Trace:
     q = Fraction(factor).limit_denominator(10**6)
     a = _arr(trace)
     num, den = q.numerator, q.denominator
+    if len(a) and int(a.max()) * den // num > INT64_MAX:
+        raise TraceError(f"speed {factor:g} moves the last arrival past 2^63 ns (292 years)")
     out = (a // num) * den + ((a % num) * den + num // 2) // num
     return _new(trace, _set_arrivals(trace.table, out), {"op": "speed", "factor": factor})
 
@@ -114,7 +119,10 @@ def merge(trace: Trace, other: Trace, name: str = "other") -> Trace:
 
 def shift(trace: Trace, seconds: float) -> Trace:
     """Add `seconds` to every arrival (negative allowed while no arrival goes below 0)."""
-    a = _arr(trace) + int(round(seconds * 1e9))
+    a, ns = _arr(trace), int(round(seconds * 1e9))
+    if int(a.max()) + ns > INT64_MAX:
+        raise TraceError(f"shift by {seconds} s moves the last arrival past 2^63 ns (292 years)")
+    a = a + ns
     if (a < 0).any():
         raise TraceError(f"shift by {seconds} s would make arrivals negative (first arrival {a.min() / 1e9:.3f} s)")
     return _new(trace, _set_arrivals(trace.table, a), {"op": "shift", "seconds": seconds})
@@ -147,9 +155,10 @@ def spread_buckets(a: np.ndarray, q: int, jitter: int = 0) -> np.ndarray:
     starts = np.flatnonzero(np.concatenate([[True], np.diff(a) > jitter]))
     sizes = np.diff(np.concatenate([starts, [len(a)]]))
     j = np.arange(len(a)) - np.repeat(starts, sizes)
-    out = np.repeat(a[starts], sizes) + (j * q) // np.repeat(sizes, sizes)
-    nxt = np.append(a[starts[1:]], np.iinfo(np.int64).max)
-    return np.minimum(out, np.repeat(nxt, sizes))
+    m = np.repeat(sizes, sizes)
+    off = j * (q // m) + j * (q % m) // m  # = j q // m without overflowing int64 (j < m)
+    room = np.repeat(np.append(a[starts[1:]], INT64_MAX) - a[starts], sizes)
+    return np.repeat(a[starts], sizes) + np.minimum(off, room)
 
 
 def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
@@ -218,7 +227,7 @@ def apply(trace: Trace, op: str, value: str, seed: int = 0) -> Trace:
             return clip(trace, op.replace("clip_", "") + "_tokens", *_range(value))
         if op == "dequantize":
             return dequantize(trace, int(float(value) * 1e6) if value else None)
-    except ValueError as e:
+    except (ValueError, ArithmeticError) as e:  # ArithmeticError: out of int64 ns (--slice 1e10:, --speed 1e-300)
         if isinstance(e, TraceError):
             raise
         raise TraceError(f"--{op.replace('_', '-')} {value!r}: {e}") from None

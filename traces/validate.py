@@ -1,13 +1,18 @@
 """Rules beyond the column types that `conform` checks: prefix blocks vs prompt length, and
-the image columns (a count a request can carry, a size a person meant)."""
+the image columns (a count a request can carry, a size a person meant); `validate_file`, the
+whole check of a trace file in bounded memory (`replay trace validate`, `replay run`)."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .errors import TraceError
-from .schema import IMAGE_PX_PATTERN, MAX_IMAGE_SIDE, MAX_IMAGES
+from .schema import IMAGE_PX_PATTERN, MAX_IMAGE_SIDE, MAX_IMAGES, schema_for
 
 
 def check_blocks(hash_ids: pa.Array | pa.ChunkedArray, input_tokens: pa.Array | pa.ChunkedArray, block_size: int,
@@ -81,3 +86,61 @@ def check_image_px(col: pa.ChunkedArray, *, file: str | None) -> None:
             first = col[int(rows[0])].as_py()
             raise TraceError(f"{rule} (got {first!r})", file=file, column="image_px",
                              rows=rows[:11].tolist(), total_rows=len(col))
+
+
+def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 << 16) -> dict[str, Any]:
+    """Check a trace file against every rule `Trace.read` applies (the schema's columns and
+    types, the row rules of `trace.conform`, order across the file, unique request ids, prefix
+    blocks against the metadata's block_size), Parquet batch by batch: memory is one batch
+    plus the request ids, never the whole table. Returns {"rows", "duration_s", "columns" (as
+    read, request_id included)}; raises TraceError (a ValueError whose str is the one-line
+    message `replay trace validate` prints). Canonical CSV/JSONL are read whole (`Trace.read`)."""
+    from .trace import Trace, conform
+    path = Path(path)
+    if path.suffix.lower() in (".csv", ".jsonl", ".json", ".ndjson"):
+        t = Trace.read(path, sort=sort)
+        return {"rows": t.num_rows, "duration_s": t.duration_s, "columns": t.table.column_names}
+    file = str(path)
+    if not path.exists():
+        raise TraceError("file not found", file=file)
+    bs = Trace.read_metadata(path).get("block_size")
+    rows, lo, hi, names, ids = 0, None, None, [], []
+    try:
+        total = pq.ParquetFile(path).metadata.num_rows
+        for b in Trace.iter_batches(path, batch_size=batch_size):
+            if not b.num_rows:
+                continue
+            try:
+                t = conform(pa.Table.from_batches([b]), file=file, sort=sort, fill_request_id=False)
+                if bs and "hash_ids" in t.column_names:
+                    if not isinstance(bs, int) or bs < 1:
+                        raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
+                    check_blocks(t.column("hash_ids"), t.column("input_tokens"), bs, file=file)
+            except TraceError as e:  # rows are batch-relative: report them as file rows
+                raise TraceError(e.rule, file=file, column=e.column, total_rows=None if e.rows is None else total,
+                                 rows=None if e.rows is None else [r + rows for r in e.rows]) from None
+            mm = pc.min_max(t.column("arrival_ns"))
+            first = t.column("arrival_ns")[0].as_py()
+            if hi is not None and first < hi and not sort:
+                raise TraceError("arrival_ns must be non-decreasing (use --sort to sort the trace)", file=file,
+                                 column="arrival_ns", rows=[rows], total_rows=total)
+            lo = mm["min"].as_py() if lo is None else min(lo, mm["min"].as_py())
+            hi = mm["max"].as_py() if hi is None else max(hi, mm["max"].as_py())
+            names = t.column_names
+            if "request_id" in names:
+                ids.extend(t.column("request_id").chunks)
+            rows += t.num_rows
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=file) from None
+    if not rows:
+        raise TraceError("the trace is empty (0 rows)", file=file)
+    if ids:
+        col = pa.chunked_array(ids, pa.string())
+        dup = pc.filter(vc := pc.value_counts(col), pc.greater(vc.field("counts"), 1))
+        if len(dup):
+            first = dup.field("values")[0].as_py()
+            raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})", file=file,
+                             column="request_id", total_rows=rows,
+                             rows=np.flatnonzero(pc.equal(col, first).to_numpy(zero_copy_only=False)).tolist())
+    return {"rows": rows, "duration_s": (hi - lo) / 1e9,
+            "columns": schema_for(sorted({*names, "request_id"})).names}
