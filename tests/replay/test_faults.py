@@ -41,7 +41,8 @@ def test_fault_kinds(tmp_path, fault):
 
 def test_connection_refused(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", 20)
-    replay_run(trace, f"http://127.0.0.1:{free_port()}", tmp_path / "run", "--model-map", "*=m")
+    p = replay_run(trace, f"http://127.0.0.1:{free_port()}", tmp_path / "run", "--model-map", "*=m", check=False)
+    assert p.returncode == 1 and "status: all_failed" in p.stdout    # nothing succeeded: not a success
     df = records(tmp_path / "run")
     assert len(df) == 20 and (df.status == "connection_error").all()
     assert df.error.notna().all() and df.sent_s.isna().all() is not None
@@ -119,7 +120,8 @@ def test_empty_or_encoded_200s_fail_the_gate_and_zero_token_successes_are_flagge
     why = {"empty": "no data event and no [DONE]", "gzip": "Content-Encoding gzip that the client did not ask for"}
     for fault, text in why.items():
         with sse_server("--fault", fault) as url:
-            replay_run(trace, url, tmp_path / fault, "--model-map", "*=m")
+            p = replay_run(trace, url, tmp_path / fault, "--model-map", "*=m", check=False)
+        assert p.returncode == 1 and "status: all_failed" in p.stdout, p.stdout   # nothing succeeded
         df = records(tmp_path / fault)
         assert (df.status == "protocol_error").all() and df.error.str.contains(text, regex=False).all(), df.error[0]
         g = run_cli("replay", "gate", tmp_path / fault, "--slo", slo)
