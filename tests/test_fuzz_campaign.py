@@ -13,7 +13,7 @@ import sys
 
 from tests.conftest import REPO, repo_env
 
-PER_ENTRY = int(os.environ.get("FUZZ_CAMPAIGN_PER_ENTRY", 5))
+PER_ENTRY = int(os.environ.get("FUZZ_CAMPAIGN_PER_ENTRY", 4))
 SEED = int(os.environ.get("FUZZ_CAMPAIGN_SEED", 0))
 MAX_RSS_MB = 1024
 
