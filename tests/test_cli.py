@@ -61,3 +61,16 @@ def test_hints_name_the_mistake():
     assert p.returncode == 2 and "not a duration: '5 mins'" in p.stderr and "5min" in p.stderr, p.stderr
     from llm_replay.replay.run_cmd import parse_duration
     assert [parse_duration(x) for x in ("5min", "1.5s", "500ms", "2m", "1h", "30")] == [300, 1.5, 0.5, 120, 3600, 30]
+
+
+def test_a_csv_given_as_a_trace_says_how_to_import_it(tmp_path):
+    """Issue 26 item 4: `replay run` on a CSV said 'not a readable Parquet file' and no more."""
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    p = run_cli("replay", "run", "--trace", csv, "--target", "http://127.0.0.1:9")
+    assert p.returncode == 2 and "not a readable Parquet file" in p.stderr, p.stderr
+    assert "it looks like CSV: import it first, e.g. `replay trace import azure" in p.stderr, p.stderr
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(bytes(range(256)))
+    p = run_cli("replay", "run", "--trace", junk, "--target", "http://127.0.0.1:9")
+    assert p.returncode == 2 and "import it first" not in p.stderr, p.stderr

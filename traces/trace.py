@@ -222,7 +222,7 @@ class Trace:
         try:
             raw = pq.read_metadata(path).metadata or {}  # file key-value metadata (also set by streaming writers)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
+            raise not_parquet(path, e) from None
         return _decode_meta(raw)
 
     @staticmethod
@@ -233,13 +233,30 @@ class Trace:
         try:
             f = pq.ParquetFile(path)
         except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"not a readable Parquet file: {e}", file=str(path)) from None
+            raise not_parquet(path, e) from None
         if columns is not None:
             columns = [c for c in columns if c in f.schema_arrow.names]
         yield from f.iter_batches(batch_size=batch_size, columns=columns, use_threads=use_threads)
 
     def __repr__(self) -> str:
         return f"Trace({self.num_rows} rows, {self.duration_s:.1f}s, columns={self.table.column_names})"
+
+
+def not_parquet(path: str | Path, e: Exception) -> TraceError:
+    """The error for a file that is no Parquet trace; a text file (a CSV or JSON source given
+    where a trace goes) gets the way to import it."""
+    hint = ""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+        binary = set(range(9)) | set(range(14, 32)) | {127}
+        if head and not head.startswith(b"PAR1") and not binary.intersection(head):
+            kind = "JSON" if head.lstrip()[:1] in (b"{", b"[") else "CSV" if b"," in head else "text"
+            hint = (f"; it looks like {kind}: import it first, e.g. `replay trace import azure {path} -o "
+                    f"t.parquet` (formats: `replay trace import --help`)")
+    except OSError:
+        pass
+    return TraceError(f"not a readable Parquet file: {str(e)[:200]}{hint}", file=str(path))
 
 
 def _decode_meta(raw: dict[bytes, bytes]) -> dict[str, Any]:
@@ -261,7 +278,7 @@ def _read_parquet(path: Path) -> tuple[pa.Table, dict[str, Any]]:
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=str(path)) from None
+        raise not_parquet(path, e) from None
     meta = _decode_meta(table.schema.metadata or {})
     try:  # streaming writers (importers) add their metadata to the file footer at close
         meta.update(_decode_meta(pq.read_metadata(path).metadata or {}))

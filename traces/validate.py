@@ -131,7 +131,8 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
                 ids.extend(t.column("request_id").chunks)
             rows += t.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"not a readable Parquet file: {str(e)[:200]}", file=file) from None
+        from .trace import not_parquet
+        raise not_parquet(file, e) from None
     if not rows:
         raise TraceError("the trace is empty (0 rows)", file=file)
     if ids:
