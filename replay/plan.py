@@ -137,13 +137,16 @@ class TraceWindow:
 
     def batches(self, validate: bool = False, use_threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(file row offset, batch) restricted to the window's time range."""
-        offset, last = 0, None
+        offset, last, cast = 0, None, ...   # cast: the schema to cast to (None: none; ...: not known yet)
         path = self.config.trace
         for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=list(ROW_COLUMNS), use_threads=use_threads):
             if validate:
                 _validate(b, path, offset, last)
                 last = int(b.column("arrival_ns")[-1].as_py())
-            b = _canonical(b)
+            if cast is ...:
+                cast = _canonical_schema(b.schema)
+            if cast is not None:
+                b = pa.Table.from_batches([b]).cast(cast).combine_chunks().to_batches()[0]
             arr = b.column("arrival_ns").to_numpy()
             if self.hi is not None and arr[0] >= self.hi:
                 return
@@ -187,14 +190,12 @@ def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
     return itertools.chain([first], chunks)
 
 
-def _canonical(b: pa.RecordBatch) -> pa.RecordBatch:
-    """The batch in the trace schema's types: a file that `validate` accepts may store them
-    otherwise (arrival_ns as strings, int64 token counts), which conform casts."""
-    want = pa.schema([pa.field(n, BY_NAME[n].type if n in BY_NAME else t)
-                      for n, t in zip(b.schema.names, b.schema.types)])
-    if b.schema.equals(want):
-        return b
-    return pa.Table.from_batches([b]).cast(want).combine_chunks().to_batches()[0]
+def _canonical_schema(schema: pa.Schema) -> pa.Schema | None:
+    """The trace schema's types for a file's columns, or None when the file has them already (a
+    file that `validate` accepts may store them otherwise: arrival_ns as strings, int64 token
+    counts, which conform casts). Once per file: every batch has the file's schema."""
+    want = pa.schema([pa.field(n, BY_NAME[n].type if n in BY_NAME else t) for n, t in zip(schema.names, schema.types)])
+    return None if schema.equals(want) else want
 
 
 def _validate(b: pa.RecordBatch, path: str, offset: int, last: int | None) -> None:
