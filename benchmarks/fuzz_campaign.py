@@ -192,20 +192,19 @@ def run_cli(argv: list[str], timeout: float = TIMEOUT_S) -> tuple[int | None, st
 
 
 ENTRIES = {   # name: (allowed exit codes, argv maker(input path, workdir), input maker)
-    "trace validate": ({0, 2}, lambda f, d: ["trace", "validate", f], "trace"),
-    "trace describe": ({0, 2}, lambda f, d: ["trace", "describe", f], "trace"),
-    "trace fit": ({0, 2}, lambda f, d: ["trace", "fit", f, "-o", str(d / "spec.yaml")], "trace"),
-    "gate (SLO spec)": ({0, 1, 2}, lambda f, d: ["gate", str(d / "run0"), "--slo", f], "slo"),
-    "report (run directory)": ({0, 2}, lambda f, d: ["report", f], "run"),
-    "trace import sharegpt": ({0, 2}, lambda f, d: ["trace", "import", "sharegpt", f, "-o", str(d / "o.parquet")],
+    "trace validate": ({0, 2}, lambda f, d, url: ["trace", "validate", f], "trace"),
+    "trace describe": ({0, 2}, lambda f, d, url: ["trace", "describe", f], "trace"),
+    "trace fit": ({0, 2}, lambda f, d, url: ["trace", "fit", f, "-o", str(d / "spec.yaml")], "trace"),
+    "gate (SLO spec)": ({0, 1, 2}, lambda f, d, url: ["gate", str(d / "run0"), "--slo", f], "slo"),
+    "report (run directory)": ({0, 2}, lambda f, d, url: ["report", f], "run"),
+    "trace import sharegpt": ({0, 2}, lambda f, d, url: ["trace", "import", "sharegpt", f, "-o", str(d / "o.parquet")],
                               "sharegpt"),
     # against the SSE test server (started by the campaign); every row of a trace that runs is
     # bounded to 2 s of trace time and 20 rows
-    "run (trace)": ({0, 1, 2}, lambda f, d: ["run", "--trace", f, "--target", TARGET[0], "-o", str(d / "run"),
+    "run (trace)": ({0, 1, 2}, lambda f, d, url: ["run", "--trace", f, "--target", url, "-o", str(d / "run"),
                                              "--no-check", "--no-progress", "--model-map", "*=m", "--timeout", "5s",
                                              "--duration", "2s", "--max-requests", "20"], "trace"),
 }
-TARGET = [""]   # the SSE test server's URL while a campaign with `run` runs
 
 
 def campaign(per_entry: int, seed: int = 0, jobs: int = 2, entries=None) -> list[Result]:
@@ -234,14 +233,13 @@ def campaign(per_entry: int, seed: int = 0, jobs: int = 2, entries=None) -> list
             else:
                 f = d / "s.json"
                 fuzz_sharegpt(r, f)
-            jobs_in.append((name, argv(str(f), base if kind == "slo" else d)))
+            jobs_in.append((name, lambda url, a=argv, f=str(f), d=base if kind == "slo" else d: a(f, d, url)))
     results = {name: Result(name) for name in entries or ENTRIES}
     server = None
     if any(name.startswith("run") for name in results):
         from tests.replay.runkit import start_sse
         server = start_sse("--tokens", "4")
-        TARGET[0] = server.url
-        jobs_in = [(n, [TARGET[0] if a == "" else a for a in argv]) for n, argv in jobs_in]
+    jobs_in = [(n, make(server.url if server else "")) for n, make in jobs_in]
     try:
         return _judge(jobs_in, results, jobs)
     finally:
