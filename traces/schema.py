@@ -39,6 +39,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("client_id", pa.string(), False, True, "originating client / tenant"),
     Column("num_images", pa.int16(), False, True, "images sent with the request (0..64); null = none"),
     Column("image_px", pa.string(), False, True, "image size WxH in pixels; null = 512x512"),
+    Column("task_id", pa.string(), False, True, "agentic task (graph of calls); needed with depends_on"),
+    Column("depends_on", pa.list_(pa.string()), False, True,
+           "request_ids of earlier rows of the same task that must complete before this row is sent"),
+    Column("delay_s", pa.float64(), False, True, "tool/think time after the last dependency completes; null = 0"),
     Column("extra", pa.string(), False, True, "unknown source columns as JSON"),
 )
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from .errors import TraceError
 from .schema import BY_NAME, MAX_TOKENS, REQUIRED, SCHEMA_VERSION, schema_for
+from .graph import check_graph, check_rows, parse_depends_on
 from .validate import check_image_px, check_num_images
 
 ROW_GROUP = 1 << 20                    # rows per Parquet row group
@@ -82,6 +83,8 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
         col = table.column(name)
         if isinstance(col.type, pa.DictionaryType) and not pa.types.is_dictionary(spec.type):
             col = col.dictionary_decode()
+        if name == "depends_on":
+            col = parse_depends_on(col)
         if name == "num_images":  # range first: 1000 images is absurd, not an int16 overflow
             col = _cast_int(col, pa.int64(), name, file, n)
             check_num_images(col, file=file)
@@ -121,6 +124,8 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
         order = np.argsort(arr, kind="stable")
     if "image_px" in cols:
         check_image_px(cols["image_px"], file=file)
+    if "depends_on" in cols or "delay_s" in cols:
+        check_rows(cols, file, n)
     if "request_id" in cols:
         rid = cols["request_id"]
         counts = pc.value_counts(rid)
@@ -179,6 +184,10 @@ class Trace:
             if not isinstance(bs, int) or bs < 1:
                 raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
             check_blocks(self.table.column("hash_ids"), self.table.column("input_tokens"), bs, file=file)
+        if validate and "depends_on" in self.table.column_names:
+            t = self.table
+            check_graph(t.column("request_id"), t.column("task_id") if "task_id" in t.column_names else None,
+                        t.column("depends_on"), file=file)
 
     def __len__(self) -> int:
         return self.table.num_rows

@@ -104,7 +104,7 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
     if not path.exists():
         raise TraceError("file not found", file=file)
     bs = Trace.read_metadata(path).get("block_size")
-    rows, lo, hi, names, ids = 0, None, None, [], []
+    rows, lo, hi, names, ids, graph = 0, None, None, [], [], {}
     try:
         total = pq.ParquetFile(path).metadata.num_rows
         for b in Trace.iter_batches(path, batch_size=batch_size):
@@ -129,6 +129,9 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
             names = t.column_names
             if "request_id" in names:
                 ids.extend(t.column("request_id").chunks)
+            for c in ("task_id", "depends_on"):
+                if c in names:
+                    graph.setdefault(c, []).extend(t.column(c).chunks)
             rows += t.num_rows
     except (OSError, pa.ArrowException) as e:
         from .trace import not_parquet
@@ -143,5 +146,10 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
             raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})", file=file,
                              column="request_id", total_rows=rows,
                              rows=np.flatnonzero(pc.equal(col, first).to_numpy(zero_copy_only=False)).tolist())
+    if "depends_on" in graph:
+        from .graph import check_graph
+        rid = pa.chunked_array(ids, pa.string()) if ids else pa.array(np.arange(rows)).cast(pa.string())
+        check_graph(rid, pa.chunked_array(graph["task_id"], pa.string()) if "task_id" in graph else None,
+                    pa.chunked_array(graph["depends_on"], pa.list_(pa.string())), file=file)
     return {"rows": rows, "duration_s": (hi - lo) / 1e9,
             "columns": schema_for(sorted({*names, "request_id"})).names}
