@@ -51,6 +51,7 @@ class StreamResult:
     text: str | None = None
     reused_connection: bool = False   # sent on a kept-alive connection
     connect_s: float | None = None    # seconds to open its new connection (TCP + TLS); None: reused one
+    end: float | None = None          # perf_counter when the response ended (last byte, error, deadline)
 
 
 class _Stream:
@@ -213,6 +214,8 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
     finally:
         if conn is not None:
             pool.release(conn, False)
+        if res.sent is not None:
+            res.end = perf_counter()
     return res
 
 

@@ -15,6 +15,8 @@ its own pool is sized far above any in-flight count) whose task runs the process
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 import os
 import time
 from collections import deque
@@ -30,10 +32,11 @@ from locust import task
 from locust.contrib.fasthttp import FastHttpUser
 
 from . import plan
-from .alarm import Alarm
+from .alarm import NEVER, Alarm
 from .client import ConnectionPool, StreamResult, stream_post
 from .prompts import PromptBuilder
 from .recorder import Recorder, record, unsent
+from .graph import Graph
 from .sessions import Sessions
 
 MAX_CONNECTIONS = 100_000
@@ -46,6 +49,9 @@ pa.set_memory_pool(pa.system_memory_pool())
 # a batch takes the hub ~1.5 ms in a busy run (cold caches), nearly all of it fixed per batch:
 # quiet moments write big batches; at low rates the periodic flusher writes the few records there are
 QUIET_S, QUIET_MIN, QUIET_ROWS = 0.004, 96, 128
+# task graphs: read the feed this far (trace seconds, rows) past the next root, so a dependant is
+# registered before its dependencies complete even when the target is faster than the recording
+AHEAD_S, AHEAD_ROWS = 600.0, 100_000
 
 
 class Job:
@@ -61,6 +67,10 @@ class Job:
         self.idle: list[gevent.Greenlet] = []   # request greenlets parked between requests
         self.prompts = PromptBuilder(config)
         self.sessions = Sessions(config.sessions) if config.sessions != "off" else None
+        self.graph = Graph(config.speed, config.max_delay_s) if config.graph else None
+        self.ready: list = []          # task graphs: released dependants, (due, seq, (row, prepared))
+        self.seq = itertools.count()
+        self.poke = Event()            # a release (or the end of one) while the dispatcher idles
         self.stopping = False
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
@@ -80,15 +90,101 @@ class Job:
     # --- dispatch loop --------------------------------------------------------------
     def run(self) -> None:
         try:
-            for chunk in self.feed:
-                for row in chunk:
-                    if self.stopping:
-                        self._unsent(row)
-                    elif self.sessions is None or self.sessions.admit(row):
-                        self._dispatch(row)
+            if self.graph is not None:
+                self._run_graph()
+            else:
+                for chunk in self.feed:
+                    for row in chunk:
+                        if self.stopping:
+                            self._unsent(row)
+                        elif self.sessions is None or self.sessions.admit(row):
+                            self._dispatch(row)
             self._drain()
         finally:
             self.finished.set()
+
+    def _run_graph(self) -> None:
+        """Task graphs: send the next root at its trace time or the next released dependant at its
+        due time, whichever comes first, on the same precise alarm; a release due before the
+        alarm wakes the dispatcher (`_released`) to pick again."""
+        roots = self._roots()
+        root, prepared = next(roots, None), None
+        while not self.stopping:
+            if root is not None and prepared is None:
+                prepared = self._prepare(root)
+            r_due = self.t0 + root[plan.SCHED] if root is not None else NEVER
+            d_due = self.ready[0][0] if self.ready else NEVER
+            due = min(r_due, d_due)
+            if due == NEVER:
+                if not self.group:
+                    break
+                self.poke.clear()
+                self.poke.wait(0.05)
+                continue
+            if len(self.rec.buf) >= QUIET_MIN and due - time.perf_counter() > QUIET_S:
+                self.rec.flush(QUIET_ROWS)
+            self.alarm.sleep_until(due - self.c.spin_s)
+            if time.perf_counter() < due - self.c.spin_s - 1e-4 and not self.stopping:
+                continue   # woken by an earlier release: pick again
+            while time.perf_counter() < due and not self.stopping:
+                gevent.sleep(0)
+            if self.stopping:
+                break
+            if d_due <= r_due:
+                self._start_now(heapq.heappop(self.ready)[2])
+            else:
+                self._start_now((root, prepared))
+                root, prepared = next(roots, None), None
+        for row in itertools.chain([root] if root is not None else [], roots):
+            self._unsent(row)
+        while self.ready:
+            self._unsent(heapq.heappop(self.ready)[2][0])
+
+    def _roots(self):
+        """Task graphs: the feed's roots, in order, one at a time; dependants are taken out as they
+        are read (up to AHEAD_S/AHEAD_ROWS ahead of the next root) and wait for their dependencies."""
+        rows = (row for chunk in self.feed for row in chunk)
+        ahead: deque = deque()
+        more = True
+        while True:
+            while more and (not ahead or (len(ahead) < AHEAD_ROWS and ahead[-1][plan.SCHED] - ahead[0][plan.SCHED] < AHEAD_S)):
+                row = next(rows, None)
+                if row is None:
+                    more = False
+                elif self.stopping:
+                    self._unsent(row)
+                elif row[plan.DEPS]:
+                    self._released(self.graph.read(row))
+                else:
+                    self.graph.read(row)
+                    ahead.append(row)
+            if not ahead:
+                return
+            yield ahead.popleft()
+
+    def _released(self, rel) -> None:
+        """Act on a graph release: queue a dependant for its due time, or record it failed."""
+        if rel is None:
+            return
+        if rel[0] == "fail":
+            row = rel[1]
+            label = row[plan.MODEL]
+            self.rec.add(unsent(row, self.c.target_model(label), self.worker, "dependency_failed", rel[2],
+                                target=self.c.target_of(label)))
+            self.done += 1
+            self.errors += 1
+            for nxt in self.graph.completed(row, "dependency_failed", time.perf_counter() - self.t0,
+                                            None, None, None, None):
+                self._released(nxt)
+        elif self.stopping:
+            self._unsent(rel[1])
+        else:
+            row = rel[1]
+            due = self.t0 + row[plan.SCHED]
+            heapq.heappush(self.ready, (due, next(self.seq), (row, self._prepare(row))))
+            self.poke.set()
+            if due < self.alarm.due:
+                get_hub().loop.run_callback(self.alarm.wake)
 
     def _dispatch(self, row: tuple) -> None:
         prepared = self._prepare(row)
@@ -133,7 +229,9 @@ class Job:
         label = row[plan.MODEL]
         model, pool = self.c.target_model(label), self.pool_for(label)
         history, user_tokens = None, None
-        if self.sessions is not None and row[plan.SESSION] is not None and api == "chat":
+        if self.graph is not None and row[plan.DEPS] and api == "chat":
+            history, user_tokens = self.graph.history(row)
+        elif self.sessions is not None and row[plan.SESSION] is not None and api == "chat":
             history, user_tokens = self.sessions.context(row)
         path, body, chars, text = self.prompts.body(row, model, api, history, user_tokens, pool.target)
         return api, model, pool, path, body, chars, text
@@ -150,6 +248,9 @@ class Job:
         self.idle.clear()
         if self.sessions is not None:
             for row in self.sessions.parked():
+                self._unsent(row)
+        if self.graph is not None:
+            for row in self.graph.parked():
                 self._unsent(row)
 
     def stop(self) -> None:
@@ -172,7 +273,7 @@ class Job:
                 self._unsent(row)
                 return
         self.sent += 1
-        keep = self.sessions is not None and row[plan.SESSION] is not None
+        keep = (self.sessions is not None and row[plan.SESSION] is not None) or bool(row[plan.NDEP])
         try:
             res = stream_post(pool, path, body, timeout=self.c.timeout_s, keep_text=keep)
         except GreenletExit:
@@ -203,6 +304,11 @@ class Job:
                     self._unsent(nrow)
                 else:
                     self.group.spawn(self._send, nrow, self._prepare(nrow), due)
+        if self.graph is not None and row[plan.NDEP]:
+            end = (res.end if res.end is not None else time.perf_counter()) - self.t0
+            for rel in self.graph.completed(row, res.status, end, text, res.text, res.prompt_tokens,
+                                            res.completion_tokens):
+                self._released(rel)
 
     def _unsent(self, row: tuple, status: str = "not_sent") -> None:
         label = row[plan.MODEL]

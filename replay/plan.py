@@ -16,15 +16,19 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from llm_replay.traces.errors import TraceError
+from llm_replay.traces.graph import check_graph, parse_depends_on
 from llm_replay.traces.schema import BY_NAME
 from llm_replay.traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
-IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX = range(14)
+IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX, \
+    TASK, DEPS, DELAY, NDEP = range(18)   # NDEP: rows of the window that depend on this one
 ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
-               "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px")
+               "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px",
+               "task_id", "depends_on", "delay_s")
 
 
 @dataclass
@@ -56,6 +60,8 @@ class RunConfig:
     salt: int | None = None                  # mixed into the prompt seed per run (replay run draws one)
     image_url_base: str | None = None        # images by URL ({base}/{W}x{H}.png) instead of inline data
     sessions: str = "off"                    # off | timestamps | closed
+    graph: bool = False                      # the window has rows with depends_on (from scan)
+    max_delay_s: float | None = None         # cap on a dependant's delay_s (idle gaps); None: as recorded
     prompt_mode: str = "ids"                 # ids | text
     tokenizer: str | None = None
     calibration: dict | None = None          # text mode: tokens = a + b * chars (per api)
@@ -134,6 +140,44 @@ class TraceWindow:
         self.origin = _origin(config.trace)
         self.lo = self.origin + int(config.start_s * 1e9)
         self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
+        self._ndep: np.ndarray | None = None
+
+    def dependants(self) -> np.ndarray | None:
+        """Per window row, how many rows of the window wait for it; None: no row waits for any.
+        Reads request_id/task_id/depends_on of the file up to the window's end and checks the
+        graph (unknown ids, cycles, other tasks): one pass, arrays only (no per-row objects)."""
+        if self._ndep is None:
+            self._ndep = self._graph()
+        return self._ndep if len(self._ndep) else None
+
+    def _graph(self) -> np.ndarray:
+        path, cols = self.config.trace, ["arrival_ns", "request_id", "task_id", "depends_on"]
+        parts, first, n = [], None, 0
+        for b in Trace.iter_batches(path, batch_size=65536, columns=cols):
+            if "depends_on" not in b.schema.names:
+                return np.zeros(0, np.int32)
+            arr = b.column("arrival_ns").to_numpy()
+            if self.hi is not None and arr[0] >= self.hi:
+                break
+            if first is None and (arr >= self.lo).any():
+                first = n + int(np.argmax(arr >= self.lo))
+            end = len(arr) if self.hi is None else int(np.searchsorted(arr, self.hi))
+            parts.append(b.slice(0, end))
+            n += end
+        if first is None:
+            return np.zeros(0, np.int32)
+        t = pa.Table.from_batches(parts)   # cast as conform does (scan has checked each batch's rows)
+        for name, typ in (("request_id", pa.string()), ("task_id", pa.string()), ("depends_on", pa.list_(pa.string()))):
+            if name in t.column_names:
+                col = parse_depends_on(t.column(name)) if name == "depends_on" else t.column(name)
+                t = t.set_column(t.schema.get_field_index(name), name, col.cast(typ))
+        if self.config.max_requests is not None:
+            t = t.slice(0, first + self.config.max_requests)
+        ids = t.column("request_id") if "request_id" in t.column_names else \
+            pa.chunked_array([pa.array(np.arange(t.num_rows)).cast(pa.string())])
+        counts = check_graph(ids, t.column("task_id") if "task_id" in t.column_names else None,
+                             t.column("depends_on"), file=path, count_from=first)
+        return counts[first:] if counts[first:].any() or _has_deps(t, first) else np.zeros(0, np.int32)
 
     def batches(self, validate: bool = False, use_threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(file row offset, batch) restricted to the window's time range."""
@@ -164,6 +208,7 @@ class TraceWindow:
         it run (and fault in fresh huge pages) for ~6 ms while a send was due."""
         left = self.config.max_requests
         speed = self.config.speed
+        deps, done = self.dependants(), 0
         for offset, b in self.batches(use_threads=False):
             if left is not None:
                 if left <= 0:
@@ -175,11 +220,16 @@ class TraceWindow:
             sched = ((b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / speed).tolist()
             none = [None] * n
             rid = cols["request_id"] or [str(offset + i) for i in range(n)]
+            ndep = none
+            if deps is not None:
+                ndep = deps[done:done + n].tolist()
+                done += n
             yield list(zip(range(offset, offset + n), rid, sched, cols["input_tokens"],
                            cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
                            cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
                            cols["prompt"] or none, cols["hash_ids"] or none, cols["num_images"] or none,
-                           cols["image_px"] or none))
+                           cols["image_px"] or none, cols["task_id"] or none, cols["depends_on"] or none,
+                           cols["delay_s"] or none, ndep))
 
 
 def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
@@ -227,7 +277,13 @@ def scan(config: RunConfig) -> tuple[int, float]:
     if n == 0:
         raise TraceError("no trace rows in the selected window (check --start/--duration)",
                          file=config.trace)
+    config.graph = window.dependants() is not None
     return n, (last - window.lo) / 1e9 / config.speed
+
+
+def _has_deps(t: pa.Table, first: int) -> bool:
+    d = t.column("depends_on").slice(first)
+    return bool(len(d)) and (pc.list_value_length(d).fill_null(0).to_numpy(zero_copy_only=False) > 0).any()
 
 
 def trace_block_size(path: str, default: int = 16) -> int:
@@ -239,10 +295,10 @@ def trace_block_size(path: str, default: int = 16) -> int:
 
 
 def shard_of(row: tuple, n: int, counter: int) -> int:
-    """Worker for a row: all turns of a session together, other rows round-robin."""
+    """Worker for a row: all rows of a task, all turns of a session together, other rows round-robin."""
     if n == 1:
         return 0
-    s = row[SESSION]
+    s = row[TASK] if row[TASK] is not None else row[SESSION]
     return zlib.crc32(s.encode()) % n if s is not None else counter % n
 
 

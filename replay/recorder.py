@@ -39,20 +39,23 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res, ta
             res.connect_s,
             None if res.first_token is None else res.first_token - t0,
             None if res.last_token is None else res.last_token - t0,
+            None if res.end is None else res.end - t0,
             None if res.first_answer is None else res.first_answer - t0,
             None if sent is None else (res.token_times, sent),
             res.chunk_tokens,
             row[plan.IN], row[plan.OUT], row[plan.IMAGES], res.prompt_tokens, res.completion_tokens,
             res.reasoning_tokens, res.reasoning_chunks or None,
-            res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX])
+            res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX],
+            row[plan.TASK], row[plan.DEPS], row[plan.DELAY])
 
 
 def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",
            error: str | None = None, target: str | None = None) -> tuple:
     """The record of a row that never completed (not_sent, or cancelled without a result)."""
     return (row[plan.RID], row[plan.MODEL], target_model, target, row[plan.SLO], row[plan.SESSION], worker,
-            row[plan.SCHED], None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
-            row[plan.IMAGES], None, None, None, None, status, None, error)
+            row[plan.SCHED], None, None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
+            row[plan.IMAGES], None, None, None, None, status, None, error, row[plan.TASK], row[plan.DEPS],
+            row[plan.DELAY])
 
 
 def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:

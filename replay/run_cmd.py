@@ -135,6 +135,9 @@ def add_run_arguments(p) -> None:
                    help="multi-turn sessions: off (default: every row at its own timestamp, no history), "
                         "timestamps (turns at their trace times, with the chat history), or closed (turn k+1 "
                         "sent when turn k has completed, plus the think time)")
+    p.add_argument("--max-delay", type=parse_duration, metavar="S",
+                   help="task graphs: cap each dependant's delay_s (tool/think time) at S, to cut idle gaps "
+                        "(default: delays as recorded)")
     p.add_argument("--prompt-mode", choices=("ids", "text"),
                    help="token-id prompts (completions) or calibrated text (default: ids when the target accepts them)")
     p.add_argument("--tokenizer", metavar="tokenizer.json", help="local tokenizer for exact text prompts")
@@ -222,7 +225,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        master_port=int(port) if args.remote_workers and port.isdigit() else 0,
                        seed=args.seed, salt=args.salt if args.salt is not None else secrets.randbits(32),
                        image_url_base=args.image_url_base, sessions=args.sessions,
-                       tokenizer=args.tokenizer,
+                       max_delay_s=args.max_delay, tokenizer=args.tokenizer,
                        scrape_url=scrape, scrapes=scrapes, scrape_interval_s=args.scrape_interval,
                        progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
     c.rows, c.window_s = plan.scan(c)

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 4   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target)
+RECORDS_SCHEMA_VERSION = 5   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s (older files: null, no task graph)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
-            "cancelled", "not_sent")
+            "cancelled", "not_sent", "dependency_failed")
 
 RECORD_SCHEMA = pa.schema([
     pa.field("request_id", pa.string(), nullable=False),
@@ -31,6 +31,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("connect_s", pa.float32()),       # seconds to open its connection (TCP + TLS); null: reused one
     pa.field("first_token_s", pa.float64()),   # first generated token of any kind (answer or reasoning)
     pa.field("last_token_s", pa.float64()),
+    pa.field("end_s", pa.float64()),           # the response ended: last byte read, error or deadline
     pa.field("first_answer_s", pa.float64()),  # first answer token (text or tool call), after any reasoning
     pa.field("token_times", pa.list_(pa.float32())),
     pa.field("chunk_tokens", pa.list_(pa.int16())),
@@ -44,6 +45,9 @@ RECORD_SCHEMA = pa.schema([
     pa.field("status", pa.string(), nullable=False),
     pa.field("http_status", pa.int32()),
     pa.field("error", pa.string()),
+    pa.field("task_id", pa.string()),          # agentic task of the row (trace task_id)
+    pa.field("depends_on", pa.list_(pa.string())),  # rows it waited for (trace depends_on)
+    pa.field("delay_s", pa.float32()),         # tool/think time it waited after them (capped by --max-delay)
 ])
 
 # Scraped Prometheus samples (server_metrics.parquet): one row per sample.

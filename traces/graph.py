@@ -65,9 +65,10 @@ def check_rows(cols: dict[str, pa.ChunkedArray], file: str | None, n: int) -> No
 
 
 def check_graph(ids: pa.ChunkedArray, tasks: pa.ChunkedArray | None, deps: pa.ChunkedArray,
-                file: str | None = None) -> np.ndarray:
+                file: str | None = None, count_from: int = 0) -> np.ndarray:
     """Check the dependencies between rows (in file order) and return each row's number of
-    dependants. Every id in depends_on must be an earlier row's request_id of the same task."""
+    dependants at rows >= `count_from` (a replay window's start). Every id in depends_on must be
+    an earlier row's request_id of the same task."""
     n = len(ids)
     deps = deps.combine_chunks() if isinstance(deps, pa.ChunkedArray) else deps
     if n == 0 or pc.sum(pc.list_value_length(deps).fill_null(0)).as_py() in (0, None):
@@ -102,7 +103,7 @@ def check_graph(ids: pa.ChunkedArray, tasks: pa.ChunkedArray | None, deps: pa.Ch
                              f"({t[int(pos[k])].as_py()!r}, not {t[int(parent[k])].as_py()!r})",
                              file=file, column="depends_on", rows=sorted(set(parent[other].tolist()))[:11],
                              total_rows=n)
-    return np.bincount(pos, minlength=n).astype(np.int32)
+    return np.bincount(pos[parent >= count_from], minlength=n).astype(np.int32)
 
 
 def _cycle(pos: np.ndarray, parent: np.ndarray, ids) -> list[str] | None:

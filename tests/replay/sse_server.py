@@ -10,7 +10,7 @@ events per second. A fault is chosen per request by the `X-Fault` header or a mo
 `fault:MODE`, else by --fault (applied to every --fault-every'th request). Per-request `X-Interval` / `X-Tokens` headers
 override the flags. With --stamp-log FILE it writes `request_id index before_ns after_ns` for each
 token event: `perf_counter_ns` just before and just after its write, and index -1 when the whole
-request had been read (request id: `X-Request-Id` header or the body's `user`; with `--stamp-id
+request had been read, -2 for the response's final write (request id: `X-Request-Id` header or the body's `user`; with `--stamp-id
 prompt` the prompt text, characters other than word ones and `.:-` as `_`, so a client that sends
 neither can be joined on its trace's `prompt` column). perf_counter is CLOCK_MONOTONIC on Linux.
 `--conn-log FILE` appends one line (the peer address) per accepted connection.
@@ -153,7 +153,10 @@ class Server:
         if refusal:
             return conn.run(iter([(0, self.head(refusal[0], "application/json", len(refusal[1])) + refusal[1], None)]))
         if self.requests is not None:
-            self.requests.write(json.dumps({"model": model, "max_tokens": req.get("max_tokens"), "path": path}) + "\n")
+            msgs = [m for m in req.get("messages") or () if isinstance(m, dict)]
+            self.requests.write(json.dumps({"model": model, "max_tokens": req.get("max_tokens"), "path": path,
+                                            "messages": [[m.get("role"), str(m.get("content"))[:200]] for m in msgs]})
+                                + "\n")
             self.requests.flush()
         fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
                  or (a.fault if a.fault and self.count % a.fault_every == 0 else ""))
@@ -294,8 +297,8 @@ class Server:
         if fault == "done_early":   # [DONE] arrives well before the chunked terminator
             yield 0, tail, None
             yield 0.05, b"0\r\n\r\n", None
-        else:
-            yield 0, tail + (b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n" if fault == "trailers" else b"0\r\n\r\n"), None
+        else:   # index -2: the response's final write
+            yield 0, tail + (b"0\r\nX-Trailer: yes\r\nX-Other: 1\r\n\r\n" if fault == "trailers" else b"0\r\n\r\n"), -2
         if stamps is not None and len(stamps) > 3:
             self.log.write("".join(f"{rid} {stamps[k]} {stamps[k + 1]} {stamps[k + 2]}\n"
                                    for k in range(0, len(stamps), 3)))
@@ -349,7 +352,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
     ap.add_argument("--stamp-id", choices=("request", "prompt"), default="request",
                     help="--stamp-log's request id: X-Request-Id / body user (default), or the prompt text")
-    ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path) per completion request")
+    ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path, chat messages as [role, content[:200]]) per completion request")
     ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))

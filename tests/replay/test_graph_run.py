@@ -1,0 +1,114 @@
+"""Agentic task graphs replayed against a server that logs when it read each request and when it
+wrote each response's final byte: dependants go out delay_s after their last dependency's final
+byte, fan-out is concurrent, fan-in waits for all, prompts carry the task's real conversation,
+and a failed dependency fails its dependants with a stated status (one record per row)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server
+from llm_replay.traces.trace import Trace
+
+TASKS, GAP = 8, 0.25
+# per task: root -> plan (0.10 s tool time) -> two subagents in parallel (0.03 s) -> join (0.05 s)
+STEPS = [("root", None, None, 10), ("plan", ["root"], 0.10, 4000), ("sub1", ["plan"], 0.03, 3),
+         ("sub2", ["plan"], 0.03, 3), ("join", ["plan", "sub1", "sub2"], 0.05, 8000)]
+
+
+def graph_trace(path, tasks=TASKS, bad=()):
+    rows = []
+    for t in range(tasks):
+        t0 = t * GAP
+        for k, (name, deps, delay, n_in) in enumerate(STEPS):
+            rid = f"t{t}.{name}"
+            rows.append({"arrival_ns": int((t0 + 0.01 * k) * 1e9), "input_tokens": n_in, "output_tokens": 6,
+                         "request_id": rid, "task_id": f"t{t}", "prompt": rid,
+                         "depends_on": [f"t{t}.{d}" for d in deps] if deps else None, "delay_s": delay,
+                         "model": "bad" if t in bad and name == "root" else None})
+    cols = {k: [r[k] for r in rows] for k in rows[0]}
+    cols["depends_on"] = pa.array(cols["depends_on"], pa.list_(pa.string()))
+    Trace(pa.table(cols)).write(path)
+    return path
+
+
+def stamps(path) -> dict[str, dict[int, tuple[float, float]]]:
+    out: dict[str, dict] = {}
+    for line in open(path):
+        rid, idx, before, after = line.split()
+        out.setdefault(rid, {})[int(idx)] = (int(before) / 1e9, int(after) / 1e9)
+    return out
+
+
+def test_dependants_go_out_delay_after_their_last_dependency(tmp_path):
+    log, reqs = tmp_path / "stamps.log", tmp_path / "requests.jsonl"
+    trace = graph_trace(tmp_path / "g.parquet")
+    out = tmp_path / "run"
+    with sse_server("--stamp-log", str(log), "--stamp-id", "prompt", "--request-log", str(reqs),
+                    "--interval", "0.004") as url:
+        replay_run(trace, url, out, "--api", "chat")
+    df = records(out).set_index("request_id")
+    assert_well_formed(df.reset_index())
+    assert len(df) == TASKS * len(STEPS) and (df.status == "ok").all()
+    assert run_info(out)["config"]["graph"] is True
+    srv, t0 = stamps(log), run_info(out)["t0_monotonic"]
+    errs = []
+    for t in range(TASKS):
+        for name, deps, delay, _ in STEPS[1:]:
+            rid = f"t{t}.{name}"
+            last_byte = max(srv[f"t{t}.{d}"][-2][1] for d in deps)      # after the final write
+            arrived = srv[rid][-1][0]                                     # the server had read it
+            errs.append(arrived - last_byte - delay)
+            rec = df.loc[rid]
+            assert rec.task_id == f"t{t}" and list(rec.depends_on) == [f"t{t}.{d}" for d in deps]
+            assert rec.delay_s == pytest.approx(delay)
+            # the client's own view: sent delay_s after the last dependency's end
+            dep_end = max(df.loc[f"t{t}.{d}"].end_s for d in deps)
+            assert rec.scheduled_s == pytest.approx(dep_end + delay, abs=1e-6)
+            assert rec.sent_s >= rec.scheduled_s - 1e-3
+        # fan-out: both subagents in flight together
+        s1, s2 = df.loc[f"t{t}.sub1"], df.loc[f"t{t}.sub2"]
+        assert abs(s1.sent_s - s2.sent_s) < 0.01 and s1.sent_s < s2.end_s and s2.sent_s < s1.end_s
+    errs = np.array(errs)
+    assert (errs > -1e-3).all(), errs.min()                    # never before delay_s has passed
+    assert np.percentile(errs, 99) <= 2e-3, np.percentile(errs, 99)
+    # roots keep their trace times (open loop across tasks)
+    roots = df.loc[[f"t{t}.root" for t in range(TASKS)]]
+    assert np.allclose(roots.scheduled_s.values, np.arange(TASKS) * GAP, atol=1e-6)
+    # prompts: the join continues plan's conversation and carries the subagents' replies;
+    # subagents start fresh contexts (their input_tokens is below plan's context)
+    sent = {json.dumps(r["messages"][-1][1]): r["messages"] for r in map(json.loads, open(reqs))}
+    join = sent[json.dumps("t0.join")]
+    assert [m[0] for m in join] == ["user", "assistant", "user", "assistant", "user", "user"]
+    assert join[0][1] == "t0.root" and join[2][1] == "t0.plan"
+    assert len(sent[json.dumps("t0.sub1")]) == 1
+
+
+def test_a_failed_dependency_fails_its_dependants(tmp_path):
+    trace = graph_trace(tmp_path / "g.parquet", tasks=3, bad={1})
+    out = tmp_path / "run"
+    with sse_server("--interval", "0.002") as url:
+        replay_run(trace, url, out, "--api", "chat", "--model-map", "bad=fault:http500", check=False)
+    df = records(out).set_index("request_id")
+    assert len(df) == 3 * len(STEPS) and df.index.is_unique
+    task1 = df[df.task_id == "t1"]
+    assert task1.loc["t1.root"].status == "http_error"
+    rest = task1.drop("t1.root")
+    assert (rest.status == "dependency_failed").all() and rest.sent_s.isna().all()
+    assert rest.loc["t1.plan"].error == "dependency t1.root ended http_error"
+    assert rest.loc["t1.join"].error.startswith("dependency t1.plan ended dependency_failed")
+    assert (df[df.task_id != "t1"].status == "ok").all()
+
+
+def test_max_delay_caps_tool_time(tmp_path):
+    trace = graph_trace(tmp_path / "g.parquet", tasks=2)
+    out = tmp_path / "run"
+    with sse_server("--interval", "0.002") as url:
+        replay_run(trace, url, out, "--api", "chat", "--max-delay", "20ms")
+    df = records(out).set_index("request_id")
+    assert (df.status == "ok").all()
+    plan = df.loc["t0.plan"]
+    assert plan.delay_s == pytest.approx(0.02) and plan.scheduled_s == pytest.approx(df.loc["t0.root"].end_s + 0.02)
