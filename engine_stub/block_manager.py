@@ -4,18 +4,22 @@ A block is free when its ref count is 0. Free blocks that hold a full, hashed bl
 stay in the prefix cache until they are reused; the free queue is in LRU order (blocks of a
 finished request are queued tail-first, so its last blocks are evicted before its first ones,
 as in vLLM). The hash of block i chains the hash of block i-1, so equal hashes mean equal
-prefixes, not just equal blocks.
+prefixes, not just equal blocks. With a `ttl` (seconds), a cached block that has been free longer
+than that is evicted when a lookup reaches it (lazily: no scans), as under a server's cache pressure.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 from .request import EngineRequest
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
-        self.num_blocks, self.block_size, self.enable_caching = num_blocks, block_size, enable_caching
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 ttl: float | None = None) -> None:
+        self.num_blocks, self.block_size, self.enable_caching, self.ttl = num_blocks, block_size, enable_caching, ttl
+        self.freed_at = [0.0] * num_blocks  # time.monotonic() when the ref count last fell to 0
         self.ref_count = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
@@ -42,9 +46,12 @@ class BlockManager:
         if not self.enable_caching:
             return []
         self.compute_hashes(req)
-        hits = []
+        hits, now = [], time.monotonic()
         for h in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
             b = self.cached.get(h)
+            if b is not None and self.ttl is not None and self.ref_count[b] == 0 and now - self.freed_at[b] > self.ttl:
+                del self.cached[h]  # expired: evict its content (the block stays in the free queue)
+                self.block_hash[b] = b = None
             if b is None:
                 break
             hits.append(b)
@@ -91,10 +98,11 @@ class BlockManager:
 
     def free_request(self, req: EngineRequest) -> None:
         """Drop req's references (idempotent: the table is emptied)."""
+        now = time.monotonic()
         for b in reversed(req.block_ids):
             self.ref_count[b] -= 1
             if self.ref_count[b] == 0:
-                self.free[b] = None
+                self.free[b], self.freed_at[b] = None, now
         req.block_ids = []
 
     def reset_prefix_cache(self) -> None:

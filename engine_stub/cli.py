@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
       help=f"longest prompt + output (default {EngineConfig.max_model_len}; clamped to the KV pool)")
     a("--policy", choices=POLICIES, default="chunked")
     a("--no-prefix-caching", action="store_true")
+    a("--prefix-cache-ttl", type=float, metavar="SECONDS", help="a cached prefix block that has been free this "
+      "long is evicted (no longer a hit), like a busy server's cache (default: kept until its space is reused)")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     a("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     a("--seed", type=int, default=0, help="sampling seed for requests without their own")
@@ -123,7 +125,8 @@ def engine_configs(args, models: dict[str, str], adapters: dict[str, str]) -> di
     base = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                         kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching, dtype=args.dtype,
+                        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching,
+                        prefix_cache_ttl=args.prefix_cache_ttl, dtype=args.dtype,
                         device=args.device, seed=args.seed, lora_rank=args.lora_rank, max_loras=args.max_loras)
     if args.emulate and args.num_blocks is None and args.kv_cache_bytes is None:
         from .pacing import Pacer

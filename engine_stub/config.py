@@ -66,6 +66,7 @@ class EngineConfig:
     max_model_len: int = 8192            # every replay preset's requests fit
     policy: str = "chunked"
     enable_prefix_caching: bool = True
+    prefix_cache_ttl: float | None = None  # seconds a free cached block stays a hit; None: until reused
     dtype: str = "auto"
     device: str = "auto"
     seed: int = 0
@@ -104,6 +105,8 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.prefix_cache_ttl is not None and not self.prefix_cache_ttl >= 0:
+            raise ValueError(f"--prefix-cache-ttl must be >= 0 seconds, got {self.prefix_cache_ttl}")
         if num_blocks < 2:
             raise ValueError(f"KV cache too small: {num_blocks} blocks of {self.block_size} tokens")
         # one request must always fit in the whole pool, or preemption could never make room

@@ -49,7 +49,7 @@ class EngineCore:
         self.model = TinyGPT(spec, len(cfg.lora_names), cfg.lora_rank).to(self.device, dtype).eval()
         self.kv = PagedKVCache(spec.layers, cfg.num_blocks, cfg.block_size, spec.kv_heads, spec.head_dim,
                                dtype, self.device)
-        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching, cfg.prefix_cache_ttl)
         self.scheduler = Scheduler(cfg, self.blocks)
         sampler = Sampler(spec.vocab_size, self.tokenizer.generation_banned_ids(), self.device, cfg.seed)
         self.runner = ModelRunner(self.model, PagedAttention(self.kv, spec.head_dim ** -0.5), sampler,
