@@ -58,14 +58,14 @@ class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
     __slots__ = ("conn", "recv", "recvmsg", "feed", "parser", "waiter", "timer", "got_bytes", "outcome",
-                 "sec0", "base", "alarm")
+                 "sec0", "base", "alarm", "last_t")
 
     def __init__(self, conn: Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool,
                  alarm) -> None:
         self.conn, self.parser, self.waiter, self.alarm = conn, parser, Waiter(), alarm
         self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
         self.recvmsg = conn.sock.recvmsg if kernel_timestamps else None
-        self.got_bytes, self.outcome = False, None
+        self.got_bytes, self.outcome, self.last_t = False, None, None
         # kernel stamps are CLOCK_REALTIME: map them onto perf_counter once per request
         ns, p = time.time_ns(), perf_counter()
         self.sec0, self.base = ns // 1_000_000_000, p - (ns % 1_000_000_000) * 1e-9
@@ -112,6 +112,7 @@ class _Stream:
             kt = (sec - self.sec0) + nsec * 1e-9 + self.base
             if kt < t:
                 t = kt
+        self.last_t = t     # the response's end, once it has ended: its last bytes' receive time
         if data and self.got_bytes:
             try:
                 if self.feed(data, t):
@@ -131,6 +132,7 @@ class _Stream:
         t = perf_counter()
         if t >= self.alarm.due:
             self.alarm.wake()
+        self.last_t = t
         if not raw:
             return self._data(b"", t)
         tls = self.conn.tls
@@ -214,8 +216,9 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
     finally:
         if conn is not None:
             pool.release(conn, False)
-        if res.sent is not None:
-            res.end = perf_counter()
+        if res.sent is not None:   # the last bytes' receive time when it completed, else now
+            res.end = stream.last_t if stream is not None and stream.outcome and stream.outcome[0] in (
+                "complete", "error") and stream.last_t is not None else perf_counter()
     return res
 
 

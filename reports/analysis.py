@@ -117,6 +117,32 @@ class Analysis:
     _pooled: dict = field(default_factory=dict)
 
     @property
+    def tasks(self):
+        """Agentic tasks of the run (reports/tasks.py), or None; computed once."""
+        if "tasks" not in self._pooled:
+            from .tasks import task_metrics
+            self._pooled["tasks"] = task_metrics(self.table, self.rm)
+        return self._pooled["tasks"]
+
+    def task_scalars(self, rows: np.ndarray | None = None) -> dict:
+        """Task counts, attainment and goodput over tasks whose first record is among `rows`."""
+        tk = self.tasks
+        if tk is None:
+            return {}
+        sel = (self.mask if rows is None else rows)[tk.first_row]
+        good = tk.good((self.slo.per_task if self.slo else {}).get("task_s")) & sel
+        n, d = int(sel.sum()), self.duration_s
+        return {"tasks": n, "task_attainment": good.sum() / n if n else None,
+                "task_goodput_per_s": good.sum() / d if d else None, "tasks_per_s": n / d if d else None}
+
+    def task_values(self, rows: np.ndarray | None = None) -> np.ndarray:
+        tk = self.tasks
+        if tk is None:
+            return np.zeros(0)
+        x = tk.task_s[(self.mask if rows is None else rows)[tk.first_row]]
+        return x[~np.isnan(x)]
+
+    @property
     def measured_ok(self) -> np.ndarray:
         return self.mask & self.rm.ok
 

@@ -19,7 +19,7 @@ from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
 from .metrics import POOLED
 from .schema import STATUSES
-from .slo import Objective, SloSpec, load_slo
+from .slo import TASK_METRICS, TASK_SCALARS, Objective, SloSpec, load_slo
 from .stats import MIN_TAIL, PERCENTILES, quantile_cis
 from .text import markdown_table, render_table
 
@@ -144,6 +144,17 @@ class Ends:
 
 def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec,
               ends: Ends | None = None) -> GateRow:
+    if obj.metric in TASK_METRICS + TASK_SCALARS:   # judged as measured: the bias bound is per request
+        ends = None
+    if obj.stat is None and obj.metric in TASK_SCALARS:
+        sc = an.task_scalars(rows)
+        value, n = sc.get(obj.metric), sc.get("tasks", 0)
+        if value is None:
+            why = "no tasks in the run (no task_id)" if an.tasks is None else "no tasks in the window" if not n \
+                else "run duration unknown"
+            return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
+        ci = _wilson(round(value * n), n) if obj.metric == "task_attainment" and n else None
+        return _row(obj, scope, value, n, ci)
     if obj.stat is None:
         sc = an.scalars(rows)
         value, n = sc.get(obj.metric), sc["issued"]
@@ -156,10 +167,12 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: 
             return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
         bound = _scalar_bound(obj.metric, value, rows, ends) if ends else None
         return _row(obj, scope, value, n, ci, bound=bound)
-    x = an.values(obj.metric, rows)
+    x = an.task_values(rows) if obj.metric in TASK_METRICS else an.values(obj.metric, rows)
     n = len(x)
     if n == 0:
-        return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate", "no samples")
+        return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
+                       "no tasks in the run (no task_id)" if obj.metric in TASK_METRICS and an.tasks is None
+                       else "no samples")
     ci, note = None, ""
     samples = _sample_bounds(an, obj.metric, rows, ends) if ends else None
     if obj.stat in PERCENTILES:

@@ -10,7 +10,8 @@ import math
 from pathlib import Path
 
 from .svg import chart
-from .text import _headline, _reasoning_rows, fmt, fmt_ci, latency_names  # noqa: F401 (fmt_ci: tests)
+from .text import (DEPTH_COLUMNS, TASK_COLUMNS, _depth_rows, _headline, _reasoning_rows, _task_rows, fmt,  # noqa: F401
+                   fmt_ci, latency_names)
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -186,6 +187,8 @@ def render_report(summary: dict, plots: dict) -> str:
     return _env().get_template("report.html.j2").render(
         s=s, headline=headline_rows(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
         reasoning_columns=REASONING_COLUMNS, reasoning_rows=_reasoning_rows(s) if s["reasoning"]["requests"] else [],
+        task_columns=TASK_COLUMNS, task_rows=_task_rows(s) if s.get("tasks") else [],
+        depth_columns=DEPTH_COLUMNS, depth_rows=_depth_rows(s) if s.get("tasks") else [],
         config_rows=kv_rows(cfg) if cfg else None, started=iso_utc(started) if started else None,
         window_rows=window_rows(s),
         slo_rows=kv_rows({k: v for k, v in slo.items() if v not in (None, {}, [])}) if slo else None)

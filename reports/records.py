@@ -97,6 +97,28 @@ def _read_table(path: Path, dictionary: bool = False, columns=None) -> pa.Table:
         raise ReportError(f"cannot read records: {e}", file=path) from None
 
 
+def _has_tasks(path: Path) -> bool:
+    """Some record has a task_id (Parquet: from the statistics, without reading the column)."""
+    try:
+        if path.suffix in IPC_SUFFIXES:
+            t = _read_table(path, columns=["task_id"])
+            return "task_id" in t.column_names and t.column("task_id").null_count < t.num_rows
+        import pyarrow.parquet as pq
+        md = pq.ParquetFile(path).metadata
+        names = [md.schema.column(j).path for j in range(md.num_columns)]
+        if "task_id" not in names:
+            return False
+        j = names.index("task_id")
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            st = rg.column(j).statistics
+            if st is None or not st.has_null_count or st.null_count < rg.num_rows:
+                return True
+        return False
+    except (pa.ArrowException, OSError, ReportError):
+        return False
+
+
 def _proven_non_null(path: Path, name: str) -> bool:
     """The Parquet file has column `name` and its statistics say no row group holds a null."""
     if path.suffix in IPC_SUFFIXES:
@@ -203,6 +225,8 @@ def load_run(path_or_run_dir: str | Path, columns=None) -> Run:
     rec_path = _records_path(path)
     if columns is not None:
         columns = list(columns) + [c for c in REQUIRED if c not in columns and not _proven_non_null(rec_path, c)]
+        if "task_id" in columns and "request_id" not in columns and _has_tasks(rec_path):
+            columns.append("request_id")   # task graphs name their dependencies by request_id
     records = conform_records(_read_table(rec_path, dictionary=True, columns=columns), file=rec_path,
                               keep_dictionary=True, columns=columns)
     run_dir = path if path.is_dir() else None

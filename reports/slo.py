@@ -16,13 +16,15 @@ from .stats import STATS
 
 PER_REQUEST = {"ttft_ms": ("ttft_ms", 1.0), "ttfa_ms": ("ttfa_ms", 1.0), "tpot_ms": ("tpot_ms", 1.0),
                "e2e_ms": ("e2e_ms", 1.0), "e2e_s": ("e2e_ms", 1000.0)}
-DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES)
+TASK_METRICS = ("task_s",)        # agentic tasks (reports/tasks.py): first schedule to last end
+TASK_SCALARS = ("task_attainment", "task_goodput_per_s", "tasks_per_s")
+DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES) + TASK_METRICS
 SCALARS = ("attainment", "error_rate", "goodput_rps", "token_goodput_per_s", "requests_per_s",
-           "output_tokens_per_s")
+           "output_tokens_per_s") + TASK_SCALARS
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 _OBJ = re.compile(r"^\s*([a-z0-9_]+)(?:\.(mean|p50|p90|p95|p99|p99\.9|max))?\s*(<=|<|>=|>)\s*"
                   r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-TOP_KEYS = ("name", "per_request", "objectives", "classes", "min_tail_samples")
+TOP_KEYS = ("name", "per_request", "per_task", "objectives", "classes", "min_tail_samples")
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,14 @@ class SloSpec:
     min_tail_samples: float = 1.0   # a percentile p needs n*(1-p) >= this, else "cannot evaluate"
     name: str | None = None
     source: str | None = None
+    per_task: dict[str, float] = field(default_factory=dict)     # task_s: a good task's longest time
 
     @property
     def has_per_request(self) -> bool:
         return bool(self.per_request) or any(c.per_request for c in self.classes.values())
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "source": self.source, "per_request": self.per_request,
+        return {"name": self.name, "source": self.source, "per_request": self.per_request, "per_task": self.per_task,
                 "objectives": [o.text for o in self.objectives],
                 "classes": {k: {"per_request": c.per_request, "objectives": [o.text for o in c.objectives]}
                             for k, c in self.classes.items()},
@@ -102,6 +105,19 @@ def _per_request(raw: object, where: str, src: object) -> dict[str, float]:
     return out
 
 
+def _per_task(raw: object, src: object) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SloSpecError("must be a mapping like {task_s: 60}", file=src, field="per_task")
+    for key, value in raw.items():
+        if key != "task_s":
+            raise SloSpecError(f"unknown per-task threshold {key!r} (allowed: task_s)", file=src, field=f"per_task.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise SloSpecError(f"must be a positive number, got {value!r}", file=src, field=f"per_task.{key}")
+    return {k: float(v) for k, v in raw.items()}
+
+
 def _objectives(raw: object, where: str, src: object) -> list[Objective]:
     if raw is None:
         return []
@@ -135,8 +151,8 @@ def spec_from_dict(raw: object, source: object = None) -> SloSpec:
         raise SloSpecError(f"must be a number >= 0, got {mts!r}", file=source, field="min_tail_samples")
     spec = SloSpec(_per_request(raw.get("per_request"), "per_request", source),
                    _objectives(raw.get("objectives"), "objectives", source), classes, float(mts),
-                   raw.get("name"), str(source) if source else None)
-    if not spec.objectives and not spec.has_per_request and not any(c.objectives for c in classes.values()):
+                   raw.get("name"), str(source) if source else None, _per_task(raw.get("per_task"), source))
+    if not (spec.objectives or spec.has_per_request or spec.per_task or any(c.objectives for c in classes.values())):
         raise SloSpecError("the spec sets neither per_request thresholds nor objectives", file=source)
     return spec
 

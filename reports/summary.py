@@ -186,6 +186,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "length_mismatch": _mismatches(an, run),
         "connections": connections(an, run.config),
         "prefix_cache": prefix_cache(run.config, run.server_metrics),
+        "tasks": None if an.tasks is None else tasks_summary(an.tasks, rm, m, an.duration_s,
+                                                              (slo.per_task if slo else {}).get("task_s")),
         "breakdowns": by,
         "timeseries": series,
     }
@@ -194,6 +196,9 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
 
 
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning
+
+
+from .tasks import tasks_summary  # noqa: E402
 
 
 def _counter_increase(server: pa.Table | None, suffix: str) -> float | None:

@@ -151,6 +151,29 @@ def _first_errors(s: dict, k: int = 3) -> str:
     return "".join(["most frequent errors:\n"] + [f"  x{e['count']}: {e['message']}\n" for e in top[:k]]) if top else ""
 
 
+TASK_COLUMNS = ["", "n", "mean", "p50", "p90", "p99", "max"]
+DEPTH_COLUMNS = ["depth", "requests", "ok", "ttft p50 (ms)", "ttft p90 (ms)"]
+
+
+def _task_rows(s: dict) -> list[list[object]]:
+    """Agentic tasks: counts, task time, steps, and the critical path's split (seconds)."""
+    t = s["tasks"]
+    rows = [["tasks (completed / good)", f"{t['tasks']:,} ({t['completed']:,} / {t['good']:,})", "", "", "", "", ""],
+            ["task attainment" + (f" (task_s <= {fmt(t['task_s_limit'])})" if t["task_s_limit"] else
+                                  " (completion rate)"), t["task_attainment"], "", "", "", "", ""],
+            ["task goodput / tasks per s", f"{fmt(t['task_goodput_per_s'])} / {fmt(t['tasks_per_s'])}", "", "", "", "", ""]]
+    for name, d in [("task_s", t["task_s"]), ("steps per task", t["steps"])] + [
+            (f"critical path: {k[:-2]} s", v) for k, v in t["critical_path"].items()]:
+        if d and d.get("n"):
+            rows.append([name if "share" not in d or d["share"] is None else f"{name} ({d['share']:.0%})", d["n"],
+                         d["mean"], d["p50"], d["p90"], d["p99"], d["max"]])
+    return rows
+
+
+def _depth_rows(s: dict) -> list[list[object]]:
+    return [[d["depth"], d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"]] for d in s["tasks"]["by_depth"]]
+
+
 def format_summary(summary: dict) -> str:
     """The compact terminal summary of a run (rich tables rendered to text)."""
     s = summary
@@ -158,6 +181,9 @@ def format_summary(summary: dict) -> str:
              render_table("Latency (ms, successful requests)", LAT_COLUMNS, _latency_rows(s))]
     if _has_reasoning(s):
         parts.append(render_table("Reasoning (ms, successful requests)", REASONING_COLUMNS, _reasoning_rows(s)))
+    if s.get("tasks"):
+        parts.append(render_table("Agentic tasks (s)", TASK_COLUMNS, _task_rows(s)))
+        parts.append(render_table("Steps by depth in the task graph", DEPTH_COLUMNS, _depth_rows(s)))
     if s["errors"]["failed"]:
         parts.append(render_table("Errors", ["status", "count"], list(s["errors"]["by_status"].items()),
                                   width=60))
@@ -191,6 +217,9 @@ def summary_markdown(summary: dict) -> str:
            "## Latency (ms, successful requests)", "", markdown_table(LAT_COLUMNS, _latency_rows(s)), ""]
     if _has_reasoning(s):
         out += ["## Reasoning (ms, successful requests)", "", markdown_table(REASONING_COLUMNS, _reasoning_rows(s)), ""]
+    if s.get("tasks"):
+        out += ["## Agentic tasks (s)", "", markdown_table(TASK_COLUMNS, _task_rows(s)), "",
+                "## Steps by depth in the task graph", "", markdown_table(DEPTH_COLUMNS, _depth_rows(s)), ""]
     if s["errors"]["failed"]:
         out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), "",
                 _first_errors(s, 5)]
@@ -220,4 +249,8 @@ def headline(summary: dict) -> dict[str, float | int | None]:
             out[f"{metric}_{stat}"] = d.get(stat)
     if _has_reasoning(s):
         out["reasoning_tokens_p50"] = s["reasoning"]["tokens"]["p50"]
+    if s.get("tasks"):
+        t = s["tasks"]
+        out.update(tasks=t["tasks"], task_attainment=t["task_attainment"], task_goodput_per_s=t["task_goodput_per_s"],
+                   task_s_p50=(t["task_s"] or {}).get("p50"), task_s_p90=(t["task_s"] or {}).get("p90"))
     return out

@@ -5,6 +5,7 @@ and a failed dependency fails its dependants with a stated status (one record pe
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -47,22 +48,30 @@ def test_dependants_go_out_delay_after_their_last_dependency(tmp_path):
     log, reqs = tmp_path / "stamps.log", tmp_path / "requests.jsonl"
     trace = graph_trace(tmp_path / "g.parquet")
     out = tmp_path / "run"
+    # as root, the runner takes SCHED_FIFO (--realtime, as the README advises on a busy host): the
+    # claim is the replay's, not the host's other load's
+    rt = ["--realtime"] if os.geteuid() == 0 else []
     with sse_server("--stamp-log", str(log), "--stamp-id", "prompt", "--request-log", str(reqs),
                     "--interval", "0.004") as url:
-        replay_run(trace, url, out, "--api", "chat")
+        replay_run(trace, url, out, "--api", "chat", *rt)
     df = records(out).set_index("request_id")
     assert_well_formed(df.reset_index())
     assert len(df) == TASKS * len(STEPS) and (df.status == "ok").all()
     assert run_info(out)["config"]["graph"] is True
     srv, t0 = stamps(log), run_info(out)["t0_monotonic"]
-    errs = []
+    errs, release = [], []
     for t in range(TASKS):
         for name, deps, delay, _ in STEPS[1:]:
             rid = f"t{t}.{name}"
-            last_byte = max(srv[f"t{t}.{d}"][-2][1] for d in deps)      # after the final write
-            arrived = srv[rid][-1][0]                                     # the server had read it
-            errs.append(arrived - last_byte - delay)
+            # the final write: its bytes reach the client's socket between write()'s call and return
+            fin = max((srv[f"t{t}.{d}"][-2] for d in deps), key=lambda w: w[0])
             rec = df.loc[rid]
+            assert srv[rid][-1][0] >= t0 + rec.sent_s                   # the server read it after it was sent
+            x = t0 + rec.sent_s - delay                                  # one clock: CLOCK_MONOTONIC
+            assert x > fin[0], (rid, x - fin[0])                         # never before delay_s has passed
+            errs.append(max(fin[0] - x, x - fin[1], 0.0))                # distance from the write
+            rel = t0 + rec.scheduled_s - delay        # the release: delay_s after the final bytes' receive
+            release.append(max(fin[0] - rel, rel - fin[1] - 5e-4, 0.0))   # + the wire and kernel: 0.5 ms
             assert rec.task_id == f"t{t}" and list(rec.depends_on) == [f"t{t}.{d}" for d in deps]
             assert rec.delay_s == pytest.approx(delay)
             # the client's own view: sent delay_s after the last dependency's end
@@ -72,8 +81,8 @@ def test_dependants_go_out_delay_after_their_last_dependency(tmp_path):
         # fan-out: both subagents in flight together
         s1, s2 = df.loc[f"t{t}.sub1"], df.loc[f"t{t}.sub2"]
         assert abs(s1.sent_s - s2.sent_s) < 0.01 and s1.sent_s < s2.end_s and s2.sent_s < s1.end_s
-    errs = np.array(errs)
-    assert (errs > -1e-3).all(), errs.min()                    # never before delay_s has passed
+    errs, release = np.array(errs), np.array(release)
+    assert (release == 0).all(), release
     assert np.percentile(errs, 99) <= 2e-3, np.percentile(errs, 99)
     # roots keep their trace times (open loop across tasks)
     roots = df.loc[[f"t{t}.root" for t in range(TASKS)]]
