@@ -9,7 +9,7 @@ import argparse
 import sys
 
 IMPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "servegen", "vidur", "sharegpt",
-                  "aibrix", "csv", "jsonl")
+                  "aibrix", "csv", "jsonl", "weka", "sglang-agentic")
 EXPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "vidur", "aibrix", "csv", "jsonl")
 
 
@@ -55,7 +55,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Import a trace file (streamed, bounded memory) into canonical Parquet. "
                                    "Formats and their columns: README.md, section Trace formats.")
     p.add_argument("format", choices=IMPORT_FORMATS, metavar="FORMAT", help=", ".join(IMPORT_FORMATS))
-    p.add_argument("src", help="source file (servegen: a directory)")
+    p.add_argument("src", help="source file (servegen: a directory; weka: also a directory of .json traces)")
     p.add_argument("-o", "--output", required=True, help="output .parquet (servegen: a spec .yaml)")
     p.add_argument("--sort", action="store_true", help="sort by arrival time (holds the trace in memory)")
     p.add_argument("--drop-failed", action="store_true",
@@ -68,11 +68,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", help="sharegpt: a tokenizer.json (needs the `tokenizers` package) for exact lengths")
     p.add_argument("--rate", type=float, metavar="R",
                    help="sources without times (sharegpt; vidur/csv/jsonl lengths-only files): synthesize arrivals "
-                        "at R req/s (sharegpt default 1); refused where the file has arrival times")
+                        "at R req/s (sharegpt default 1; sglang-agentic, weka: conversation or trace starts, default all at 0); "
+                        "refused where the file has arrival times")
     p.add_argument("--arrivals", metavar="SPEC",
                    help="with --rate: the synthesized process, poisson (default), gamma:CV or weibull:CV")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthesized arrivals (default 0)")
-    p.add_argument("--limit", type=int, help="sharegpt: at most this many conversations")
+    p.add_argument("--limit", type=int, help="sharegpt, sglang-agentic: at most this many conversations; weka: traces")
     p.set_defaults(func=_user_errors(cmd_import))
 
     p = sub.add_parser("validate", help="check a trace file against the schema and rules (exit 0 ok, 2 invalid)")

@@ -15,7 +15,8 @@ FIX = Path(__file__).parent / "fixtures"
 SETTINGS = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 40)), deadline=None, suppress_health_check=list(HealthCheck))
 SOURCES = {"azure": "azure_2024_conv.csv", "burstgpt": "burstgpt_3.csv", "mooncake": "mooncake.jsonl",
            "qwen-bailian": "qwen_bailian.jsonl", "vidur": "vidur.csv", "sharegpt": "sharegpt.json",
-           "aibrix": "aibrix.jsonl", "csv": "vidur.csv", "jsonl": "mooncake.jsonl"}
+           "aibrix": "aibrix.jsonl", "csv": "vidur.csv", "jsonl": "mooncake.jsonl",
+           "weka": "agentic/weka_corpus.jsonl", "sglang-agentic": "agentic/sglang_agentic.json"}
 MAPS = {"csv": "arrival=arrived_at:s,input_tokens=num_prefill_tokens,output_tokens=num_decode_tokens",
         "jsonl": "arrival=timestamp:ms,input_tokens=input_length,output_tokens=output_length"}
 

@@ -22,6 +22,7 @@ from ..errors import TraceError
 FORMATS = {
     "azure": "azure", "burstgpt": "burstgpt", "mooncake": "mooncake", "qwen-bailian": "qwen_bailian",
     "vidur": "vidur", "sharegpt": "sharegpt", "aibrix": "aibrix", "csv": "generic", "jsonl": "generic",
+    "weka": "weka", "sglang-agentic": "sglang_agentic",
 }
 
 # Options of `replay trace import` (the CLI defines the same ones, with help).
