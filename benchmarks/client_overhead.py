@@ -125,7 +125,7 @@ def _builder():
 
 def _image_row(i: int, tokens: int, images: int, px: str) -> tuple:
     from llm_replay.replay import plan
-    row = [None] * 18
+    row = [None] * 19
     row[plan.IDX], row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = i, str(i), 0.0, 8, tokens
     row[plan.PROMPT], row[plan.IMAGES], row[plan.IMAGE_PX] = "one two three four five six seven eight", images, px
     return tuple(row)

@@ -6,9 +6,9 @@ of a failed, cancelled or unsent row is not sent: it is recorded `dependency_fai
 are its own dependants. Dependencies outside the replay window count as done.
 
 Chat prompts carry the task's real conversation: a dependant whose input_tokens exceed its
-first dependency's context (prompt + reply) sends that conversation, the other dependencies'
-replies (subagent results) and new text for the difference; a smaller one starts a fresh
-context (a subagent). Conversations are linked lists shared by the calls that extend them (no
+conversation's context (prompt + reply of its session's previous call in the task, else of its
+first dependency), and whose hash_ids (if both have some) start with that call's, sends that conversation, the other dependencies' replies (subagent results)
+and new text for the difference; a smaller one starts a fresh context (a subagent). Conversations are linked lists shared by the calls that extend them (no
 copy per step), and a finished row's state is dropped when its last dependant is released:
 memory follows the tasks in flight, not the length of the replay.
 """
@@ -43,6 +43,7 @@ class Node:
     context: Context | None
     reply_tokens: int
     left: int                   # its dependants not released yet
+    hashes: list | None = None  # its prompt's prefix blocks (trace hash_ids)
 
 
 class Graph:
@@ -74,14 +75,12 @@ class Graph:
 
     def release(self, row: tuple):
         """("send", row with its due time as SCHED and its applied delay) or ("fail", row, why)."""
-        nodes = []
+        nodes, conv = [], row[plan.CONV]
         for d in row[plan.DEPS]:
-            node = self.done.get(d)
+            node = self._take(d)
             if node is not None:
                 nodes.append((d, node))
-                node.left -= 1
-                if node.left <= 0:
-                    del self.done[d]
+        base = self._take(conv) if conv is not None else None   # kept for this row apart from its deps
         bad = next(((d, n) for d, n in nodes if n.status != "ok"), None)
         if bad is not None:
             return "fail", row, f"dependency {bad[0]} ended {bad[1].status}"
@@ -90,10 +89,21 @@ class Graph:
             delay = min(delay, self.max_delay_s)
         due = (max(n.end for _, n in nodes) + delay / self.speed) if nodes else row[plan.SCHED]
         row = row[:plan.SCHED] + (due,) + row[plan.SCHED + 1:plan.DELAY] + (delay,) + row[plan.DELAY + 1:]
-        if nodes and nodes[0][1].context is not None:
-            first, others = nodes[0][1], [n for _, n in nodes[1:] if n.context is not None]
-            self.bases[row[plan.RID]] = (first.context, others)
+        if base is None and nodes:
+            base, nodes = nodes[0][1], nodes[1:]
+        others = [n for d, n in nodes if d != conv and n.context is not None]
+        if base is not None and base.context is not None:
+            self.bases[row[plan.RID]] = (base, others)
         return "send", row
+
+    def _take(self, rid: str) -> Node | None:
+        """A completed row's node, for one of the rows kept waiting for it (dropped after the last)."""
+        node = self.done.get(rid)
+        if node is not None:
+            node.left -= 1
+            if node.left <= 0:
+                del self.done[rid]
+        return node
 
     def history(self, row: tuple) -> tuple[list | None, int | None]:
         """(chat history, tokens of the new user message) for a released dependant; (None, None):
@@ -102,11 +112,14 @@ class Graph:
         if base is None:
             return None, None
         first, others = base
-        have = first.tokens + sum(n.reply_tokens for n in others)
-        if row[plan.IN] <= have:   # a fresh, shorter context: a subagent's first call
+        have = first.context.tokens + sum(n.reply_tokens for n in others)
+        h, fh = row[plan.HASH], first.hashes
+        if row[plan.IN] <= have or (h and fh and list(h[:len(fh)]) != list(fh)):
+            # a fresh context: shorter than the conversation, or its prefix blocks are not the
+            # conversation's (a subagent's first call)
             del self.bases[row[plan.RID]]
             return None, None
-        msgs = first.messages()
+        msgs = first.context.messages()
         if others:
             msgs.append({"role": "user", "content": "\n\n".join(
                 n.context.msgs[-1]["content"] for n in others)})
@@ -122,13 +135,13 @@ class Graph:
             return []
         ctx = None
         if status == "ok" and user_text is not None:
-            parent, others = base if base is not None else (None, [])
+            parent, others = (base[0].context, base[1]) if base is not None else (None, [])
             msgs = ({"role": "user", "content": "\n\n".join(n.context.msgs[-1]["content"] for n in others)},) \
                 if others and parent is not None else ()
             tokens = (prompt_tokens or row[plan.IN]) + (completion_tokens or 0)
             ctx = Context(parent, msgs + ({"role": "user", "content": user_text},
                                           {"role": "assistant", "content": reply or ""}), tokens)
-        self.done[rid] = Node(end_s, status, ctx, completion_tokens or 0, row[plan.NDEP])
+        self.done[rid] = Node(end_s, status, ctx, completion_tokens or 0, row[plan.NDEP], row[plan.HASH])
         out = []
         for w in waiters:
             wait = self.waiting.get(w)

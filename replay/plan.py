@@ -25,7 +25,8 @@ from llm_replay.traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
 IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX, \
-    TASK, DEPS, DELAY, NDEP = range(18)   # NDEP: rows of the window that depend on this one
+    TASK, DEPS, DELAY, NDEP, CONV = range(19)   # NDEP: rows of the window that wait for this one (and its
+ROW_LEN = 19     # session's next call in a task); CONV: the previous call of its session in its task
 ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
                "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px",
                "task_id", "depends_on", "delay_s")
@@ -141,17 +142,20 @@ class TraceWindow:
         self.lo = self.origin + int(config.start_s * 1e9)
         self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
         self._ndep: np.ndarray | None = None
+        self.conv: dict[int, str] = {}
 
     def dependants(self) -> np.ndarray | None:
         """Per window row, how many rows of the window wait for it; None: no row waits for any.
-        Reads request_id/task_id/depends_on of the file up to the window's end and checks the
-        graph (unknown ids, cycles, other tasks): one pass, arrays only (no per-row objects)."""
+        Reads request_id/task_id/depends_on/session_id of the file up to the window's end and
+        checks the graph (unknown ids, cycles, other tasks): one pass, arrays only. A dependant
+        with a session_id continues the conversation of its session's previous call in the task
+        (`conv`, window row -> request_id), which is kept for it like a dependency."""
         if self._ndep is None:
             self._ndep = self._graph()
         return self._ndep if len(self._ndep) else None
 
     def _graph(self) -> np.ndarray:
-        path, cols = self.config.trace, ["arrival_ns", "request_id", "task_id", "depends_on"]
+        path, cols = self.config.trace, ["arrival_ns", "request_id", "task_id", "depends_on", "session_id"]
         parts, first, n = [], None, 0
         for b in Trace.iter_batches(path, batch_size=65536, columns=cols):
             if "depends_on" not in b.schema.names:
@@ -177,7 +181,27 @@ class TraceWindow:
             pa.chunked_array([pa.array(np.arange(t.num_rows)).cast(pa.string())])
         counts = check_graph(ids, t.column("task_id") if "task_id" in t.column_names else None,
                              t.column("depends_on"), file=path, count_from=first)
-        return counts[first:] if counts[first:].any() or _has_deps(t, first) else np.zeros(0, np.int32)
+        if not (counts[first:].any() or _has_deps(t, first)):
+            return np.zeros(0, np.int32)
+        if "session_id" in t.column_names and "task_id" in t.column_names:
+            self._conversations(t, ids, first, counts)
+        return counts[first:]
+
+    def _conversations(self, t: pa.Table, ids, first: int, counts: np.ndarray) -> None:
+        """Per window dependant with a session_id: the previous row of its (task, session)."""
+        w = t.slice(first)
+        key = pc.binary_join_element_wise(w.column("task_id").cast(pa.string()),
+                                          w.column("session_id").cast(pa.string()), "\x00")
+        has = pc.list_value_length(w.column("depends_on")).fill_null(0).to_numpy(zero_copy_only=False) > 0
+        codes = pc.dictionary_encode(key.combine_chunks()).indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        order = np.lexsort((np.arange(len(codes)), codes))
+        c = codes[order]
+        same = (c[1:] == c[:-1]) & (c[1:] >= 0) & has[order[1:]]
+        rows, prev = order[1:][same], order[:-1][same]
+        if len(rows):
+            np.add.at(counts, prev + first, 1)
+            rid = ids.slice(first).take(pa.array(prev)).to_pylist()
+            self.conv = dict(zip(rows.tolist(), rid))
 
     def batches(self, validate: bool = False, use_threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(file row offset, batch) restricted to the window's time range."""
@@ -220,16 +244,17 @@ class TraceWindow:
             sched = ((b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / speed).tolist()
             none = [None] * n
             rid = cols["request_id"] or [str(offset + i) for i in range(n)]
-            ndep = none
+            ndep = conv = none
             if deps is not None:
                 ndep = deps[done:done + n].tolist()
+                conv = [self.conv.pop(done + i, None) for i in range(n)] if self.conv else none
                 done += n
             yield list(zip(range(offset, offset + n), rid, sched, cols["input_tokens"],
                            cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
                            cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
                            cols["prompt"] or none, cols["hash_ids"] or none, cols["num_images"] or none,
                            cols["image_px"] or none, cols["task_id"] or none, cols["depends_on"] or none,
-                           cols["delay_s"] or none, ndep))
+                           cols["delay_s"] or none, ndep, conv))
 
 
 def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:

@@ -74,7 +74,7 @@ def perf_at(wall: float) -> float:
 def freeze_gc() -> None:
     """Before T0: warm lazy paths, then keep the long-lived heap out of later collections."""
     from .recorder import to_batch, unsent
-    to_batch([unsent((0, "0", 0.0, 1, 1, *[None] * (plan.NDEP - 4)), None, 0)])
+    to_batch([unsent((0, "0", 0.0, 1, 1, *[None] * (plan.ROW_LEN - 5)), None, 0)])
     gc.collect()
     gc.freeze()  # keep the long-lived heap out of later collections (30-60 ms pauses)
 

@@ -121,3 +121,23 @@ def test_max_delay_caps_tool_time(tmp_path):
     assert (df.status == "ok").all()
     plan = df.loc["t0.plan"]
     assert plan.delay_s == pytest.approx(0.02) and plan.scheduled_s == pytest.approx(df.loc["t0.root"].end_s + 0.02)
+
+
+def test_imported_weka_trace_carries_each_sessions_conversation(tmp_path):
+    """A Weka trace (AIPerf/inference-perf's agentic format): a subagent starts a fresh context (its
+    prefix blocks are not the parent's), its second call continues its own conversation, and the
+    parent's next call continues the parent's conversation with the subagent's reply in it."""
+    from pathlib import Path
+    from llm_replay.traces.importers import import_trace
+    fixture = Path(__file__).parents[1] / "traces" / "fixtures" / "agentic" / "weka_trace.json"
+    import_trace("weka", fixture, tmp_path / "w.parquet")
+    reqs = tmp_path / "requests.jsonl"
+    with sse_server("--request-log", str(reqs), "--interval", "0.001") as url:
+        replay_run(tmp_path / "w.parquet", url, tmp_path / "run", "--api", "chat", "--speed", "10")
+    df = records(tmp_path / "run")
+    assert len(df) == 4 and (df.status == "ok").all()
+    root, sub0, sub1, join = [r["messages"] for r in map(json.loads, open(reqs))][-4:]
+    assert [m[0] for m in root] == ["user"] and [m[0] for m in sub0] == ["user"] and sub0[0] != root[0]
+    assert [m[0] for m in sub1] == ["user", "assistant", "user"] and sub1[0] == sub0[0]
+    assert [m[0] for m in join] == ["user", "assistant", "user", "user"] and join[0] == root[0]
+    assert join[2][1].split()[:2] == ["t0", "t1"]   # the subagent's reply (the server streams t0 t1 ...)
