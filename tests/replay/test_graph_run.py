@@ -141,3 +141,40 @@ def test_imported_weka_trace_carries_each_sessions_conversation(tmp_path):
     assert [m[0] for m in sub1] == ["user", "assistant", "user"] and sub1[0] == sub0[0]
     assert [m[0] for m in join] == ["user", "assistant", "user", "user"] and join[0] == root[0]
     assert join[2][1].split()[:2] == ["t0", "t1"]   # the subagent's reply (the server streams t0 t1 ...)
+
+
+def test_ctrl_c_mid_task_records_every_row_once(tmp_path, workers="1"):
+    """Stopped while tasks wait on tool delays and on calls in flight: every row still has one
+    record; calls that were never sent (parked, or waiting out their delay) are not_sent."""
+    import signal
+    import time
+    from tests.replay.runkit import popen_run, wait_t0
+    trace = graph_trace(tmp_path / "g.parquet", tasks=12)
+    with sse_server("--interval", "0.05") as url:      # 6 tokens: 0.3 s a call
+        run = popen_run(trace, url, tmp_path / "run", "--api", "chat", "--grace", "0.2", "--workers", workers)
+        t0 = wait_t0(tmp_path / "run")
+        time.sleep(max(0.0, t0 + 1.5 - time.time()))
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    df = records(tmp_path / "run")
+    assert len(df) == 12 * len(STEPS) and df.request_id.is_unique
+    counts = df.status.value_counts().to_dict()
+    assert counts.get("ok", 0) >= 5 and counts.get("not_sent", 0) >= 10, counts
+    assert set(counts) <= {"ok", "cancelled", "not_sent", "dependency_failed"}
+    assert df[df.status == "not_sent"].sent_s.isna().all()
+    # no dependant was sent before all of its dependencies had ended
+    by = df.set_index("request_id")
+    for rid, rec in by[by.sent_s.notna() & by.depends_on.notna()].iterrows():
+        assert all(by.loc[d].end_s <= rec.sent_s for d in rec.depends_on), rid
+
+
+def test_two_workers_keep_each_task_on_one(tmp_path):
+    trace = graph_trace(tmp_path / "g.parquet", tasks=6)
+    with sse_server("--interval", "0.002") as url:
+        replay_run(trace, url, tmp_path / "run", "--api", "chat", "--workers", "2")
+    df = records(tmp_path / "run").set_index("request_id")
+    assert len(df) == 6 * len(STEPS) and (df.status == "ok").all()
+    assert df.groupby("task_id").worker.nunique().max() == 1 and df.worker.nunique() == 2
+    for rid, rec in df[df.depends_on.notna()].iterrows():
+        assert rec.scheduled_s == pytest.approx(max(df.loc[d].end_s for d in rec.depends_on) + rec.delay_s, abs=1e-6)
