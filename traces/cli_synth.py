@@ -16,7 +16,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "Parquet metadata: `--spec T.parquet` re-creates T bit for bit.")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--spec", type=Path, help="spec file (YAML/JSON) or a generated .parquet trace")
-    src.add_argument("--preset", help="chat, bursty, multi-model, long-context, multi-turn, diurnal, multi-lora, vision")
+    src.add_argument("--preset", help="chat, bursty, multi-model, long-context, multi-turn, diurnal, multi-lora, vision, agentic")
     g.add_argument("--duration", type=float, help="seconds (overrides the spec)")
     g.add_argument("--rate", type=float, help="total mean request rate in req/s (client shares kept)")
     g.add_argument("--seed", type=int, help="random seed (overrides the spec's)")

@@ -53,6 +53,10 @@ TOLERANCES = {
     "reuse_distance": ("rel", 0.25),
     "turns": ("rel", 0.10),
     "turn_gap": ("rel", 0.20),
+    "agent_steps": ("rel", 0.10),
+    "fanout_share": ("abs", 0.03),
+    "delay": ("rel", 0.10),
+    "growth": ("rel", 0.10),
 }
 FAMILY_ALPHA = 0.05       # two realisations of one spec fail at most this often (Bonferroni)
 MIN_COUNT_SHARE = 0.01    # image counts this rare in both traces get no row of their own
@@ -91,6 +95,30 @@ def _turn_rows(a: Any, b: Any) -> list[dict[str, Any]]:
             _row("turns_per_session.p90", "turns", ta["turns"]["p90"], tb["turns"]["p90"], reason=why),
             _row("turn_gap_s.p50", "turn_gap", ta["gap_s"].get("p50"), tb["gap_s"].get("p50"), reason=why,
                  missing=why[2:] if why else "has no multi-turn conversation")]
+
+
+def _agent_rows(a: Any, b: Any) -> list[dict[str, Any]]:
+    """Task graphs (`stats.agent_samples`): steps per task p50/p90 (`count_quantile`), the
+    fan-out share (binomial error over the steps that may fan out), delay_s and context
+    growth p50/p90 (quantile errors). A side without depends_on fails them."""
+    ga, gb = stats.agent_samples(a), stats.agent_samples(b)
+    if not ga and not gb:
+        return []
+    why = _lacks((ga, gb), "has no depends_on (no agentic tasks)")
+    miss = why[2:] if why else "has no value"
+    rows = []
+    for key, fam, name in (("steps", "agent_steps", "agent.steps_per_task"), ("delay_s", "delay", "agent.delay_s"),
+                           ("growth", "growth", "agent.growth_tokens")):
+        qa, qb = (_quantiles_se(g[key]) if g and len(g[key]) else None for g in (ga, gb))
+        for q, p in (("p50", 0.5), ("p90", 0.9)):
+            va, vb = ((stats.count_quantile(g[key], p) if key == "steps" else qx[q][0]) if qx else None
+                      for g, qx in ((ga, qa), (gb, qb)))
+            rows.append(_row(f"{name}.{q}", fam, va, vb, tuple(qx[q][1] if qx else None for qx in (qa, qb)),
+                             missing=miss, reason=why))
+    fa, fb = (g["fanned"] if g else np.zeros(0) for g in (ga, gb))
+    share = (float((f > 0).mean()) if len(f) else None for f in (fa, fb))
+    rows.append(_row("agent.fanout_share", "fanout_share", *share, missing=miss, reason=why, n=(len(fa), len(fb))))
+    return rows
 
 
 def _lacks(pair: tuple, what: str) -> str | None:
@@ -234,6 +262,7 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
             rows.append(_row(f"reuse_distance_requests.{q}", "reuse_distance", (ra or {}).get("requests", {}).get(q),
                              (rb or {}).get("requests", {}).get(q), missing=why))
     rows += _turn_rows(a, b)
+    rows += _agent_rows(a, b)
     ia, ib = stats.image_stats(a), stats.image_stats(b)
     if ia or ib:
         rows += _image_rows(ia, ib, n)

@@ -120,6 +120,15 @@ def render(d: dict[str, Any], file: str) -> str:
     if ts and ts["sessions"] < d["requests"]:
         lines.append(f"  between turns  gap p50={_f(ts['gap_s']['p50'], 1)} s p90={_f(ts['gap_s']['p90'], 1)} s; "
                      f"new tokens per turn p50={_f(ts['new_tokens']['p50'], 0)} p90={_f(ts['new_tokens']['p90'], 0)}")
+    ag = d.get("agents")
+    if ag:
+        st, dl, gr = ag["steps"], ag["delay_s"], ag["growth"]
+        lines += [f"agent tasks      {ag['tasks']:,} judged (wholly inside the trace): steps p50={_f(st['p50'], 1)} "
+                  f"p90={_f(st['p90'], 1)} mean={_f(st['mean'], 2)}; fan-out share {_f(ag['fanout_share'])} "
+                  f"(width mean {_f(ag['fanout_width']['mean'], 2)}), {ag['subagent_calls']:,} subagent calls",
+                  f"  delay_s        p50={_f(dl['p50'], 2)} p90={_f(dl['p90'], 2)} s; context growth per step "
+                  f"p50={_f(gr['p50'], 0)} p90={_f(gr['p90'], 0)} tokens"
+                  + (f"; history cut at {_f(ag['context'], 0)} tokens" if ag["context"] else "")]
     if d.get("images"):
         lines += _image_lines(d["images"])
     if d["failed_in_source"]:

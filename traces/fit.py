@@ -5,6 +5,8 @@ rate profile and arrival process (`fit_dists`), per model the input and output l
 their Spearman rho, the model mix (per window when it drifts), SLO classes, failures,
 sessions (turns, think time, new user tokens per turn), the prefix structure of hash_ids, and
 per model the images per request (the exact count PMF) and the most common image size.
+A client with task graphs (`depends_on`) gets an `agent` section instead of sessions and
+prefix (`_fit_agent`); its arrivals are then the roots (task starts).
 A bucketed clock (`stats.timestamp_buckets`, or a `dequantize` op in the source's metadata) is
 written as the top-level `timestamp_quantum_s` (+ `timestamp_spread`), which generate applies
 to every row; the arrival model is fitted under it and judged on all rows (`_fit_client`).
@@ -181,6 +183,25 @@ def _fit_images(t: pa.Table, counts: np.ndarray, rows: np.ndarray) -> dict[str, 
     return {"count": pmf, "px": next(iter(px))}
 
 
+def _fit_agent(g: dict[str, Any], shared: int, block_size: int) -> dict[str, Any]:
+    """The agent section from `stats.agent_samples` (tasks wholly inside the trace): steps per
+    task, delay_s, context growth per step, the fan-out share, width and subagent prompt (its
+    new tokens after the shared prefix), the context when histories are cut at one. The shared
+    prefix (the leading blocks of `_fit_prefix`) goes into system_blocks: tools_blocks, the same
+    kind of blocks, cannot be told apart from it."""
+    def fit(x: np.ndarray, empty: float = 0.0, **kw: Any) -> dict[str, Any]:
+        return fit_length(x, **kw) if len(x) else {"dist": "constant", "value": empty}
+
+    ag: dict[str, Any] = {"steps": fit(g["steps"], 1.0), "tool_delay_s": fit(g["delay_s"], integer=False),
+                          "growth": fit(np.maximum(g["growth"], 0)), "system_blocks": shared, "tools_blocks": 0}
+    if g["context"]:
+        ag["context"] = int(g["context"])
+    if len(g["width"]):
+        ag["fanout"] = {"p": round(float((g["fanned"] > 0).mean()), 4), "width": fit_length(g["width"]),
+                        "input": fit_length(np.maximum(g["sub_input"] - shared * block_size, 1))}
+    return ag
+
+
 def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> tuple[list[dict], bool]:
     """Model weights, one per `window` when a chi-square test says the mix drifts."""
     nb = max(int(t.max() // window) + 1, 1)
@@ -199,7 +220,8 @@ def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> t
 
 
 def _fit_client(t: pa.Table, name: str, duration: float, window: float,
-                fixed_window: bool = False, buckets: dict[str, Any] | None = None) -> dict[str, Any]:
+                fixed_window: bool = False, buckets: dict[str, Any] | None = None,
+                block_size: int = 16) -> dict[str, Any]:
     """One client's spec. `buckets` (`stats.timestamp_buckets` of the whole trace): the
     timestamps are a bucketed clock's, so the arrival model and think times are fitted on the
     times spread evenly over their buckets (`transform.spread_buckets`, what `dequantize`
@@ -215,14 +237,21 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     opens = np.ones(len(a), bool)
     rate = len(a) / duration  # 6 decimals, and 6 digits below 0.1 req/s (a trace over years: ~1e-6)
     c: dict[str, Any] = {"name": name, "rate": round(rate, 6) if rate >= 0.1 else float(f"{rate:.6g}")}
-    if _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
+    graph = stats.agent_samples(t)  # task graphs: arrivals are the roots (task starts)
+    if graph is not None:
+        opens = pc.list_value_length(t.column("depends_on")).fill_null(0).to_numpy(zero_copy_only=False) == 0
+    elif _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
         c["sessions"], opens = _fit_sessions(t, opens)
     starts = times[opens]
     # profile + arrival process (+ modulation), chosen by the IDC they reproduce on the whole
     # client (starts and turns, on the source's clock); `why` says so
     whole = {"sessions": c.get("sessions"), "timestamp_quantum_s": buckets["quantum_ns"] / 1e9 if buckets else None,
              "timestamp_spread": bool(buckets and buckets.get("spread"))}
-    c.update(fit_arrivals(starts, duration, window, fixed_window, rows=times, target=written, client=whole))
+    if graph is not None:  # tasks in flight at the start show a root each within gap_s: left out
+        g = min(graph["gap_s"], duration / 2)
+        c.update(fit_arrivals(starts[starts >= g] - g, duration - g, window, fixed_window))
+    else:
+        c.update(fit_arrivals(starts, duration, window, fixed_window, rows=times, target=written, client=whole))
     failed = _col(t, "failed_in_source")
     failed = failed.astype(bool) if failed is not None else np.zeros(len(a), bool)
     if failed.any():
@@ -235,6 +264,12 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     names = names + ["default"] if (models == len(names)).any() else names
     turn = _col(t, "turn")
     new = opens & (np.nan_to_num(turn.astype(float)) == 0) if "sessions" in c and turn is not None else opens
+    if graph is not None:  # a task's own request: its first step's prompt after the shared prefix
+        prefix = _fit_prefix(t) if "hash_ids" in t.column_names else None
+        shared = int(prefix.get("system_blocks", 0)) if prefix and prefix.get("system_share", 0) >= 0.9 else 0
+        new = graph["roots"]
+        inp = np.where(new, np.maximum(inp - shared * block_size, 1), inp)
+        c["agent"] = _fit_agent(graph, shared, block_size)
     c["models"], drift = _mix(models[opens], names, starts, window)
     if drift:
         c["mix_window"] = window
@@ -311,8 +346,8 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     for g, name in groups:
         if g.num_rows < 2:  # a client seen once has no rate to fit
             continue
-        c = _fit_client(g, name, duration, window, fixed_window, buckets)
-        if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows:
+        c = _fit_client(g, name, duration, window, fixed_window, buckets, spec["block_size"])
+        if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows and "agent" not in c:
             p = _fit_prefix(g)
             if p:
                 c["prefix"] = p

@@ -171,6 +171,9 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     The arrival times and their sort run on `pool` while this thread draws the sizes."""
     # spawn(7)[:6] are the same streams as spawn(6): adding the image stream changed no draw
     streams = ss.spawn(7)
+    if c.agent:  # task graphs (traces.agents): the same streams, another expansion
+        from .agents import client_rows
+        return client_rows(spec, c, ci, streams)
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
     T = spec.duration
     q = spec.timestamp_quantum_s
@@ -437,6 +440,7 @@ class _Rows:
     sessions: bool                   # whether session_id / turn / parent_id are columns
     meta: dict[str, Any]
     pixels: list[str] = field(default_factory=list)  # the image_px dictionary
+    agents: bool = False             # whether task_id / depends_on / delay_s are columns
 
     @property
     def n(self) -> int:
@@ -445,7 +449,8 @@ class _Rows:
     def take(self, lo: int, hi: int, consume: bool = False) -> dict[str, np.ndarray]:
         """NumPy columns of trace rows lo..hi-1 (with sessions: `parent` and `no_parent` in
         place of `parent_ok`). consume=True pops each column of `col` once gathered, so
-        that a whole-trace take holds a single extra copy at any moment."""
+        that a whole-trace take holds a single extra copy at any moment. With agents: `ndep`
+        and `deps`, the trace rows of every row's dependencies, flat."""
         src = self.order[lo:hi]
         get = self.col.pop if consume else self.col.__getitem__
         out = {}
@@ -454,9 +459,13 @@ class _Rows:
             in_session = np.array([c.sessions is not None for c in self.clients])[self.col["client"][src]]
             out["no_parent"] = ~(in_session & get("parent_ok")[src])
             out["parent"] = np.where(out["no_parent"], 0, self.new_index[np.maximum(src - 1, 0)])
-            if consume:
-                self.new_index = None
-        for key in [key for key in self.col if key != "parent_ok"]:
+        if self.agents:  # a row's dependencies are the draw indices dep .. dep + ndep - 1
+            nd, d0 = get("ndep")[src], get("dep")[src]
+            out["ndep"] = nd
+            out["deps"] = self.new_index[np.repeat(d0 - (np.cumsum(nd) - nd), nd) + np.arange(int(nd.sum()))]
+        if consume:
+            self.new_index = None
+        for key in [key for key in self.col if key not in ("parent_ok", "dep")]:
             out[key] = get(key)[src]
         return out
 
@@ -482,8 +491,12 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     if parsed.timestamp_quantum_s and parsed.timestamp_spread:
         col["arrival_ns"][order] = _spread(col["arrival_ns"][order], parsed.timestamp_quantum_s)
     sessions = any(c.sessions is not None and m > 0 for c, m in zip(clients, kept))
+    agents = any(c.agent is not None and m > 0 for c, m in zip(clients, kept))
+    if agents:  # dependencies as draw indices over all clients
+        lens = np.bincount(col["client"], minlength=len(clients))
+        col["dep"] += np.repeat(np.cumsum(lens) - lens, lens)
     new_index = None
-    if sessions:
+    if sessions or agents:
         new_index = np.empty(len(col["client"]), np.int64)
         new_index[order] = np.arange(len(order))
     # canonical key order: the same spec from YAML, JSON or a preset embeds the same bytes
@@ -492,7 +505,7 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return _Rows(col, order, new_index, clients, names, classes, sessions, meta, pixels)
+    return _Rows(col, order, new_index, clients, names, classes, sessions, meta, pixels, agents)
 
 
 def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
@@ -508,7 +521,8 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
         in_session = per_client([c.sessions is not None for c in clients])
         cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
     if "nb" in col:  # the list column first, while few other big arrays are alive
-        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None for c in clients]), client, row0)
+        cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None or c.agent is not None for c in clients]),
+                                     client, row0)
         for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
             del col[key]
     if rows.classes:
@@ -524,6 +538,16 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
         cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
         pid = _id_strings(col.pop("parent"))
         cols["parent_id"] = pc.if_else(pa.array(col.pop("no_parent")), None, pid)
+    if rows.agents:
+        in_task = per_client([c.agent is not None for c in clients])
+        tid = _id_strings(col.pop("task"), client, [c.name for c in clients])
+        cols["task_id"] = tid if in_task.all() else pc.if_else(pa.array(in_task), tid, None)
+        nd = col.pop("ndep")
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(nd, out=offsets[1:])
+        cols["depends_on"] = pa.ListArray.from_arrays(pa.array(offsets), _id_strings(col.pop("deps")),
+                                                      mask=pa.array(nd == 0))
+        cols["delay_s"] = pa.array(col.pop("delay"), mask=nd == 0)
     cols["client_id"] = client_str
     if "nimg" in col:  # a client without images has 0 of them (filled by _concat_sorted)
         nimg = col.pop("nimg")

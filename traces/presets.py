@@ -112,6 +112,20 @@ def _vision(d: float) -> dict[str, Any]:
                          "input": _ln(150, 0.8, 2048), "output": _ln(300, 0.7, 2048), "rho": 0.2}]}
 
 
+def _agentic(d: float) -> dict[str, Any]:
+    # a coding agent: each arrival starts a task of 10-30 chained calls (traces.agents) on a
+    # shared 2560-token system prompt + tool definitions; tool calls take ~2 s (lognormal, long
+    # tail), 10 % of steps fan out to 2-4 subagents; histories are cut to CONTEXT - output
+    return {"clients": [{"name": "coder", "rate": 1.0, "arrival": {"process": "poisson"}, "exact_count": True,
+                         "input": _ln(250, 0.8, 2048), "output": _ln(100, 0.7, 1024), "rho": 0.1,
+                         "agent": {"steps": {"dist": "uniform", "low": 10, "high": 30},
+                                   "tool_delay_s": _ln(2.0, 1.0, 300, lo=0),
+                                   "growth": _ln(80, 0.9, 2048, lo=0),
+                                   "fanout": {"p": 0.1, "width": {"dist": "uniform", "low": 2, "high": 4},
+                                              "input": _ln(300, 0.7, 2048)},
+                                   "system_blocks": 96, "tools_blocks": 64, "context": CONTEXT}}]}
+
+
 PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {
     # name: (builder, default duration s, default total rate req/s)
     "chat": (_chat, 600.0, 5.0),
@@ -122,6 +136,7 @@ PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {
     "diurnal": (_diurnal, 3600.0, 5.0),
     "multi-lora": (_multi_lora, 600.0, 5.0),
     "vision": (_vision, 600.0, 3.0),
+    "agentic": (_agentic, 600.0, 3.0),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import TraceError
 from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES, MAX_TOKENS
-from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Arrival, Client,
+from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Agent, Arrival, Client,
                          Dist, Images, ModelSpec, Modulation, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
                          weibull_cv)
 from .validate import image_px_problem
@@ -332,7 +332,37 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
 
 CLIENT_KEYS = {"name", "rate", "arrival", "profile", "models", "mix_window", "slo_class", "input",
                "output", "rho", "failures", "sessions", "prefix", "bootstrap", "images", "modulation",
-               "exact_count", "why"}
+               "exact_count", "why", "agent"}
+MAX_STEPS = 10_000        # calls per task / subagents per fan-out: a task is one graph in memory
+
+
+def _count_caps(r: _Reader, d: Dist, rule: str) -> None:
+    if d.lo < 1 or d.hi > MAX_STEPS:
+        raise r.err("min" if d.lo < 1 else "max", rule.format(f"{MAX_STEPS:,}"))
+
+
+def parse_agent(r: _Reader) -> Agent:
+    """`agent: {steps, tool_delay_s, growth, fanout: {p, width, input}, system_blocks,
+    tools_blocks, context}` (spec_types.Agent; semantics in traces.agents)."""
+    r.check_keys({"steps", "tool_delay_s", "growth", "fanout", "system_blocks", "tools_blocks", "context"})
+    for key in ("steps", "tool_delay_s", "growth"):
+        if key not in r.d:
+            raise r.err(key, "is required for agent (a distribution, e.g. {dist: uniform, low: 10, high: 30})")
+    a = Agent(parse_dist(r.sub("steps"), 1, 100), parse_dist(r.sub("tool_delay_s"), 0, 3600),
+              parse_dist(r.sub("growth"), 0), system_blocks=r.num("system_blocks", 0, lo=0, integer=True),
+              tools_blocks=r.num("tools_blocks", 0, lo=0, integer=True),
+              context=r.num("context", None, lo=2, integer=True))
+    _count_caps(r.sub("steps"), a.steps, "a task has 1..{} steps")
+    if "fanout" in r.d:
+        fr = r.sub("fanout")
+        fr.check_keys({"p", "width", "input"})
+        a.fanout_p = fr.num("p", lo=0, hi=1)
+        if "width" not in fr.d:
+            raise fr.err("width", "is required: subagent calls per fan-out (a distribution, min >= 1)")
+        a.fanout_width = parse_dist(fr.sub("width"), 1, 16)
+        _count_caps(fr.sub("width"), a.fanout_width, "a fan-out has 1..{} subagent calls")
+        a.fanout_input = parse_dist(fr.sub("input")) if "input" in fr.d else None
+    return a
 
 
 def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
@@ -368,6 +398,11 @@ def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     if "why" in r.d and not isinstance(r.d["why"], str):  # fit's note on the arrival model
         raise r.err("why", "must be text")
     boot = r.d.get("bootstrap")
+    agent = parse_agent(r.sub("agent")) if "agent" in r.d else None
+    clash = [k for k in ("sessions", "prefix", "bootstrap") if k in r.d]
+    if agent and clash:
+        raise r.err("agent", f"cannot be combined with {clash[0]} (a task is its own conversation and "
+                             "sets its own shared prefix: system_blocks, tools_blocks)")
     if boot is not None and not Path(str(boot)).exists():
         raise r.err("bootstrap", f"trace file {boot} not found")
     return Client(
@@ -380,7 +415,7 @@ def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
         bootstrap=None if boot is None else str(boot),
         images=parse_images(r.sub("images")) if "images" in r.d else None,
         modulation=parse_modulation(r.sub("modulation")) if "modulation" in r.d else None,
-        exact_count=r.flag("exact_count", exact_count))
+        exact_count=r.flag("exact_count", exact_count), agent=agent)
 
 
 def parse_spec(d: Any, file: str | None = None) -> Spec:

@@ -94,6 +94,22 @@ class Prefix:
 
 
 @dataclass
+class Agent:
+    """Agentic tasks (`traces.agents`): each arrival starts a task of `steps` chained calls;
+    a step fans out with probability `fanout_p` to `fanout_width` parallel subagent calls
+    (fresh prompts of `fanout_input` new tokens) that the next step joins."""
+    steps: Dist
+    tool_delay_s: Dist
+    growth: Dist
+    fanout_p: float = 0.0
+    fanout_width: Dist | None = None
+    fanout_input: Dist | None = None    # None: the client's input distribution
+    system_blocks: int = 0
+    tools_blocks: int = 0
+    context: int | None = None          # prompt + output of every call within it
+
+
+@dataclass
 class Client:
     name: str
     rate: float
@@ -112,6 +128,7 @@ class Client:
     images: Images | None = None        # None: no images (unless a model sets its own)
     modulation: Modulation | None = None  # doubly stochastic rate on top of the profile
     exact_count: bool = False           # exactly round(rate * span) arrivals (arrivals.arrival_times)
+    agent: Agent | None = None          # arrivals are task starts, expanded by traces.agents
 
 
 @dataclass

@@ -587,6 +587,92 @@ def image_stats(table: Any) -> dict[str, Any] | None:
             "image_px_defaulted": float(defaulted / max(int((k > 0).sum()), 1))}
 
 
+TASK_MIN = 20   # tasks wholly inside the trace needed to judge on them alone
+
+
+def agent_samples(table: Any) -> dict[str, Any] | None:
+    """The task graphs (`task_id`, `depends_on`) as samples. A **subagent** call is a row that
+    some row lists after its first dependency (a join); the other rows of a task are its
+    **steps** (the chain). Tasks are judged when wholly inside the trace: their first row
+    at least L after the trace's first arrival and at most L before its last, L the p99 of
+    the tasks' spans (all tasks when fewer than TASK_MIN qualify). Per judged task: `steps`;
+    per step that has a next step or subagents: `fanned` (spawned subagent calls); `width`
+    per fan-out; `delay_s` per dependant (null = 0); `growth` per later step: input_tokens -
+    the first dependency's input and output - the other dependencies' outputs (the new tokens;
+    rows at `context` are left out); `context`: the largest input + output when at least
+    0.5 % of the task rows reach it (a history cut to a context), else None; `roots` (mask)
+    of the judged tasks; `sub_input` per subagent call; `gap_s`: the p99 of the time from a
+    dependant's first dependency to it (a task in flight at the trace's start shows its next
+    step, as a root, within about that). None without task graphs."""
+    t = _tbl(table)
+    if "depends_on" not in t.column_names or "task_id" not in t.column_names:
+        return None
+    deps = t.column("depends_on").combine_chunks()
+    nd = pc.list_value_length(deps).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if not nd.any():
+        return None
+    n = t.num_rows
+    ids = t.column("request_id") if "request_id" in t.column_names else pa.array(np.arange(n)).cast(pa.string())
+    pos = pc.index_in(pc.list_flatten(deps), value_set=ids.combine_chunks() if hasattr(ids, "combine_chunks")
+                      else ids).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    parent = pc.list_parent_indices(deps).to_numpy().astype(np.int64)
+    j = np.arange(len(pos)) - np.repeat(np.cumsum(nd) - nd, nd)      # place in its row's list
+    ok = pos >= 0
+    first = np.full(n, -1, np.int64)
+    first[parent[(j == 0) & ok]] = pos[(j == 0) & ok]
+    sub = np.zeros(n, bool)
+    sub[pos[(j > 0) & ok]] = True
+    code = pc.dictionary_encode(t.column("task_id").cast(pa.string())).combine_chunks()
+    task = code.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    nt = len(code.dictionary)
+    a = arrivals_ns(t) / 1e9
+    intask = task >= 0
+    t0, t1 = np.full(nt, np.inf), np.full(nt, -np.inf)
+    np.minimum.at(t0, task[intask], a[intask])
+    np.maximum.at(t1, task[intask], a[intask])
+    span = float(np.quantile(t1 - t0, 0.99))
+    judged = (t0 >= a[0] + span) & (t0 <= a[-1] - span)
+    judged = judged if judged.sum() >= TASK_MIN else np.ones(nt, bool)
+    row_ok = intask & judged[np.maximum(task, 0)]
+    main = row_ok & ~sub
+    inp = _lengths(t, "input_tokens")
+    out = np.nan_to_num(_lengths(t, "output_tokens"))
+    spawned = np.bincount(first[sub & (first >= 0)], minlength=n)
+    has_next = np.zeros(n, bool)
+    has_next[first[main & (first >= 0)]] = True
+    fanned = spawned[main & (has_next | (spawned > 0))]
+    others = np.bincount(parent[(j > 0) & ok], weights=out[pos[(j > 0) & ok]], minlength=n)
+    later = main & (first >= 0)
+    growth = inp - inp[np.maximum(first, 0)] - out[np.maximum(first, 0)] - others
+    total = (inp + out)[intask]
+    context = float(total.max()) if (total == total.max()).sum() >= max(3, 0.005 * len(total)) else None
+    if context is not None:
+        later &= inp + out < context
+    delay = t.column("delay_s").fill_null(0).to_numpy(zero_copy_only=False) if "delay_s" in t.column_names \
+        else np.zeros(n)
+    dep = first >= 0
+    return {"tasks": int(judged.sum()), "steps": np.bincount(task[main], minlength=nt)[judged],
+            "fanned": fanned, "width": fanned[fanned > 0], "delay_s": delay[row_ok & (nd > 0)],
+            "growth": growth[later], "context": context, "roots": main & (nd == 0), "sub_input": inp[row_ok & sub],
+            "gap_s": float(np.quantile(a[dep] - a[first[dep]], 0.99)) if dep.any() else 0.0}
+
+
+def agent_stats(table: Any) -> dict[str, Any] | None:
+    """`agent_samples` summarised: judged tasks, steps per task (mean, p50/p90 as
+    `count_quantile`, max), fan-out share (of the steps that may fan out) and width, subagent
+    share of the rows, delay_s and growth quantiles, the context detected. None without graphs."""
+    g = agent_samples(table)
+    if g is None:
+        return None
+    st = g["steps"]
+    return {"tasks": g["tasks"], "steps": {"mean": float(st.mean()) if len(st) else None,
+                                           "p50": count_quantile(st, 0.5), "p90": count_quantile(st, 0.9),
+                                           "max": int(st.max(initial=0))},
+            "fanout_share": float((g["fanned"] > 0).mean()) if len(g["fanned"]) else None,
+            "fanout_width": quantiles(g["width"]), "subagent_calls": int(len(g["sub_input"])),
+            "delay_s": quantiles(g["delay_s"]), "growth": quantiles(g["growth"]), "context": g["context"]}
+
+
 def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = None) -> dict[str, Any]:
     """Every statistic above in one JSON-able dict (the body of `replay trace describe --json`)."""
     t = _tbl(table)
@@ -608,4 +694,5 @@ def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = 
         "reuse_distance": reuse_distances(t),
         "turns": turn_stats(t, block_size),
         "images": image_stats(t),
+        "agents": agent_stats(t),
     }
