@@ -304,7 +304,7 @@ class Job:
                     self._unsent(nrow)
                 else:
                     self.group.spawn(self._send, nrow, self._prepare(nrow), due)
-        if self.graph is not None and row[plan.NDEP]:
+        if self.graph is not None and (row[plan.NDEP] or row[plan.DEPS]):   # (drops its own state too)
             end = (res.end if res.end is not None else time.perf_counter()) - self.t0
             for rel in self.graph.completed(row, res.status, end, text, res.text, res.prompt_tokens,
                                             res.completion_tokens):

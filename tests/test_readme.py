@@ -76,6 +76,9 @@ CHECKS: dict[str, str] = {
     "replay run --trace fleet.parquet --target http://10.0.0.5:8000": "test_fleet_block",
     "replay run --trace t.parquet --target http://10.0.0.5:8000": "test_distributed_block",
     "locust -f replay/locustfile.py --host": "test_locust_block",
+    "# agents.yaml": "test_agents_spec_yaml",
+    "replay trace generate --preset agentic": "test_agentic_block",
+    "per_task: {task_s: 120}": "test_agentic_block",
     "replay check --target http://127.0.0.1:8000": "test_check_block",
     "per_request: {ttfa_ms: 2000, tpot_ms: 40}": "test_slo_yamls",
     '{"role": "user", "content": [{"type": "text"': "test_image_content_json",
@@ -311,6 +314,37 @@ def test_images_spec_yaml(work):
         "  - name: chat\n", "  - name: chat\n    rate: 2\n    input: {dist: lognormal, median: 200, sigma: 0.5}\n"
                              "    output: {dist: lognormal, median: 50, sigma: 0.5}\n", 1), "vision")  # the fragment's rest
     assert d["requests"] > 100 and d["images"]
+
+
+def test_agents_spec_yaml(work):
+    d = _generate_from(work, "duration: 600\nseed: 1\n" + block("# agents.yaml").text, "agents-spec")
+    assert d["requests"] > 1000 and d["agents"]["tasks"] > 10
+
+
+def test_agentic_block(work):
+    """The worked agentic example as written: generate, describe, engine-stub with a prefix-cache
+    TTL (on a free port), run with chat histories, report with the task SLO."""
+    pytest.importorskip("torch")
+    (work / "agents-slo.yaml").write_text(block("per_task: {task_s: 120}").text)
+    cmds = commands(block("replay trace generate --preset agentic").text)
+    for cmd in cmds[:2]:
+        sh(cmd, work)
+    port = free_port()
+    serve = substitute(cmds[2], {"8000": str(port)}).rstrip("&").strip()
+    proc = background(serve, work, work / "agents-engine.log")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", proc=proc, log=work / "agents-engine.log")
+        sh(substitute(cmds[3], {"http://127.0.0.1:8000": url}), work, timeout=300)
+        out = sh(cmds[4], work, ok=(0, 1)).stdout
+    finally:
+        stop(proc)
+    rows = pq.read_metadata(work / "agents.parquet").num_rows
+    recs = pq.read_table(work / "runs" / "agents" / "records.parquet").to_pandas()
+    assert len(recs) == rows and recs.task_id.notna().all()
+    assert "Agentic tasks" in out and "task_s.p90 <= 120" in out
+    s = json.loads((work / "runs" / "agents" / "summary.json").read_text())
+    assert s["tasks"]["tasks"] >= 2 and s["tasks"]["by_depth"][1]["requests"] > 0
 
 
 def test_first_run(work, engine, first_run):
