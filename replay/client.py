@@ -48,6 +48,7 @@ class StreamResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None   # usage's when it reports some, else reasoning events counted
+    cached_tokens: int | None = None      # prompt tokens the server reports as prefix-cache hits
     text: str | None = None
     reused_connection: bool = False   # sent on a kept-alive connection
     connect_s: float | None = None    # seconds to open its new connection (TCP + TLS); None: reused one
@@ -237,7 +238,7 @@ def _fill(res: StreamResult, p: ResponseParser, status: str, error: str | None) 
     res.reasoning_chunks = len(tt) if p.answer_at is None else p.answer_at
     res.first_answer = None if p.answer_at is None else tt[p.answer_at]
     res.chunk_tokens = p.chunk_token_counts()
-    res.prompt_tokens, res.completion_tokens = p.prompt_tokens, p.completion_tokens
+    res.prompt_tokens, res.completion_tokens, res.cached_tokens = p.prompt_tokens, p.completion_tokens, p.cached_tokens
     # a server that streams reasoning yet reports 0 of it (SGLang on some paths) is not believed
     res.reasoning_tokens = p.reasoning_tokens or p.n_reasoning or None
     if p.text is not None:

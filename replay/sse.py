@@ -184,6 +184,7 @@ class ResponseParser:
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.reasoning_tokens: int | None = None   # as the usage reported them
+        self.cached_tokens: int | None = None      # usage.prompt_tokens_details.cached_tokens (prefix-cache hit)
         self.text: list[str] | None = [] if keep_text else None
         self.done = False              # saw `data: [DONE]`
         self.saw_data = False          # some event carried data (token events imply it)
@@ -479,6 +480,9 @@ class ResponseParser:
             reasoning = reasoning_reported(usage)
             if reasoning is not None:
                 self.reasoning_tokens = reasoning
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.cached_tokens = details["cached_tokens"]
         if kind:
             self._token(kind, t)
             if self._relearn > 0 and usage is None and len(obj["choices"]) == 1 and kind != ANSWER | REASONING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 5   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s (older files: null, no task graph)
+RECORDS_SCHEMA_VERSION = 5   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")
@@ -48,6 +48,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("task_id", pa.string()),          # agentic task of the row (trace task_id)
     pa.field("depends_on", pa.list_(pa.string())),  # rows it waited for (trace depends_on)
     pa.field("delay_s", pa.float32()),         # tool/think time it waited after them (capped by --max-delay)
+    pa.field("cached_tokens", pa.int32()),     # usage.prompt_tokens_details.cached_tokens; null: not reported
 ])
 
 # Scraped Prometheus samples (server_metrics.parquet): one row per sample.

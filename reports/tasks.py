@@ -6,6 +6,9 @@ step, the dependency that ended last (the one that released it); along it the ti
 LLM calls (sent to end), tool delays (`delay_s`), waiting for dispatch (scheduled to sent) and the
 rest (a root scheduled after the task's first row). Steps have a depth (0 for a root, else one
 more than their deepest dependency): TTFT by depth shows what later, longer-context calls cost.
+Where the server reports prefix-cache hits (usage.prompt_tokens_details.cached_tokens), each
+depth shows the share of its prompt tokens that hit: a task's later calls should hit on their
+predecessors' prefix, and stop hitting when tool delays outlast the cache.
 A task is good when every row of it is ok and its time is within `per_task.task_s`.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Tasks:
     path: dict[str, np.ndarray]  # per task, seconds on the critical path: llm, tool, dispatch, other
     depth: np.ndarray           # per record (-1: not in a task)
     first_row: np.ndarray       # per task: its first record (for the measured window)
+    cached: np.ndarray | None = None   # per record: cached_tokens (-1: not reported)
 
     def good(self, limit_s: float | None) -> np.ndarray:
         return self.ok & ((self.task_s <= limit_s) if limit_s is not None else True)
@@ -89,7 +93,10 @@ def task_metrics(table: pa.Table, rm) -> Tasks | None:
             i = max(ds, key=lambda j: end[j])
         parts["llm_s"][k], parts["tool_s"][k], parts["dispatch_s"][k] = llm, tool, disp
         parts["other_s"][k] = task_s[k] - llm - tool - disp
-    return Tasks(ids, task_s, ok, steps, parts, depth, first)
+    cached = None
+    if "cached_tokens" in table.column_names and table.column("cached_tokens").null_count < len(rid):
+        cached = table.column("cached_tokens").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return Tasks(ids, task_s, ok, steps, parts, depth, first, cached)
 
 
 def _dist(x: np.ndarray) -> dict | None:
@@ -109,14 +116,20 @@ def tasks_summary(tk: Tasks, rm, mask: np.ndarray, duration_s: float | None, lim
     path = {k: _dist(v[sel]) for k, v in tk.path.items()}
     total = sum((p or {}).get("mean", 0.0) for p in path.values())
     ttft = rm.latency("ttft_ms")
+    cached = None     # prefix-cache hits the server reported (vLLM omits a 0): null counts as 0
+    if tk.cached is not None and (tk.cached >= 0).any():
+        cached = np.where(tk.cached >= 0, tk.cached, 0)
     by_depth = []
     for d in range(int(tk.depth.max()) + 1 if len(tk.depth) else 0):
         at = (tk.depth == d) & mask
         x = ttft[at]
         x = x[~np.isnan(x)]
-        by_depth.append({"depth": d, "requests": int(at.sum()), "ok": int((at & rm.ok).sum()),
+        ok = at & rm.ok
+        prompt = float(np.nansum(rm.input_len[ok]))
+        by_depth.append({"depth": d, "requests": int(at.sum()), "ok": int(ok.sum()),
                          "ttft_ms_p50": float(np.percentile(x, 50)) if len(x) else None,
-                         "ttft_ms_p90": float(np.percentile(x, 90)) if len(x) else None})
+                         "ttft_ms_p90": float(np.percentile(x, 90)) if len(x) else None,
+                         "cached_share": float(cached[ok].sum() / prompt) if cached is not None and prompt else None})
     return {"tasks": n, "completed": int((tk.ok & sel).sum()), "good": int(good.sum()), "task_s_limit": limit_s,
             "task_attainment": good.sum() / n if n else None,
             "task_goodput_per_s": good.sum() / duration_s if duration_s else None,

@@ -152,7 +152,7 @@ def _first_errors(s: dict, k: int = 3) -> str:
 
 
 TASK_COLUMNS = ["", "n", "mean", "p50", "p90", "p99", "max"]
-DEPTH_COLUMNS = ["depth", "requests", "ok", "ttft p50 (ms)", "ttft p90 (ms)"]
+DEPTH_COLUMNS = ["depth", "requests", "ok", "ttft p50 (ms)", "ttft p90 (ms)", "prompt cached"]
 
 
 def _task_rows(s: dict) -> list[list[object]]:
@@ -171,7 +171,8 @@ def _task_rows(s: dict) -> list[list[object]]:
 
 
 def _depth_rows(s: dict) -> list[list[object]]:
-    return [[d["depth"], d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"]] for d in s["tasks"]["by_depth"]]
+    return [[d["depth"], d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"],
+             "-" if d.get("cached_share") is None else f"{d['cached_share']:.0%}"] for d in s["tasks"]["by_depth"]]
 
 
 def format_summary(summary: dict) -> str:

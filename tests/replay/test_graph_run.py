@@ -178,3 +178,38 @@ def test_two_workers_keep_each_task_on_one(tmp_path):
     assert df.groupby("task_id").worker.nunique().max() == 1 and df.worker.nunique() == 2
     for rid, rec in df[df.depends_on.notna()].iterrows():
         assert rec.scheduled_s == pytest.approx(max(df.loc[d].end_s for d in rec.depends_on) + rec.delay_s, abs=1e-6)
+
+
+def test_tool_delays_past_the_servers_cache_lose_the_prefix_hits(tmp_path):
+    """engine-stub keeps a free cached block 1 s (--prefix-cache-ttl): a task whose later calls come
+    0.1 s after their predecessor hits on the conversation it re-sends; with 1.5 s tool delays the
+    same calls miss. The report's depth table shows it (usage cached_tokens, as vLLM reports it)."""
+    pytest.importorskip("torch")
+    from tests.conftest import start_engine
+    from llm_replay.reports.summary import summarize_run
+
+    def chain(path, delay):
+        rows = []
+        for t in range(2):
+            for k in range(3):
+                rows.append({"arrival_ns": int((t * 5 + k * 0.01) * 1e9), "input_tokens": 60 + 200 * k,
+                             "output_tokens": 8, "request_id": f"t{t}.{k}", "task_id": f"t{t}",
+                             "depends_on": [f"t{t}.{k - 1}"] if k else None, "delay_s": delay if k else None})
+        cols = {k: [r[k] for r in rows] for k in rows[0]}
+        cols["depends_on"] = pa.array(cols["depends_on"], pa.list_(pa.string()))
+        Trace(pa.table(cols)).write(path)
+        return path
+
+    eng = start_engine("--prefix-cache-ttl", "1")
+    try:
+        shares = {}
+        for delay in (0.1, 1.5):
+            out = tmp_path / f"run{delay}"
+            replay_run(chain(tmp_path / f"c{delay}.parquet", delay), eng.url, out, "--api", "chat")
+            depth = summarize_run(out, write=False)["tasks"]["by_depth"]
+            assert [d["ok"] for d in depth] == [2, 2, 2]
+            shares[delay] = [d["cached_share"] or 0.0 for d in depth]
+    finally:
+        eng.stop()
+    assert shares[0.1][1] > 0.15 and shares[0.1][2] > 0.4, shares    # the conversation so far hits
+    assert shares[1.5][1] < 0.1 and shares[1.5][2] < 0.1, shares     # evicted during the tool delay

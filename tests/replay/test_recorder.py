@@ -26,7 +26,7 @@ def _result(i: int, n: int, chunks=None, reasoning: int = 0, connect_s: float | 
                            chunk_tokens=chunks, prompt_tokens=8, completion_tokens=n,
                            reasoning_tokens=reasoning or None, reasoning_chunks=min(reasoning, n),
                            status="ok" if n else "http_error", http_status=200 if n else 500,
-                           error=None if n else "HTTP 500", end=tt[-1] if n else sent)
+                           error=None if n else "HTTP 500", end=tt[-1] if n else sent, cached_tokens=None)
 
 
 def test_batch_matches_row_by_row_conversion():
