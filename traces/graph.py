@@ -18,9 +18,26 @@ GRAPH_COLUMNS = ("task_id", "depends_on", "delay_s")
 
 
 def parse_depends_on(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A text column (CSV) as lists of ids: `a;b`, `a b`, `a,b` or `["a", "b"]`; empty = none."""
+    """A text column (CSV) as lists of ids: a JSON list `["a", "b"]` (what export writes), or
+    `a;b`, `a b`, `a,b`; empty = none."""
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         return col
+    values = col.to_pylist()
+    if any(v and v.lstrip().startswith("[") for v in values):
+        import json
+        out = []
+        for i, v in enumerate(values):
+            try:
+                ids = json.loads(v) if v and v.strip() else None
+            except ValueError:
+                ids = None
+            if ids is not None and not (isinstance(ids, list) and all(isinstance(x, str) for x in ids)):
+                raise TraceError(f"depends_on must be a list of request ids, got {v[:80]!r}", column="depends_on",
+                                 rows=[i])
+            if v and v.strip() and ids is None:
+                raise TraceError(f"depends_on is not a JSON list: {v[:80]!r}", column="depends_on", rows=[i])
+            out.append(ids or None)
+        return pa.chunked_array([pa.array(out, pa.list_(pa.string()))])
     trimmed = pc.utf8_trim(col.cast(pa.string()), characters="[]\"' ")
     parts = pc.split_pattern_regex(trimmed, r"[\s,;\"']+")
     flat, parents = pc.list_flatten(parts), pc.list_parent_indices(parts)

@@ -1,7 +1,7 @@
 """Canonical CSV and JSONL traces (the columns of TRACE_SCHEMA, `arrival_ns` in ns).
 
 `Trace.read/write` call these for `.csv` / `.jsonl` paths. Metadata travels in a sidecar
-`<file>.meta.json`. In CSV, `hash_ids` is written as a JSON list (`[1, 2, 3]`) and an empty
+`<file>.meta.json`. In CSV, `hash_ids` and `depends_on` are written as JSON lists (`[1, 2, 3]`) and an empty
 cell is null; CSV columns outside the schema are refused here (import them with
 `replay trace import csv`, which keeps them in `extra`); unknown JSONL keys go to `extra`.
 """
@@ -65,9 +65,10 @@ def write_text_trace(trace: Trace, path: str | Path) -> None:
     if "model" in t.column_names:
         t = t.set_column(t.schema.get_field_index("model"), "model", t.column("model").cast(pa.string()))
     if path.suffix.lower() == ".csv":
-        if "hash_ids" in t.column_names:
-            text = [None if h is None else json.dumps(h) for h in t.column("hash_ids").to_pylist()]
-            t = t.set_column(t.schema.get_field_index("hash_ids"), "hash_ids", pa.array(text, pa.string()))
+        for name in ("hash_ids", "depends_on"):
+            if name in t.column_names:
+                text = [None if h is None else json.dumps(h) for h in t.column(name).to_pylist()]
+                t = t.set_column(t.schema.get_field_index(name), name, pa.array(text, pa.string()))
         write_csv(t, path)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)

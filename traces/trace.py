@@ -84,7 +84,10 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
         if isinstance(col.type, pa.DictionaryType) and not pa.types.is_dictionary(spec.type):
             col = col.dictionary_decode()
         if name == "depends_on":
-            col = parse_depends_on(col)
+            try:
+                col = parse_depends_on(col)
+            except TraceError as e:
+                raise TraceError(e.rule, file=file, column=e.column, rows=e.rows, total_rows=n) from None
         if name == "num_images":  # range first: 1000 images is absurd, not an int16 overflow
             col = _cast_int(col, pa.int64(), name, file, n)
             check_num_images(col, file=file)
