@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from . import stats
+from .errors import TraceError
 from .trace import Trace
 
 
-def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S) -> dict[str, Any]:
+def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S, path: str | None = None) -> dict[str, Any]:
     """The JSON body of `describe --json`: file-level facts plus `stats.summarize`."""
     meta = trace.metadata
     out = {"source": meta.get("source"), "columns": trace.table.column_names,
@@ -18,28 +19,41 @@ def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S) -> dict[str, Any]:
     failed = trace.table.column("failed_in_source") if "failed_in_source" in trace.table.column_names else None
     out["failed_in_source"] = int(failed.fill_null(False).cast("int64").to_numpy().sum()) if failed is not None else 0
     out["output_tokens_null"] = trace.table.column("output_tokens").null_count
-    out["warnings"] = _warnings(trace, out)
+    out["warnings"] = _warnings(trace, out, path)
     return out
 
 
 SHAPE_RANGE = (1e-2, 1e3)   # inter-arrival shapes outside this are artefacts, not arrival processes
 
 
-def _warnings(trace: Trace, d: dict[str, Any]) -> list[str]:
-    """Bucketed timestamps (unless dequantized) and implausible inter-arrival shapes."""
+def _warnings(trace: Trace, d: dict[str, Any], path: str | None = None) -> list[str]:
+    """Bucketed timestamps (unless dequantized) and implausible inter-arrival shapes; the fix named
+    is one that works: `import --dequantize uniform` only for formats whose importer takes it."""
     out = []
     b = None if any(t.get("op") == "dequantize" for t in d["transforms"]) else stats.timestamp_buckets(trace.table)
     if b:
         jitter = f" (0 to {b['jitter_ns'] / 1e6:g} ms)" if b["jitter_ns"] else ""
         out.append(f"timestamps look bucketed: {b['tied_share']:.0%} of the gaps are ties{jitter}, the rest near "
                    f"multiples of {b['quantum_ns'] / 1e6:g} ms; the inter-arrival statistics describe the buckets, "
-                   "not the arrival process (import with --dequantize uniform, or `replay trace transform "
-                   "T --dequantize '' -o OUT`)")
+                   f"not the arrival process ({_dequantize_hint(trace, path)})")
     for name, v in d["interarrival_fit"].items():
         if name.endswith("_shape") and v is not None and not SHAPE_RANGE[0] <= v <= SHAPE_RANGE[1]:
             out.append(f"inter-arrival {name.replace('_', ' ')} {v:.3g} is implausible for an arrival process: "
                        "timestamps are bucketed, rounded or synthetic")
     return out
+
+
+def _dequantize_hint(trace: Trace, path: str | None) -> str:
+    fmt = ((trace.metadata.get("source") or {}).get("format") if isinstance(trace.metadata.get("source"), dict)
+           else None)
+    transform = f"spread them with `replay trace transform {path or 'TRACE'} --dequantize '' -o OUT.parquet`"
+    try:
+        from .importers import module
+        if fmt and hasattr(module(fmt), "postprocess"):
+            return f"re-import with `replay trace import {fmt} SRC -o OUT.parquet --dequantize uniform`, or {transform}"
+    except TraceError:
+        pass
+    return transform
 
 
 def _f(v: Any, nd: int = 3) -> str:
@@ -144,5 +158,5 @@ def render(d: dict[str, Any], file: str) -> str:
 
 def describe_file(path: str | Path, *, as_json: bool = False, windows_s=stats.DEFAULT_WINDOWS_S) -> str:
     trace = Trace.read(path)
-    d = describe(trace, windows_s)
+    d = describe(trace, windows_s, str(path))
     return json.dumps(d, indent=1, allow_nan=False) + "\n" if as_json else render(d, str(path))

@@ -198,3 +198,24 @@ def test_bucketed_mooncake_is_detected_dequantized_and_described(tmp_path):
     d = json.loads(run_cli("replay", "trace", "describe", raw, "--json", check=True).stdout)
     assert d["interarrival_fit"]["gamma_shape"] > 1e5
     assert len(d["warnings"]) >= 2 and any("gamma shape" in w and "implausible" in w for w in d["warnings"])
+
+
+def test_bucketed_warning_names_a_fix_that_works(tmp_path):
+    """BurstGPT's whole-second timestamps: describe warns and suggests the transform (its importer
+    has no --dequantize, which it refuses with the same transform); the suggested command, run as
+    printed, spreads the buckets and the warning goes."""
+    import re
+    rows = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    rows += [f"{i // 24},ChatGPT,{100 + i},{20 + i % 7},{120 + i + i % 7},Conversation log" for i in range(120)]
+    src = tmp_path / "burst.csv"
+    src.write_text("\n".join(rows) + "\n")
+    refused = run_cli("replay", "trace", "import", "burstgpt", src, "-o", tmp_path / "b.parquet",
+                      "--dequantize", "uniform")
+    assert refused.returncode == 2 and "replay trace transform b.parquet --dequantize ''" in refused.stderr
+    assert run_cli("replay", "trace", "import", "burstgpt", src, "-o", tmp_path / "b.parquet").returncode == 0
+    out = run_cli("replay", "trace", "describe", tmp_path / "b.parquet").stdout
+    assert "timestamps look bucketed" in out and "replay trace import burstgpt" not in out
+    cmd = re.search(r"`(replay trace transform [^`]+)`", out).group(1).replace("OUT.parquet", str(tmp_path / "s.parquet"))
+    import shlex
+    assert run_cli("replay", *shlex.split(cmd)[1:]).returncode == 0
+    assert "timestamps look bucketed" not in run_cli("replay", "trace", "describe", tmp_path / "s.parquet").stdout

@@ -50,7 +50,8 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
         reject_arrival_options(opts, f"{fmt} files carry their own arrival times")
     if opts.dequantize != "none" and not hasattr(mod, "postprocess"):
         raise TraceError(f"--dequantize applies to bucketed formats (mooncake, aibrix), not {fmt}; "
-                         "use `replay trace transform OUT --dequantize MS -o ...` on the imported trace")
+                         f"import without it, then `replay trace transform {Path(out).name} --dequantize '' -o "
+                         "OUT.parquet` spreads requests over their detected buckets (or --dequantize MS)")
     meta: dict[str, Any] = {"source": {"format": fmt, "file": src.name}}
     with TraceSink(out, file=str(src), sort=opts.sort, drop_failed=opts.drop_failed) as sink:
         for table in mod.read(src, opts, meta):
