@@ -151,6 +151,11 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
         from llm_replay.replay.runproc import replay_run, run_args
         path = Path(trace)
         if not path.exists():
+            from llm_replay.traces.presets import PRESETS
+            if str(trace) not in PRESETS:   # a mistyped path: say the file is missing
+                raise FileNotFoundError(
+                    f"replay({str(trace)!r}): no such trace file (from {Path.cwd()}), and not a preset "
+                    f"name either (presets: {', '.join(PRESETS)})")
             path = _preset_trace(str(trace), options, tmp_path)
         run_dir = runs_dir / f"run-{len(runs)}"
         extra = run_args(options) + list(request.config.getoption("--replay-arg"))

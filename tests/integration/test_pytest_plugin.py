@@ -69,6 +69,20 @@ def test_no_run(replay):
     assert "made no replay run to gate" in res.stdout.str()
 
 
+def test_a_mistyped_trace_path_is_named_as_a_missing_file(pytester: pytest.Pytester, monkeypatch):
+    pytester.makepyfile(test_x="""
+def test_typo(replay):
+    replay("traces/prod.parquett")
+""")
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", "http://127.0.0.1:9",
+                                        "-p", "no:cacheprovider", timeout=120)
+    res.assert_outcomes(failed=1)
+    out = res.stdout.str()
+    assert "'traces/prod.parquett'): no such trace file" in out and "unknown preset 'traces" not in out
+
+
 REFUSED_FILE = """
 import pytest
 
