@@ -94,13 +94,22 @@ def latency_names(s: dict, names=None) -> list[str]:
     return [k for k in (names or s["latency"]) if keep or k not in REASONING_ONLY]
 
 
+_STATS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
+
+
 def _latency_rows(s: dict) -> list[list[object]]:
+    """One row per latency; where every chunk carried one token, ITL is ICL (inter-token = inter-
+    chunk gaps): one row `icl_ms = itl_ms`, not two identical ones."""
     rows = []
     for name in latency_names(s, SHOWN):
         d = s["latency"].get(name)
-        if d and d["n"]:
-            rows.append([name, d["n"], *[d[k] for k in ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")],
-                         (d.get("ci") or {}).get("p99")])
+        if not (d and d["n"]):
+            continue
+        twin = next((r for r in rows if r[0] == name.replace("itl", "icl", 1)), None) if name.startswith("itl") else None
+        if twin is not None and twin[1:9] == [d["n"], *[d[k] for k in _STATS]]:
+            twin[0] = f"{twin[0]} = {name}"
+            continue
+        rows.append([name, d["n"], *[d[k] for k in _STATS], (d.get("ci") or {}).get("p99")])
     return rows
 
 
@@ -116,7 +125,7 @@ def _headline(s: dict) -> list[list[object]]:
             ["goodput req/s", g["goodput_rps"]], ["token goodput/s", g["token_goodput_per_s"]],
             ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
             ["n_out from", s["n_out_source"]["used"]],
-            ["ITL tokens per chunk from", _itl_line(s)],
+            ["ITL tokens from (requests)", _itl_line(s)],
             ["connections opened / reused (connect p99 ms)", _connections_line(s)]]
 
 
@@ -129,8 +138,9 @@ def _connections_line(s: dict) -> str:
 
 def _itl_line(s: dict) -> str:
     src = s.get("itl_source") or {}
-    parts = [f"{k.replace('_', ' ')} {src[k]:,}" for k in ("chunk_tokens", "one_token_usage", "one_token_assumed",
-                                                           "several_tokens") if src.get(k)]
+    names = {"chunk_tokens": "per-chunk usage", "one_token_usage": "1/chunk by usage",
+             "one_token_assumed": "1/chunk assumed", "several_tokens": "several/chunk: left out"}
+    parts = [f"{label} {src[k]:,}" for k, label in names.items() if src.get(k)]
     return ", ".join(parts) or "-"
 
 

@@ -117,3 +117,15 @@ def test_itl_source_counts_and_several_token_chunks(tmp_path):
     assert (src["one_token_usage"], src["one_token_assumed"], src["several_tokens"], src["chunk_tokens"]) == (2, 1, 1, 0)
     assert src["used"] == "mixed" and any("several tokens" in w for w in s["warnings"])
     assert s["latency"]["itl_ms"]["n"] == 4 + 4 + 3 and s["latency"]["icl_ms"]["n"] == 4 + 4 + 3 + 3
+
+
+def test_terminal_names_icl_itl_once_when_equal_and_says_where_itl_came_from(tmp_path):
+    from llm_replay.reports.text import format_summary
+    pq.write_table(records([HAND[0], HAND[3]]), tmp_path / "records.parquet")   # one token a chunk
+    text = format_summary(summarize_run(tmp_path, write=False))
+    assert "icl_ms = itl_ms" in text and "\n  itl_ms " not in text
+    assert "ITL tokens from (requests)" in text and "1/chunk by usage 2" in text
+    rows = [HAND[0], dict(HAND[3], request_id="e", completion_tokens=12)]   # several tokens a chunk
+    pq.write_table(records(rows), tmp_path / "records.parquet")
+    text = format_summary(summarize_run(tmp_path, write=False))
+    assert "icl_ms = itl_ms" not in text and "several/chunk: left out 1" in text
