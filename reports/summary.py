@@ -191,8 +191,64 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "breakdowns": by,
         "timeseries": series,
     }
+    summary["state"] = run_state(series, run.config)
     summary["warnings"] = _warnings(summary)
     return summary
+
+
+KV_FULL = 0.95     # KV cache usage at or above this share of the pool: full
+
+
+def run_state(ts: dict, config: dict | None) -> dict:
+    """The run's state in words, from the evidence the time series hold: the server's KV cache,
+    queue and preemptions when scraped, else whether completions kept up with the offered load.
+    `verdict`: saturated, queueing, healthy, falling_behind, kept_up or unknown; `sentence`."""
+    def clock(k: int) -> str:
+        t = ts["t_s"][k]
+        wall = (config or {}).get("t0_wall")
+        if isinstance(wall, (int, float)) and 1e9 < wall < 1e11:
+            import time as _t
+            return _t.strftime("%H:%M:%S UTC", _t.gmtime(wall + ts["t0_s"] + t))
+        return f"{t:g} s"
+    if not ts or not ts.get("t_s"):
+        return {"verdict": "unknown", "sentence": "no requests were sent"}
+    srv = ts.get("server") or {}
+    arr = lambda k: np.array([np.nan if v is None else v for v in srv.get(k) or []], float)  # noqa: E731
+    kv, waiting, pre = arr("kv_cache_usage"), arr("waiting"), arr("preemptions")
+    if len(kv) or len(waiting):
+        kv_max = float(np.nanmax(kv)) if len(kv) and not np.isnan(kv).all() else None
+        q_max = float(np.nanmax(waiting)) if len(waiting) and not np.isnan(waiting).all() else 0.0
+        n_pre = int(np.nansum(pre)) if len(pre) else 0
+        full = (kv >= KV_FULL) if kv_max is not None else np.zeros(len(waiting), bool)
+        queued = np.nan_to_num(waiting) >= 1 if len(waiting) else np.zeros(len(full), bool)
+        kv_txt = f"KV cache peak {kv_max:.0%}" if kv_max is not None else "KV cache not scraped"
+        out = {"kv_cache_max": kv_max, "queue_max": q_max, "preemptions": n_pre}
+        if queued.any() and (full.any() or n_pre):
+            k = int(np.argmax(queued | full))
+            return {"verdict": "saturated", "from_s": ts["t_s"][k], **out,
+                    "sentence": f"saturated from {clock(k)}: KV cache at {kv_max:.0%}, queue up to {q_max:.0f}, "
+                                f"{n_pre} preemptions" if kv_max is not None else
+                                f"saturated from {clock(k)}: queue up to {q_max:.0f}, {n_pre} preemptions"}
+        if queued.any():
+            k = int(np.argmax(queued))
+            return {"verdict": "queueing", "from_s": ts["t_s"][k], **out,
+                    "sentence": f"requests queued in the server from {clock(k)} (up to {q_max:.0f} waiting); "
+                                f"{kv_txt}, no preemption"}
+        return {"verdict": "healthy", **out,
+                "sentence": f"healthy: no request waited in the server's queue; {kv_txt}"
+                            + (f", {n_pre} preemptions" if n_pre else ", no preemption")}
+    off, ach = np.array(ts["offered_rps"], float), np.array(ts["achieved_rps"], float)
+    infl = np.array(ts["inflight"], float)
+    third = max(1, len(infl) // 3)
+    grew = len(infl) >= 3 and np.nanmean(infl[-third:]) > 2 * max(1.0, np.nanmean(infl[:third]))
+    ratio = np.nansum(ach) / np.nansum(off) if np.nansum(off) else None
+    if grew and ratio is not None and ratio < 0.9:
+        return {"verdict": "falling_behind",
+                "sentence": f"falling behind: requests in flight grew from {np.nanmean(infl[:third]):.0f} to "
+                            f"{np.nanmean(infl[-third:]):.0f} while {ratio:.0%} of the offered rate completed "
+                            "(--scrape the server's /metrics to see its queue and KV cache)"}
+    return {"verdict": "kept_up", "sentence": "kept up with the offered load (no server metrics scraped: "
+                                              "--scrape the server's /metrics to see its queue and KV cache)"}
 
 
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning

@@ -115,7 +115,8 @@ def _latency_rows(s: dict) -> list[list[object]]:
 
 def _headline(s: dict) -> list[list[object]]:
     c, t, g, lag = s["counts"], s["throughput"], s["goodput"], s["dispatch_lag"]
-    return [["requests (measured / records)", f"{c['measured']:,} / {c['records']:,}"],
+    return [["state", (s.get("state") or {}).get("sentence", "-")],
+            ["requests (measured / records)", f"{c['measured']:,} / {c['records']:,}"],
             ["ok / failed", f"{c['ok']:,} / {c['failed']:,}"],
             ["duration D (s)", t["duration_s"]],
             ["requests/s", t["requests_per_s"]], ["output tokens/s", t["output_tokens_per_s"]],

@@ -147,3 +147,42 @@ def test_length_buckets_count_the_edges_below_each_length():
         want = np.searchsorted(np.asarray(edges, float), x, side="right") - 1
         want[np.isnan(x) | (want < 0)] = len(edges)
         assert codes.tolist() == want.tolist() and labels[-1] == "(unknown)" and len(labels) == len(edges) + 1
+
+
+def _gauges(t_end: float, kv, waiting, preempt) -> pa.Table:
+    t = np.arange(0.0, t_end, 0.5)
+    rows = {"time_s": [], "name": [], "labels": [], "value": []}
+    for name, f in (("vllm:kv_cache_usage_perc", kv), ("vllm:num_requests_waiting", waiting),
+                    ("vllm:num_preemptions_total", preempt)):
+        rows["time_s"] += t.tolist()
+        rows["name"] += [name] * len(t)
+        rows["labels"] += ['{"model_name":"m"}'] * len(t)
+        rows["value"] += [float(f(x)) for x in t]
+    return pa.Table.from_pydict(rows, schema=SERVER_METRICS_SCHEMA)
+
+
+def test_the_summary_says_the_runs_state_in_words(make_run):
+    table = synth_records(1500, seed=5)
+    end = float(np.nanmax(table.column("last_token_s").to_numpy(zero_copy_only=False)))
+    sat = make_run("sat", table, config={"target": "http://127.0.0.1:1", "t0_wall": 1_764_684_000.0},
+                   server=_gauges(end + 1, lambda x: min(1.0, 0.3 + x / 10), lambda x: max(0, x - 12) * 2,
+                                  lambda x: max(0, x - 15)))
+    s = summarize_run(sat, write=False)["state"]
+    assert s["verdict"] == "saturated" and 5 <= s["from_s"] <= 7 and s["queue_max"] > 10 and s["preemptions"] > 0
+    assert s["sentence"].startswith("saturated from 14:0") and "UTC: KV cache at 100%" in s["sentence"]
+    ok = make_run("ok", table, config={"target": "http://127.0.0.1:1"},
+                  server=_gauges(end + 1, lambda x: 0.3, lambda x: 0, lambda x: 0))
+    s = summarize_run(ok, write=False)
+    assert s["state"]["verdict"] == "healthy" and "KV cache peak 30%" in s["state"]["sentence"]
+    from llm_replay.reports.text import format_summary
+    assert "healthy: no request waited" in format_summary(s).replace("\n", " ").replace("  ", " ")
+
+
+def test_without_server_metrics_the_state_is_judged_from_the_client_side():
+    from llm_replay.reports.summary import run_state
+    ts = {"t_s": [0, 10, 20, 30, 40, 50], "t0_s": 0.0, "offered_rps": [10] * 6, "server": {},
+          "achieved_rps": [10, 9, 7, 6, 5, 5], "inflight": [5, 8, 20, 40, 60, 80]}
+    s = run_state(ts, None)
+    assert s["verdict"] == "falling_behind" and "grew from 6 to 70" in s["sentence"]
+    s = run_state(dict(ts, achieved_rps=[10] * 6, inflight=[5] * 6), None)
+    assert s["verdict"] == "kept_up"
