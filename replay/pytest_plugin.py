@@ -93,6 +93,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="extra argument for the auto-started engine-stub (repeatable)")
     group.addoption("--replay-arg", action="append", default=[],
                     help="extra argument for every `replay run` (repeatable)")
+    group.addoption("--replay-require-target", action="store_true",
+                    default=os.environ.get("REPLAY_REQUIRE_TARGET", "") not in ("", "0"),
+                    help="fail when no target is given (env REPLAY_REQUIRE_TARGET=1), instead of testing a local "
+                         "engine-stub: in CI, a missing secret must not pass having tested nothing")
     group.addoption("--replay-judge-as-measured", "--replay-allow-client-bottleneck", dest="replay_judge_as_measured",
                     action="store_true", help="judge every figure at its measured value, even where a replay "
                     "behind its schedule may have moved it (default: at both ends of its bias bound)")
@@ -126,6 +130,10 @@ def replay_target(request: pytest.FixtureRequest):
     if given:   # only MODEL=URL targets: no default deployment
         yield ""
         return
+    if request.config.getoption("--replay-require-target"):
+        pytest.fail("no target: --replay-target and REPLAY_TARGET are empty, and --replay-require-target (or "
+                    "REPLAY_REQUIRE_TARGET=1) forbids testing a local engine-stub instead (a pull request from "
+                    "a fork gets no secrets)", pytrace=False)
     try:
         import llm_replay.engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
     except ImportError as e:
@@ -158,7 +166,7 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
                     f"name either (presets: {', '.join(PRESETS)})")
             path = _preset_trace(str(trace), options, tmp_path)
         run_dir = runs_dir / f"run-{len(runs)}"
-        extra = run_args(options) + list(request.config.getoption("--replay-arg"))
+        extra = run_args(options) + _key_args() + list(request.config.getoption("--replay-arg"))
         outcome = replay_run(path, replay_targets, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
@@ -172,6 +180,17 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
 
     run.runs = runs  # the marker's gate reads them after the test body
     return run
+
+
+def _key_args() -> list[str]:
+    """The API key travels in REPLAY_API_KEY (the `replay run` child reads it by name: never on a
+    command line); set but empty is a missing secret, said as such."""
+    if "REPLAY_API_KEY" not in os.environ:
+        return []
+    if not os.environ["REPLAY_API_KEY"]:
+        pytest.fail("REPLAY_API_KEY is set but empty: the key's secret is missing (a pull request from a fork "
+                    "gets no secrets); unset it for a target without a key", pytrace=False)
+    return ["--api-key-env", "REPLAY_API_KEY"]
 
 
 def _preset_trace(name: str, options: dict, tmp_path: Path) -> Path:

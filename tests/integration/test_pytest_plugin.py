@@ -83,6 +83,63 @@ def test_typo(replay):
     assert "'traces/prod.parquett'): no such trace file" in out and "unknown preset 'traces" not in out
 
 
+def test_ci_recipe_variables_key_and_required_target(pytester: pytest.Pytester, tmp_path, monkeypatch):
+    """The Actions recipe's variables: REPLAY_API_KEY reaches a keyed target (never on a command
+    line); a set-but-empty key and a missing target with REPLAY_REQUIRE_TARGET=1 fail loudly."""
+    trace = write_trace(tmp_path / "t.parquet", 4, gap_s=0.01)
+    pytester.makepyfile(test_k=f"""
+def test_keyed(replay):
+    r = replay({str(trace)!r}, no_check=True, no_progress=True)
+    assert r.metrics["ok"] == 4, r.output[-2000:]
+""")
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("REPLAY_TARGET", raising=False)
+    args = (*_plugin_args(), "-p", "no:cacheprovider")
+    with sse_server("--api-key", "sk-test") as url:
+        monkeypatch.setenv("REPLAY_API_KEY", "sk-test")
+        pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=120).assert_outcomes(passed=1)
+        monkeypatch.setenv("REPLAY_API_KEY", "")
+        res = pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=120)
+    res.assert_outcomes(failed=1)
+    assert "REPLAY_API_KEY is set but empty" in res.stdout.str()
+    monkeypatch.delenv("REPLAY_API_KEY")
+    monkeypatch.setenv("REPLAY_REQUIRE_TARGET", "1")
+    res = pytester.runpytest_subprocess(*args, timeout=120)
+    assert res.ret != 0 and "no target: --replay-target and REPLAY_TARGET are empty" in res.stdout.str()
+
+
+def test_the_actions_recipe_runs_as_copied(pytester: pytest.Pytester, monkeypatch):
+    """examples/github/slo-gate.yml, its gate step run as the Actions runner would (a stand-in:
+    the step's env with the secrets filled in, its command in a repository laid out as the recipe's
+    first line says) against a keyed server; then with the secrets empty, as in a fork's PR."""
+    import shlex
+    import shutil
+    import yaml
+    examples = Path(__file__).parents[2] / "examples"
+    wf = yaml.safe_load((examples / "github" / "slo-gate.yml").read_text())
+    step = next(s for s in wf["jobs"]["slo"]["steps"] if str(s.get("run", "")).startswith("pytest"))
+    (pytester.path / "tests" / "slo").mkdir(parents=True)
+    for f in ("test_slo.py", "slo.yaml"):
+        shutil.copy(examples / f, pytester.path / "tests" / "slo" / f)
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    argv = shlex.split(step["run"])[1:]
+    with sse_server("--api-key", "sk-test") as url:
+        for secrets, ok in (({"LLM_DEPLOYMENT_URL": url, "LLM_API_KEY": "sk-test"}, True),
+                            ({"LLM_DEPLOYMENT_URL": "", "LLM_API_KEY": ""}, False)):
+            for name, value in step["env"].items():
+                for secret, real in secrets.items():
+                    value = str(value).replace("${{ secrets.%s }}" % secret, real)
+                monkeypatch.setenv(name, value)
+            res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", *argv, timeout=240)
+            out = res.stdout.str()
+            if ok:
+                res.assert_outcomes(passed=2)
+            else:
+                assert res.ret != 0 and "secret" in out and " passed" not in out, out[-3000:]
+
+
 REFUSED_FILE = """
 import pytest
 
