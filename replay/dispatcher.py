@@ -168,9 +168,7 @@ class Job:
             return
         if rel[0] == "fail":
             row = rel[1]
-            label = row[plan.MODEL]
-            self.rec.add(unsent(row, self.c.target_model(label), self.worker, "dependency_failed", rel[2],
-                                target=self.c.target_of(label)))
+            self._unsent(row, "dependency_failed", rel[2])
             self.done += 1
             self.errors += 1
             for nxt in self.graph.completed(row, "dependency_failed", time.perf_counter() - self.t0,
@@ -310,9 +308,10 @@ class Job:
                                             res.completion_tokens):
                 self._released(rel)
 
-    def _unsent(self, row: tuple, status: str = "not_sent") -> None:
+    def _unsent(self, row: tuple, status: str = "not_sent", error: str | None = None) -> None:
         label = row[plan.MODEL]
-        self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, target=self.c.target_of(label)))
+        self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, error,
+                            target=self.c.target_of(label)))
 
     def _fire(self, row: tuple, res: StreamResult) -> None:
         """Locust's dashboard (its histograms round; records are the data): one request event

@@ -46,6 +46,13 @@ class Node:
     hashes: list | None = None  # its prompt's prefix blocks (trace hash_ids)
 
 
+def _results(others: list) -> tuple:
+    """Other dependencies' replies (subagent results) as one user message, or nothing."""
+    if not others:
+        return ()
+    return ({"role": "user", "content": "\n\n".join(n.context.msgs[-1]["content"] for n in others)},)
+
+
 class Graph:
     def __init__(self, speed: float = 1.0, max_delay_s: float | None = None) -> None:
         self.speed, self.max_delay_s = speed, max_delay_s
@@ -119,11 +126,7 @@ class Graph:
             # conversation's (a subagent's first call)
             del self.bases[row[plan.RID]]
             return None, None
-        msgs = first.context.messages()
-        if others:
-            msgs.append({"role": "user", "content": "\n\n".join(
-                n.context.msgs[-1]["content"] for n in others)})
-        return msgs, row[plan.IN] - have
+        return first.context.messages() + list(_results(others)), row[plan.IN] - have
 
     def completed(self, row: tuple, status: str, end_s: float, user_text: str | None,
                   reply: str | None, prompt_tokens: int | None, completion_tokens: int | None) -> list:
@@ -136,8 +139,7 @@ class Graph:
         ctx = None
         if status == "ok" and user_text is not None:
             parent, others = (base[0].context, base[1]) if base is not None else (None, [])
-            msgs = ({"role": "user", "content": "\n\n".join(n.context.msgs[-1]["content"] for n in others)},) \
-                if others and parent is not None else ()
+            msgs = _results(others) if parent is not None else ()
             tokens = (prompt_tokens or row[plan.IN]) + (completion_tokens or 0)
             ctx = Context(parent, msgs + ({"role": "user", "content": user_text},
                                           {"role": "assistant", "content": reply or ""}), tokens)
