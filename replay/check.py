@@ -1,7 +1,8 @@
 """`replay check --target URL`: what does this OpenAI-compatible server support?
 
 Probes with the official `openai` SDK: the model list, chat and completions (plain and
-streaming), usage in the stream, token-id prompts, `min_tokens` + `ignore_eos`, whether the chat
+streaming), usage in the stream, token-id prompts, `min_tokens` + `ignore_eos`, whether a chat
+request's `reasoning_tokens` (engine-stub's field) sets its reasoning, whether the chat
 stream carries reasoning (`delta.reasoning_content` or `delta.reasoning`) and whether it streams
 tool calls. `replay run` calls `probe` to choose its defaults (prompt mode, forced output length)
 and to refuse an API the target does not stream.
@@ -14,7 +15,7 @@ import subprocess
 import sys
 
 PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "reasoning_stream", "tool_calls_stream",
-          "completions", "completions_stream", "token_id_prompts", "min_tokens_ignore_eos")
+          "completions", "completions_stream", "token_id_prompts", "min_tokens_ignore_eos", "reasoning_tokens_request")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -133,6 +134,13 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
                                       extra_body={"min_tokens": 12, "ignore_eos": True})
         return r.usage is not None and r.usage.completion_tokens == 12
     attempt("min_tokens_ignore_eos", forced)
+
+
+    def asked_reasoning():  # engine-stub's request field; a real server decides how long it reasons
+        r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, extra_body={
+            "min_tokens": 8, "ignore_eos": True, "reasoning_tokens": 3})
+        return getattr(getattr(r.usage, "completion_tokens_details", None), "reasoning_tokens", None) == 3
+    attempt("reasoning_tokens_request", asked_reasoning)
     for key in ("usage_in_stream", "reasoning_stream", "reasoning_tokens_in_usage"):
         out.setdefault(key, False)
     return out

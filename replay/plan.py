@@ -25,11 +25,11 @@ from llm_replay.traces.trace import Trace, conform
 
 # A row is a tuple (msgpack-friendly); these are its fields.
 IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX, \
-    TASK, DEPS, DELAY, NDEP, CONV = range(19)   # NDEP: rows of the window that wait for this one (and its
-ROW_LEN = 19     # session's next call in a task); CONV: the previous call of its session in its task
+    TASK, DEPS, DELAY, NDEP, CONV, REASON = range(20)   # NDEP: rows of the window that wait for this one
+ROW_LEN = 20     # (and its session's next call in a task); CONV: the previous call of its session in its task
 ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
                "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px",
-               "task_id", "depends_on", "delay_s")
+               "task_id", "depends_on", "delay_s", "reasoning_tokens")
 
 
 @dataclass
@@ -68,6 +68,7 @@ class RunConfig:
     calibration: dict | None = None          # text mode: tokens = a + b * chars (per api)
     template_tokens: dict = field(default_factory=dict)   # --tokenizer: chat template tokens per api@target
     force_output_len: bool = True            # send min_tokens + ignore_eos
+    ask_reasoning: bool = True               # send a chat row's reasoning_tokens (engine-stub's field)
     block_size: int = 16
     scrape_url: str | None = None
     scrapes: dict = field(default_factory=dict)      # trace label -> its deployment's metrics URL
@@ -254,7 +255,7 @@ class TraceWindow:
                            cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
                            cols["prompt"] or none, cols["hash_ids"] or none, cols["num_images"] or none,
                            cols["image_px"] or none, cols["task_id"] or none, cols["depends_on"] or none,
-                           cols["delay_s"] or none, ndep, conv))
+                           cols["delay_s"] or none, ndep, conv, cols["reasoning_tokens"] or none))
 
 
 def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:

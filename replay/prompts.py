@@ -174,6 +174,8 @@ class PromptBuilder:
             if self.c.force_output_len:
                 req["min_tokens"] = max(1, out)
                 req["ignore_eos"] = True
+        if row[plan.REASON] is not None and api == "chat" and self.c.ask_reasoning:
+            req["reasoning_tokens"] = row[plan.REASON]   # engine-stub's field; real servers decide themselves
         body = json.dumps(req, separators=(",", ":")).encode()
         if images and api == "chat":    # spliced in as bytes: one copy of the images' base64
             head, tail = body.split(_IMAGES_JSON, 1)

@@ -46,7 +46,7 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res, ta
             row[plan.IN], row[plan.OUT], row[plan.IMAGES], res.prompt_tokens, res.completion_tokens,
             res.reasoning_tokens, res.reasoning_chunks or None,
             res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX],
-            row[plan.TASK], row[plan.DEPS], row[plan.DELAY], res.cached_tokens)
+            row[plan.TASK], row[plan.DEPS], row[plan.DELAY], res.cached_tokens, row[plan.REASON])
 
 
 def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",
@@ -55,7 +55,7 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
     return (row[plan.RID], row[plan.MODEL], target_model, target, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED], None, None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
             row[plan.IMAGES], None, None, None, None, status, None, error, row[plan.TASK], row[plan.DEPS],
-            row[plan.DELAY], None)
+            row[plan.DELAY], None, row[plan.REASON])
 
 
 def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:

@@ -1,4 +1,4 @@
-"""The records schema (DESIGN.md section 3): one row per replayed trace row.
+"""The records schema (docs/architecture.md, Records schema): one row per replayed trace row.
 
 `reports` owns it; `replay` writes it; anything that reads a run (reports, compare,
 gates, importers of other tools' outputs) relies only on this.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-RECORDS_SCHEMA_VERSION = 5   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
+# 6: asked_reasoning_tokens (older files: null)
+RECORDS_SCHEMA_VERSION = 6   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")
@@ -49,6 +50,7 @@ RECORD_SCHEMA = pa.schema([
     pa.field("depends_on", pa.list_(pa.string())),  # rows it waited for (trace depends_on)
     pa.field("delay_s", pa.float32()),         # tool/think time it waited after them (capped by --max-delay)
     pa.field("cached_tokens", pa.int32()),     # usage.prompt_tokens_details.cached_tokens; null: not reported
+    pa.field("asked_reasoning_tokens", pa.int32()),  # the trace's reasoning_tokens (reasoning_tokens: what came)
 ])
 
 # Scraped Prometheus samples (server_metrics.parquet): one row per sample.

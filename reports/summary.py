@@ -1,5 +1,5 @@
 """`summarize_run`: the full report of a run, as summary.json (versioned schema, see
-the README, section summary.json), summary.md and report.html in the run directory."""
+docs/reports.md, section summary.json), summary.md and report.html in the run directory."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -15,7 +15,8 @@ from .analysis import Analysis, analyze, plain_pages
 from .bottleneck import assess, load_cpu
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
 from .connections import connections
-from .metrics import BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, chunk_token_rows, request_metrics
+from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
+                      request_metrics)
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
 from .slo import SloSpec, load_slo
@@ -144,6 +145,23 @@ def _reasoning(an: Analysis) -> dict:
             "tokens_total": float(np.nansum(tokens))}
 
 
+def _reasoning_share(run: Run, an: Analysis) -> dict:
+    """The share of the successes' output that is reasoning: `share` as generated (reasoning
+    tokens over n_out) and `asked_share` as the trace asked (asked_reasoning_tokens over
+    output_tokens), over the successes whose row asked a count (else over all successes when
+    some reasoned); None when there is none."""
+    okm = an.mask & an.rm.ok
+    asked = as_f64(run.column("asked_reasoning_tokens"))
+    said = ~np.isnan(asked)
+    rows = okm & said if said.any() else okm & an.rm.has_reasoning
+    n_out = np.nansum(an.rm.n_out[rows])
+    if not n_out:
+        return {"share": None, "asked_share": None}
+    out = np.nansum(as_f64(run.column("output_tokens"))[rows])
+    return {"share": float(np.nansum(an.rm.reasoning[rows]) / n_out),
+            "asked_share": float(asked[rows].sum() / out) if out and not np.isnan(asked[rows]).any() else None}
+
+
 def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                   length_edges=LENGTH_EDGES) -> dict:
     rm, m = an.rm, an.mask
@@ -176,7 +194,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "throughput": {k: sc[k] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "total_tokens_per_s")} | {"duration_s": an.duration_s},
         "latency": latency,
-        "reasoning": _reasoning(an),
+        "reasoning": {**_reasoning(an), **_reasoning_share(run, an)},
         "itl_source": _itl_source(an),
         "goodput": {"slo": slo.to_dict() if slo else None,
                     "per_request_slo": bool(slo and slo.has_per_request),
@@ -342,6 +360,8 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         # Times and token counts are used only for the per-request metrics (and length checks):
         # streamed into them, they are never in memory whole (10M records: ~0.5 GB less).
         run = load_run(run_dir, columns=[c for c in ANALYSIS_COLUMNS if c not in STREAMED_COLUMNS])
+        if spec is None and run.dir is not None and (run.dir / "slo.json").is_file():
+            spec = load_slo(run.dir / "slo.json")   # replay run --slo's own
         rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)

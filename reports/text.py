@@ -127,7 +127,16 @@ def _headline(s: dict) -> list[list[object]]:
             ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
             ["n_out from", s["n_out_source"]["used"]],
             ["ITL tokens from (requests)", _itl_line(s)],
-            ["connections opened / reused (connect p99 ms)", _connections_line(s)]]
+            ["connections opened / reused (connect p99 ms)", _connections_line(s)],
+            *_share_rows(s)]
+
+
+def _share_rows(s: dict) -> list[list[object]]:
+    r = s.get("reasoning") or {}
+    if r.get("share") is None:
+        return []
+    asked = "" if r.get("asked_share") is None else f" (the trace asked {r['asked_share']:.1%})"
+    return [["reasoning share of output tokens", f"{r['share']:.1%}{asked}"]]
 
 
 def _connections_line(s: dict) -> str:

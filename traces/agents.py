@@ -25,8 +25,11 @@ expands each task into a graph of calls (`task_id`, `depends_on`, `delay_s`), ve
 Tasks start from before t = 0 (a warm-up of about the longest task) so the trace is
 stationary; a task whose step fell before 0 starts in the trace at its first later step, as
 a root (no depends_on), and rows at or after `duration` are cut. `exact_count` fixes the
-count of task starts. A task's rows are drawn in topological order, so a stable sort by
-arrival keeps every dependant after its dependencies, quantised timestamps included.
+count of rows, round(rate * duration) (`--rate` is of requests): on a stationary client
+the tasks are drawn over a longer span and the trace is a window of it that holds that
+count (`_slide`); else every time and delay_s is scaled by one factor, as
+`generate._session_times` does. A task's rows are drawn in topological order, so a stable
+sort by arrival keeps every dependant after its dependencies, quantised timestamps included.
 """
 from __future__ import annotations
 
@@ -59,7 +62,22 @@ def _warm(spec: Spec, c: Client) -> float:
     ctx = (a.system_blocks + a.tools_blocks) * spec.block_size + discrete_mean(c.models[0].input or c.input)
     ctx = min(ctx + long * (discrete_mean(a.growth) + mo), a.context or MAX_TOKENS)
     step = (1 + a.fanout_p) * (discrete_mean(a.tool_delay_s) + float(call_s(ctx, mo)))
-    return min(spec.duration, max(long - 1, 0) * step)
+    return max(long - 1, 0) * step  # (not cut to the duration: a short trace lost the tasks in flight)
+
+
+def _slide(t: np.ndarray, tm: np.ndarray, T: float, most: float, keep: int, rng: np.random.Generator) -> float:
+    """A shift s in [0, most] whose window [s, s + T) holds exactly `keep` rows (a row counts when
+    its step starts in the window: tm >= s, and it arrives before the end: t < s + T), drawn
+    at random among the stretches of s that do: the tasks' own times, conditioned on the
+    count, as exact_count conditions the other processes. 0 when no stretch does (rows that
+    straddle a whole window are not subtracted: the caller checks the count)."""
+    ts, ms = np.sort(t), np.sort(tm)
+    cut = np.unique(np.concatenate([[0.0, most], ms, ts - T]))
+    cut = cut[(cut >= 0) & (cut <= most)]
+    mid = (cut[:-1] + cut[1:]) / 2
+    count = np.searchsorted(ts, mid + T) - np.searchsorted(ms, mid)
+    ok = np.flatnonzero(count == keep)
+    return float(mid[ok[rng.integers(len(ok))]]) if len(ok) else 0.0
 
 
 def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.ndarray]:
@@ -68,7 +86,12 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     indices dep..dep+ndep-1) and `delay` (NaN on roots); `order` lists the kept rows by arrival."""
     a, T = c.agent, spec.duration
     r_arr, r_sess, r_model, r_len, r_fail, _, r_img = (np.random.default_rng(s) for s in streams)
-    starts = arrival_times(c.arrival, c.profile, c.rate / mean_rows(a), -_warm(spec, c), T, r_arr,
+    # exact_count on a stationary client: tasks drawn over 4 warm-ups more (the count of a
+    # window forgets itself over about a task's span), the window slid to hold the count
+    warm = _warm(spec, c)
+    slide = 4 * warm if c.exact_count and c.profile.kind == "constant" and c.modulation is None \
+        and len(c.models[0].weight) == 1 else 0.0
+    starts = arrival_times(c.arrival, c.profile, c.rate / mean_rows(a), -warm, T + slide, r_arr,
                            c.modulation, c.exact_count)
     nt = len(starts)
     steps = sample(a.steps, r_sess, nt).astype(np.int64)
@@ -129,6 +152,10 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     gap[later] = (c_s[at] + slowest)[later - 1] + delay[at[later]]
     t_main = starts[task_m] + _segmented_cumsum(gap, first, steps)
     t = t_main[m_of] + np.where(main, 0.0, c_s[at][m_of] + delay)
+    keep = max(int(round(c.rate * T)), 1) if c.exact_count else None
+    s = _slide(t, t_main[m_of], T, slide, keep, r_arr) if slide else 0.0
+    t_main -= s
+    t -= s
     dep, ndep = np.zeros(n, np.int64), np.zeros(n, np.int32)
     dep[~main], ndep[~main] = at[m_of[~main]], 1
     kept = later[t_main[later - 1] >= 0]                    # a step whose predecessor is in the trace
@@ -149,6 +176,14 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
             "app_base": np.zeros(n, np.int64), "content_base": base[chain] - n_sys}
     if _client_px(c):
         rows.update(_image_rows(c, model, r_img))
-    rows.update(_arrival_order(np.where(t_main[m_of] >= 0, t, -1.0), T, spec.timestamp_quantum_s))
+    t = np.where(t_main[m_of] >= 0, t, -1.0)
+    if keep is not None and ((t >= 0) & (t < T)).sum() != keep and (t >= 0).sum() >= keep >= 2:
+        # exact_count where no slide holds it (a profile, a modulation, a mix over time): as
+        # with sessions, every time (and delay_s) scaled by one factor so that the keep-th
+        # row at or after 0 lands at T (keep - 1) / keep
+        f = T * (keep - 1) / keep / float(np.partition(t[t >= 0], keep - 1)[keep - 1])
+        t *= f
+        delay *= f
+    rows.update(_arrival_order(t, T, spec.timestamp_quantum_s, keep))
     rows.pop("keep", None)
     return {key: v for key, v in rows.items() if v is not None}

@@ -13,7 +13,8 @@ fit_dists.fit_arrivals):
   another seed makes new minute-scale swings with the same variance and correlation;
 - `exact_count`: exactly n = round(rate * (duration - t0)) arrivals, the first at t0 and the
   last one mean gap before `duration` (the edges of a fitted source: fit re-bases the trace to
-  its first arrival and sets duration = span * n / (n - 1)), so the measured mean rate
+  its first arrival and sets duration = span * n / (n - 1), or span + the bucket width on a
+  bucketed clock, whose last bucket then holds the last row), so the measured mean rate
   (n - 1) / (last - first) is `rate` on every seed. A heavy-tailed renewal process alone
   cannot hold its rate (its count variance is ~CV^2 times the mean). With sessions the
   count is the rows' (generate._session_starts / _session_times), not the starts'.
@@ -96,6 +97,42 @@ def modulate(t: np.ndarray, lam: np.ndarray, m: Modulation, rate: float, duratio
     lam1 = (lam1 - at0) * (rate * duration / span)
     lam1 += np.linspace(0.0, 1e-9 * rate * duration, len(lam1))  # strictly increasing
     return knots, lam1
+
+
+def window_points(a: Arrival, p: Profile, t: np.ndarray, lam: np.ndarray, t0: float, duration: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Arrival times under a table with a CV per window, drawn as ServeGen draws its windows:
+    each window [jW, (j+1)W) holds its expected count Lambda((j+1)W) - Lambda(jW) (rounded
+    up or down at random, so the mean stays exact), spaced by gamma or weibull gaps at that
+    window's CV, scaled so that count + 1 gaps span the window. Windows before 0 (a session
+    warm-up) take window 0's CV."""
+    w = p.window
+    starts = np.arange(math.floor(t0 / w), math.ceil(duration / w)) * w
+    starts = starts[starts < duration]
+    edges = np.append(np.maximum(starts, t0), duration)
+    u = np.interp(edges, t, lam)
+    span = np.diff(u)
+    n = np.floor(span).astype(np.int64)
+    n += rng.random(len(n)) < span - n
+    cv = np.asarray(p.cv)[(np.maximum(starts, 0) // w).astype(np.int64) % len(p.cv)]
+    k = n + 1                                   # gaps per window
+    gcv = np.repeat(cv, k)
+    if a.process == "weibull":                  # the shape of each CV (weibull_cv falls with the shape)
+        g = rng.weibull(np.interp(gcv, _WEIBULL_CV[::-1], _WEIBULL_SHAPES[::-1]))
+    else:
+        g = rng.gamma(1 / gcv**2, gcv**2)
+    first = np.cumsum(k) - k
+    cs = np.cumsum(g)
+    cs -= np.repeat(cs[first] - g[first], k)    # within each window
+    win = np.repeat(np.arange(len(k)), k)
+    pts = u[:-1][win] + cs / cs[first + k - 1][win] * span[win]
+    last = np.zeros(len(g), bool)
+    last[first + k - 1] = True                  # the (count + 1)-th point closes the window
+    return np.interp(pts[~last], lam, t)
+
+
+_WEIBULL_SHAPES = np.geomspace(0.05, 500.0, 4000)
+_WEIBULL_CV = np.array([weibull_cv(s) for s in _WEIBULL_SHAPES])
 
 
 def _gap_sampler(cv: float, family: str, rng: np.random.Generator):
@@ -214,6 +251,8 @@ def arrival_times(a: Arrival, p: Profile, rate: float, t0: float, duration: floa
     t, lam = op_time_map(p, rate, t0, duration)
     if modulation is not None and modulation.sigma > 0:
         t, lam = modulate(t, lam, modulation, rate, duration, rng)
+    if p.kind == "table" and p.cv is not None:
+        return window_points(a, p, t, lam, t0, duration, rng)
     span = float(lam[-1] - lam[0])
     if not exact:
         u = unit_points(a, rate, span, rng)

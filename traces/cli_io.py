@@ -53,7 +53,7 @@ class _Op(argparse.Action):
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("import", help="import a public trace format into a canonical Parquet trace",
                        description="Import a trace file (streamed, bounded memory) into canonical Parquet. "
-                                   "Formats and their columns: README.md, section Trace formats.")
+                                   "Formats and their columns: docs/traces.md, section Trace formats.")
     p.add_argument("format", choices=IMPORT_FORMATS, metavar="FORMAT", help=", ".join(IMPORT_FORMATS))
     p.add_argument("src", help="source file (servegen: a directory; weka: also a directory of .json traces)")
     p.add_argument("-o", "--output", required=True, help="output .parquet (servegen: a spec .yaml)")

@@ -17,8 +17,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--spec", type=Path, help="spec file (YAML/JSON) or a generated .parquet trace")
     src.add_argument("--preset", help="chat, bursty, multi-model, long-context, multi-turn, diurnal, multi-lora, vision, agentic")
-    g.add_argument("--duration", type=float, help="seconds (overrides the spec)")
-    g.add_argument("--rate", type=float, help="total mean request rate in req/s (client shares kept)")
+    g.add_argument("--start", type=_span, metavar="T",
+                   help="with --spec: generate the window from T in the spec's own time (seconds, or 2d, 1d14h, 90m), "
+                        "at that window's own rates, client mix and lengths")
+    g.add_argument("--duration", type=_span, metavar="D",
+                   help="seconds (or 1h, 2d); with --spec, a table profile is cut to [start, start + D) at its own rates "
+                        "(no rescale to the whole profile's mean)")
+    g.add_argument("--rate", type=float, help="total mean request rate in req/s (client shares kept; with --start/"
+                                              "--duration: the window's total, its client mix and shape kept)")
     g.add_argument("--seed", type=int, help="random seed (overrides the spec's)")
     g.add_argument("--length-scale", type=float, help="multiply every sampled length (e.g. 0.1 for tiny engines)")
     g.add_argument("--max-input-tokens", type=int, help="cap prompt lengths")
@@ -45,17 +51,30 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_compare)
 
 
+def _span(text: str) -> float:
+    from .window import parse_span
+    s = parse_span(text)
+    if not s >= 0:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (seconds, or with units d, h, m, s: 3600, 90m, 2d, 1d14h)")
+    return s
+
+
 def _resolve_spec(args: argparse.Namespace) -> dict:
+    from .errors import TraceError
     from .presets import preset_spec, scale_rate
     from .spec import load_spec_file
+    from .window import slice_spec
     if args.preset:
+        if args.start is not None:
+            raise TraceError("--start cuts a window of a --spec's own time; a preset starts at 0 (use --duration)")
         spec = preset_spec(args.preset, args.duration, args.rate)
     else:
         spec = load_spec_file(args.spec)
-        if args.duration is not None:
-            spec["duration"] = args.duration
+        if args.start is not None or args.duration is not None:
+            spec = slice_spec(spec, args.start or 0.0, args.duration)
         if args.rate is not None:
             spec = scale_rate(spec, args.rate)
+            spec.setdefault("exact_count", True)  # --rate is the rate a user gets: round(R x duration) rows
     for key in ("seed", "length_scale", "max_input_tokens", "max_output_tokens"):
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
@@ -76,12 +95,26 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     n, seed = generate_to(spec, args.output)
     d = spec["duration"]
-    print(f"wrote {n} requests over {d:g} s ({n / d:.3g} req/s, seed {seed}) to {args.output}")
+    at = f" from {args.start:g} s of the spec's time" if getattr(args, "start", None) else ""
+    print(f"wrote {n} requests over {d:g} s{at} ({n / d:.4g} req/s{_span_rate(args.output, n / d)}, seed {seed}) "
+          f"to {args.output}")
     return 0
+
+
+def _span_rate(path: Path, rate: float) -> str:
+    """`compare`'s mean rate of the written trace, (n - 1) / (last - first arrival), when it
+    differs from rows / duration by over 1 % (bucketed timestamps, a few rows, several clients)."""
+    import pyarrow.parquet as pq
+    from .stats import mean_rate
+    from .trace import Trace, is_text_path
+    t = Trace.read(path).table if is_text_path(path) else pq.read_table(path, columns=["arrival_ns"])
+    m = mean_rate(t)
+    return f"; {m:.4g} req/s from the first to the last arrival" if m and abs(m / rate - 1) > 0.01 else ""
 
 
 def _fit(args: argparse.Namespace) -> int:
     from .fit import fit_trace, write_spec
+    from .fit_dists import COPY, SMALL
     from .trace import Trace
     spec = fit_trace(Trace.read(args.trace), window=args.window)
     write_spec(spec, args.output)
@@ -92,6 +125,13 @@ def _fit(args: argparse.Namespace) -> int:
         detail = ", ".join(f"{k} {v:.3g}" for k, v in a.items() if isinstance(v, (int, float)))
         print(f"  {c['name']}: {c['rate']:.4g} req/s, {a['process']}{f' ({detail})' if detail else ''}, "
               f"profile {c.get('profile', {}).get('kind', 'constant')}")
+        why = c.get("why", "")
+        if SMALL in why:
+            print(f"replay: warning: client {c['name']!r}: {why.split(': ', 1)[1].split(', so')[0]}: {SMALL}, "
+                  "the arrival model is fitted but not judged (why: in the spec)", file=sys.stderr)
+        if COPY in why:
+            print(f"replay: warning: client {c['name']!r}: its rate table is {COPY}, not a model of it; "
+                  "the spec's why: names the modulated alternative and its error", file=sys.stderr)
     return 0
 
 

@@ -23,8 +23,8 @@ single label on the other side.
   - length quantiles (distribution-free): a quarter of the spread between the quantiles at
     q +- 2 sqrt(q (1 - q) / n); shares: sqrt(p (1 - p) / n); Spearman: (1 - rho^2)
     sqrt(1.06 / (n - 3)) (Fieller).
-  Prefix hit ratio, reuse distance, turns and mean images (correlated units) keep the fixed
-  tolerance. Windows, gaps and requests are taken as independent: strongly correlated
+  Prefix hit ratio, reuse distance, shared-prefix lengths, turns and mean images (correlated
+  units) keep the fixed tolerance. Windows, gaps and requests are taken as independent: strongly correlated
   (bursty) traffic still needs long traces to pass.
 """
 from __future__ import annotations
@@ -48,8 +48,11 @@ TOLERANCES = {
     "spearman": ("abs", 0.10),
     "model_share": ("abs", 0.02),
     "prefix_hit": ("abs", 0.05),
+    "prefix_share": ("abs", 0.05),
+    "prefix_blocks": ("rel", 0.10),
     "image_share": ("abs", 0.02),
     "image_mean": ("rel", 0.10),
+    "reasoning_share": ("abs", 0.05),
     "reuse_distance": ("rel", 0.25),
     "turns": ("rel", 0.10),
     "turn_gap": ("rel", 0.20),
@@ -78,12 +81,40 @@ def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None, n: tuple[i
     return rows
 
 
+def _conversations(a: Any, b: Any) -> str | None:
+    """Where both sides' conversations come from: `session_id` when both have it, else hash_ids
+    chains on both (so a Mooncake trace compares with its fitted copy, which has sessions)."""
+    both_blocks = all("hash_ids" in stats._tbl(x).column_names for x in (a, b))
+    return "hash_ids" if both_blocks and not (stats.has_sessions(a) and stats.has_sessions(b)) else None
+
+
+def _shared_prefix_rows(a: Any, b: Any) -> list[dict[str, Any]]:
+    """Application prefixes shared across conversations (`stats.prefix_pool_stats`, a system
+    prompt included): the share of conversations that open with one (binomial error), its
+    length in blocks p50/p90 and the most used one's share of them. A side without hash_ids
+    sends unrelated prompts: no conversation opens with one."""
+    source = _conversations(a, b)
+    pa_, pb_ = (stats.prefix_pool_stats(x, source, _block_size(x)) for x in (a, b))
+    if not pa_ and not pb_:
+        return []
+    why = _lacks((pa_, pb_), "has no hash_ids")
+    none = {"share": 0.0, "conversations": 0, "blocks": {}, "top_share": None}
+    pa_, pb_ = pa_ or none, pb_ or none
+    n = (pa_["conversations"], pb_["conversations"])
+    rows = [_row("shared_prefix.share", "prefix_share", pa_["share"], pb_["share"], reason=why, n=n if all(n) else None)]
+    miss = ("opens no conversation with a shared prefix",) * 2
+    rows += [_row(f"shared_prefix.blocks.{q}", "prefix_blocks", pa_["blocks"].get(q), pb_["blocks"].get(q),
+                  missing=miss, reason=why) for q in ("p50", "p90")]
+    rows.append(_row("shared_prefix.top_share", "prefix_share", pa_["top_share"], pb_["top_share"], missing=miss,
+                     reason=why))
+    return rows
+
+
 def _turn_rows(a: Any, b: Any) -> list[dict[str, Any]]:
     """Turns per conversation (mean, p90) and the gap between turns (p50). Both sides use
     `session_id` when both have it, else conversations inferred from `hash_ids` on both (so
     a Mooncake trace compares with its fitted copy, which has sessions)."""
-    both_blocks = all("hash_ids" in stats._tbl(x).column_names for x in (a, b))
-    source = "hash_ids" if both_blocks and not (stats.has_sessions(a) and stats.has_sessions(b)) else None
+    source = _conversations(a, b)
     ta, tb = (stats.turn_stats(x, _block_size(x), source) for x in (a, b))
     if not ta and not tb:
         return []
@@ -261,11 +292,16 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
         for q in ("p50", "p90"):
             rows.append(_row(f"reuse_distance_requests.{q}", "reuse_distance", (ra or {}).get("requests", {}).get(q),
                              (rb or {}).get("requests", {}).get(q), missing=why))
+    rows += _shared_prefix_rows(a, b)
     rows += _turn_rows(a, b)
     rows += _agent_rows(a, b)
     ia, ib = stats.image_stats(a), stats.image_stats(b)
     if ia or ib:
         rows += _image_rows(ia, ib, n)
+    ra, rb = stats.reasoning_stats(a), stats.reasoning_stats(b)
+    if ra or rb:  # reasoning tokens / output tokens; a side without the column says nothing of it
+        rows.append(_row("reasoning_share", "reasoning_share", *((r or {}).get("share") for r in (ra, rb)),
+                         tuple((r or {}).get("se") for r in (ra, rb)), missing="has no reasoning_tokens"))
     return _judge(rows)
 
 

@@ -111,11 +111,6 @@ def render(d: dict[str, Any], file: str) -> str:
             pi, po = per[m]["input_tokens"], per[m]["output_tokens"]
             lines.append(f"  {m:<24} {share:7.2%}  in {_f(pi['p50'], 0)}/{_f(pi['p99'], 0)}"
                          f"  out {_f(po['p50'], 0)}/{_f(po['p99'], 0)}")
-    s = d["sessions"]
-    if s["sessions"]:
-        r = s["requests_per_session"]
-        lines.append(f"sessions         {s['sessions']:,} (requests/session mean {_f(r['mean'], 2)}, max {_f(r['max'], 0)}; "
-                     f"in multi-turn sessions {_f(s['multi_turn_share'])}; max turn {_f(s['max_turn'])})")
     pcache = d["prefix_cache"]
     if pcache:
         lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pcache['block_hit_ratio'])}, "
@@ -127,13 +122,26 @@ def render(d: dict[str, Any], file: str) -> str:
         lines.append(f"  reuse distance requests since the block's last use p50={_f(r['p50'], 0)} p90={_f(r['p90'], 0)} "
                      f"p99={_f(r['p99'], 0)}; seconds p50={_f(sec['p50'], 1)} p90={_f(sec['p90'], 1)}")
     ts = d.get("turns")
-    if ts and ts["source"] == "hash_ids" and ts["sessions"] < d["requests"]:
-        tq = ts["turns"]
-        lines.append(f"conversations    {ts['sessions']:,} inferred from hash_ids chains (turns mean {_f(tq['mean'], 2)}, "
-                     f"p90 {_f(tq['p90'], 2)}, max {_f(tq['max'], 0)})")
+    # the numbers `compare` judges (turn_stats): from session_id, and from hash_ids chains,
+    # which it uses on both sides when one has no session_id
+    for key, how in (("turns", None), ("turns_from_hash_ids", "  hash_ids chains")):
+        tx = d.get(key)
+        if tx and tx["sessions"] < d["requests"]:
+            tq = tx["turns"]
+            src = "from session_id" if tx["source"] == "session_id" else "inferred from hash_ids chains"
+            lines.append(f"{how or 'conversations':<16} {tx['sessions']:,} {src if how is None else ''}".rstrip()
+                         + f" (turns mean {_f(tq['mean'], 2)}, p90 {_f(tq['p90'], 2)}, max {_f(tq['max'], 0)}; "
+                         f"in multi-turn ones {_f(tx['multi_turn_share'])})"
+                         + ("; compare uses these against a trace without session_id" if how else ""))
     if ts and ts["sessions"] < d["requests"]:
         lines.append(f"  between turns  gap p50={_f(ts['gap_s']['p50'], 1)} s p90={_f(ts['gap_s']['p90'], 1)} s; "
                      f"new tokens per turn p50={_f(ts['new_tokens']['p50'], 0)} p90={_f(ts['new_tokens']['p90'], 0)}")
+    sp = d.get("shared_prefixes")
+    if sp and sp["prefixes"]:
+        b = sp["blocks"]
+        lines.append(f"shared prefixes  {sp['prefixes']:,} open {_f(sp['share'])} of the conversations (each used by "
+                     f">= {stats.MIN_SHARED_USES}; a system prompt is one): length p50={_f(b['p50'], 0)} "
+                     f"p90={_f(b['p90'], 0)} max={_f(b['max'], 0)} blocks; the most used opens {_f(sp['top_share'])} of those")
     ag = d.get("agents")
     if ag:
         st, dl, gr = ag["steps"], ag["delay_s"], ag["growth"]
@@ -145,6 +153,9 @@ def render(d: dict[str, Any], file: str) -> str:
                   + (f"; history cut at {_f(ag['context'], 0)} tokens" if ag["context"] else "")]
     if d.get("images"):
         lines += _image_lines(d["images"])
+    if d.get("reasoning"):
+        rs = d["reasoning"]
+        lines.append(f"reasoning        {rs['share']:.1%} of output tokens ({rs['rows']:,} requests say how many)")
     if d["failed_in_source"]:
         lines.append(f"failed in source {d['failed_in_source']:,} requests (flagged, kept)")
     if d["output_tokens_null"]:

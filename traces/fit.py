@@ -3,13 +3,17 @@
 Per client (the trace's `client_id` when it has at most 64 of them, else one client): the
 rate profile and arrival process (`fit_dists`), per model the input and output lengths and
 their Spearman rho, the model mix (per window when it drifts), SLO classes, failures,
-sessions (turns, think time, new user tokens per turn), the prefix structure of hash_ids, and
-per model the images per request (the exact count PMF) and the most common image size.
+sessions (turns, think time, new user tokens per turn, branches), the prefix structure of
+hash_ids (a system prompt and a pool of application prefixes shared across sessions), and
+per model the images per request (the exact count PMF) and the most common image size, and
+the reasoning share of the output (`reasoning_tokens`: a PMF of the per-request share).
 A client with task graphs (`depends_on`) gets an `agent` section instead of sessions and
 prefix (`_fit_agent`); its arrivals are then the roots (task starts).
 A bucketed clock (`stats.timestamp_buckets`, or a `dequantize` op in the source's metadata) is
 written as the top-level `timestamp_quantum_s` (+ `timestamp_spread`), which generate applies
-to every row; the arrival model is fitted under it and judged on all rows (`_fit_client`).
+to every row; the arrival model is fitted under it and judged on all rows (`_fit_client`), its
+renewal CV read off the bucket counts (`fit_dists._bucket_cv`), and the duration is the span
+plus one bucket.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import optimize as sst_opt
 from scipy import stats as sst
 
 from . import stats
@@ -90,6 +95,13 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
     turns = fit_length(last_turn + 1) if implicit is None else _undo_splits(t, last_turn + 1, order[starts])
     spec = {"turns": turns, "think_s": fit_length(think, integer=False) if len(think) > 10
             else {"dist": "constant", "value": 30.0}}
+    b = stats._blocks(t) if "hash_ids" in t.column_names else None
+    if b is not None and same.sum() > 10:  # a turn that keeps only part of the previous one's blocks: a branch
+        reused = np.bincount(b["row"], weights=b["reused"], minlength=t.num_rows)
+        ext = reused[order[1:][same[1:]]] >= b["lens"][order[:-1][same[1:]]] - 1
+        user = user[ext]   # (the user's new tokens are a growth; a branch's prompt is no growth)
+        if (~ext).mean() >= 0.01:
+            spec["branch"] = round(float((~ext).mean()), 4)
     if len(user) > 10:
         spec["user_tokens"] = fit_length(np.maximum(user, 1))
     return spec, opens & first
@@ -122,12 +134,16 @@ def _undo_splits(t: pa.Table, seen: np.ndarray, roots: np.ndarray) -> dict[str, 
             "min": float(k[0]), "max": float(k[-1])}
 
 
-def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
-    """System prompt (modal first block) and application prefixes (recurring blocks after it)."""
+def _fit_prefix(t: pa.Table, opens: np.ndarray | None = None,
+                block_size: int = 16) -> tuple[dict[str, Any] | None, np.ndarray]:
+    """System prompt (modal first block) and, with `opens` (the rows that open a session),
+    the pool of application prefixes after it (`_fit_pool`); and the mask of the rows that
+    open a session with one of them."""
     col = t.column("hash_ids").combine_chunks()
     lens = np.diff(col.offsets.to_numpy().astype(np.int64))
+    pooled = np.zeros(len(lens), bool)
     if lens.sum() == 0:
-        return None
+        return None, pooled
     m = int(min(lens.max(), 256))
     ids = np.full((len(lens), m), -1, np.int64)
     row = np.repeat(np.arange(len(lens)), lens)
@@ -155,19 +171,41 @@ def _fit_prefix(t: pa.Table) -> dict[str, Any] | None:
         out["system_blocks"] = leading_run(np.flatnonzero(sys_rows), 0)
         out["system_share"] = round(float(sys_rows.mean()), 4)
     start = np.where(sys_rows, out.get("system_blocks", 0), 0)
-    at = ids[np.arange(len(lens)), np.minimum(start, m - 1)]
-    # an application prefix recurs across sessions (a session repeats its own blocks every turn)
-    sess = _codes(t, "session_id")
-    implicit = _implicit_sessions(t) if sess is None else None
-    owner = sess[0] if sess is not None else implicit if implicit is not None else np.arange(len(lens))
-    pairs = np.unique(np.stack([at, owner]), axis=1)[0]
-    vals, cnt = np.unique(pairs, return_counts=True)
-    recurring = (cnt[np.searchsorted(vals, at)] >= 3) & (at >= 0)
-    if recurring.mean() > 0.05 and len(np.unique(at[recurring])) > 1:
-        top = at == vals[np.argmax(np.where(vals >= 0, cnt, 0))]
-        out.update(apps=int(len(np.unique(at[recurring]))), app_share=round(float(recurring.mean()), 4),
-                   app_blocks=leading_run(np.flatnonzero(top), int(np.median(start[top]))))
-    return out
+    sp = stats.shared_prefixes(t, start, opens) if opens is not None else None
+    if sp is not None:
+        pooled = sp["key"] >= 0
+        if pooled.sum() >= MIN_POOL_SHARE * opens.sum():
+            inp = _col(t, "input_tokens").astype(float)
+            out["pool"] = _fit_pool(sp["key"][pooled], sp["blocks"][pooled], pooled.sum() / opens.sum(),
+                                    np.maximum(inp[pooled] - (start[pooled] + sp["blocks"][pooled]) * block_size, 1))
+        else:
+            pooled[:] = False
+    return out, pooled
+
+
+MIN_POOL_SHARE = 0.01     # sessions that open with a shared application prefix, for a pool
+MAX_POOL_LISTED = 1000    # prefixes listed one by one; a larger pool: a length distribution and Zipf
+
+
+def _fit_pool(key: np.ndarray, blocks: np.ndarray, share: float, tail: np.ndarray) -> dict[str, Any]:
+    """The pool of application prefixes from the sessions that open with one (`key`: the
+    prefix, `blocks`: its length, `tail`: the first turn's tokens after it): the share of
+    sessions, each prefix's length and popularity (sessions), most popular first, and the
+    tail's distribution. More than MAX_POOL_LISTED prefixes: their lengths' distribution and
+    the Zipf exponent of their popularity (maximum likelihood over the sessions' ranks)."""
+    keys, idx, cnt = np.unique(key, return_index=True, return_counts=True)
+    order = np.lexsort((keys, -cnt))
+    cnt, blocks = cnt[order], blocks[idx][order]
+    pool: dict[str, Any] = {"share": round(float(share), 4)}
+    if len(cnt) <= MAX_POOL_LISTED:
+        pool.update(blocks=[int(b) for b in blocks], popularity=[int(c) for c in cnt])
+    else:
+        lr = np.log(np.arange(1.0, len(cnt) + 1))
+        nll = lambda a: a * (cnt * lr).sum() + cnt.sum() * np.log(np.exp(-a * lr).sum())  # noqa: E731
+        a = sst_opt.minimize_scalar(nll, bounds=(0.0, 5.0), method="bounded").x
+        pool.update(size=int(len(cnt)), blocks=fit_length(blocks.astype(float)), zipf=round(float(a), 4))
+    pool["tail"] = fit_length(tail)
+    return pool
 
 
 def _fit_images(t: pa.Table, counts: np.ndarray, rows: np.ndarray) -> dict[str, Any] | None:
@@ -181,6 +219,18 @@ def _fit_images(t: pa.Table, counts: np.ndarray, rows: np.ndarray) -> dict[str, 
     pmf = {int(c): round(float(hist[c] / len(k)), 6) for c in np.flatnonzero(hist)}
     px, _ = stats.image_px_shares(t, rows, top=1)
     return {"count": pmf, "px": next(iter(px))}
+
+
+def _fit_reasoning(reason: np.ndarray, out: np.ndarray, rows: np.ndarray) -> dict[str, Any] | None:
+    """The reasoning share (reasoning / output tokens) of the requests in `rows` (a mask) that
+    say, as an exact PMF on a 0.01 grid (ServeGen's reason_ratio has 0.002 bins); None when
+    none says. Drawn per request independently of the lengths, as generate does."""
+    ok = rows & ~np.isnan(reason) & (np.nan_to_num(out) > 0)
+    if not ok.any():
+        return None
+    vals, cnt = np.unique(np.round(np.minimum(reason[ok] / out[ok], 1.0), 2), return_counts=True)
+    return {"dist": "empirical", "values": vals.tolist(), "weights": (cnt / cnt.sum()).round(8).tolist(),
+            "min": 0.0, "max": 1.0}
 
 
 def _fit_agent(g: dict[str, Any], shared: int, block_size: int) -> dict[str, Any]:
@@ -265,11 +315,16 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     turn = _col(t, "turn")
     new = opens & (np.nan_to_num(turn.astype(float)) == 0) if "sessions" in c and turn is not None else opens
     if graph is not None:  # a task's own request: its first step's prompt after the shared prefix
-        prefix = _fit_prefix(t) if "hash_ids" in t.column_names else None
+        prefix = _fit_prefix(t)[0] if "hash_ids" in t.column_names else None
         shared = int(prefix.get("system_blocks", 0)) if prefix and prefix.get("system_share", 0) >= 0.9 else 0
         new = graph["roots"]
         inp = np.where(new, np.maximum(inp - shared * block_size, 1), inp)
         c["agent"] = _fit_agent(graph, shared, block_size)
+    elif "hash_ids" in t.column_names and t.column("hash_ids").null_count < t.num_rows:
+        prefix, pooled = _fit_prefix(t, opens, block_size)
+        if prefix:
+            c["prefix"] = prefix
+        new = new & ~pooled  # a pool session's first prompt is its prefix and the pool's tail
     c["models"], drift = _mix(models[opens], names, starts, window)
     if drift:
         c["mix_window"] = window
@@ -286,13 +341,18 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         images = _fit_images(t, counts, models == i)
         if images:
             m["images"] = images
+    reason = _col(t, "reasoning_tokens")
+    for i, m in enumerate(c["models"] if reason is not None else []):
+        share = _fit_reasoning(reason.astype(float), out, models == i)
+        if share:
+            m["reasoning_share"] = share
     sc = _codes(t, "slo_class")
     if sc is not None:
         cnt = np.bincount(sc[0][sc[0] >= 0], minlength=len(sc[1]))
         c["slo_class"] = {n: int(k) for n, k in zip(sc[1], cnt) if k}
     if len(c["models"]) == 1:  # one model: its lengths are the client's
         m = c["models"][0]
-        c.update({k: m.pop(k) for k in ("input", "output", "rho", "images") if k in m})
+        c.update({k: m.pop(k) for k in ("input", "output", "rho", "images", "reasoning_share") if k in m})
         c["models"] = {m["name"]: 1.0}
     return c
 
@@ -318,7 +378,12 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     span = (a[-1] - a[0]) / 1e9
     if span <= 0:
         raise TraceError("all arrivals share one timestamp: no rate to fit")
-    duration = span * len(a) / (len(a) - 1)
+    # a bucketed clock (Mooncake: ~3 s) is a property of the source: generate floors to it
+    buckets = stats.timestamp_buckets(t) or _dequantized(getattr(trace, "metadata", {}) or {})
+    # the last arrival opens its bucket: the trace covers it whole (span + one mean gap would
+    # end it a bucket early once floored: 120 rows in 1-s buckets over 5 s measured +33 %)
+    duration = span + buckets["quantum_ns"] / 1e9 if buckets and not buckets.get("spread") \
+        else span * len(a) / (len(a) - 1)
     if duration > MAX_DURATION_S:
         raise TraceError(f"the trace spans {span:,.0f} s: a spec holds at most {MAX_DURATION_S:g} s (292 years "
                          "of int64 ns)")
@@ -329,8 +394,6 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     if duration / window > MAX_WINDOWS:  # the rate table and the mix hold one entry per window
         raise TraceError(f"--window {window:g} s cuts the {duration:,.0f} s trace into {duration / window:,.0f} "
                          f"windows; at most {MAX_WINDOWS:,} (a window of at least {duration / MAX_WINDOWS:.3g} s)")
-    # a bucketed clock (Mooncake: ~3 s) is a property of the source: generate floors to it
-    buckets = stats.timestamp_buckets(t) or _dequantized(getattr(trace, "metadata", {}) or {})
     groups = [(t, "fitted")]
     cc = _codes(t, "client_id")
     if cc is not None and len(cc[1]) <= MAX_CLIENTS and (cc[0] >= 0).all():
@@ -346,12 +409,7 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     for g, name in groups:
         if g.num_rows < 2:  # a client seen once has no rate to fit
             continue
-        c = _fit_client(g, name, duration, window, fixed_window, buckets, spec["block_size"])
-        if "hash_ids" in g.column_names and g.column("hash_ids").null_count < g.num_rows and "agent" not in c:
-            p = _fit_prefix(g)
-            if p:
-                c["prefix"] = p
-        spec["clients"].append(c)
+        spec["clients"].append(_fit_client(g, name, duration, window, fixed_window, buckets, spec["block_size"]))
     # plain Python numbers only: the spec is written as YAML and embedded as JSON
     spec = json.loads(json.dumps(spec, default=lambda v: v.item()))
     for c in spec["clients"]:  # image counts stay numbers (`0: 0.7` in YAML, not '0': 0.7)

@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import numpy as np
@@ -178,6 +180,7 @@ EVAL_SEEDS = (101, 102, 103, 104, 105)   # simulated realisations per candidate
 EVAL_POINTS = 200_000                    # candidates are simulated on a prefix of about this many arrivals
 MIN_WINDOWS = 20                         # a scale is judged when the span holds this many windows of it
 MIN_PER_WINDOW = 5.0                     # a table/modulation window holds this many arrivals on average
+MIN_ARRIVALS = 200                       # fewer: the model is fitted but not judged (a small-sample warning)
 WINDOW_GRID = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
@@ -297,6 +300,102 @@ def _fmt_idc(v: list[float | None]) -> str:
     return "/".join("-" if x is None else f"{x:.3g}" for x in v)
 
 
+def _label(c: dict[str, Any]) -> str:
+    a = c["arrival"]
+    proc = a["process"] + (f" cv {a['cv']:g}" if "cv" in a else "")
+    if "modulation" in c:
+        m = c["modulation"]
+        return f"lognormal modulation (window {m['window']:g} s, sigma {m['sigma']:g}, corr {m['corr']:g}) + {proc}"
+    p = c["profile"]
+    return (f"table profile (window {p['window']:g} s) + {proc}" if p["kind"] == "table" else
+            f"{p['kind']} profile + {proc}")
+
+
+COPY = "a copy of this recording"   # what `why` says of a table from the search (`replay trace fit` warns)
+SMALL = "a small sample"             # ... of a model fitted on too few arrivals to judge it
+
+
+def _copy_note(cand: dict[str, Any], best_mod: tuple | None) -> str:
+    """What `why` says when the search ends in a rate table: its values are this recording's
+    windowed counts, so every seed repeats the source's swings (a copy, not a model), and the
+    modelled alternative -- the best log-normal modulation, with its error and the keys that
+    select it -- or why there is none."""
+    p = cand["profile"]
+    if p["kind"] != "table":
+        return ""
+    out = (f"The table is {COPY}, not a model of it: its {len(p['values'])} values at {p['window']:g} s are the "
+           f"source's own counts, so every seed repeats the same swings. ")
+    if best_mod is None:
+        return out + (f"No modulated model could be fitted (it needs 16 windows of >= {MIN_PER_WINDOW:g} "
+                      "arrivals and more dispersion than the renewal's). ")
+    score, m, means = best_mod
+    return out + (f"The modelled alternative, {_label(m)}, misses the source's IDC by {score:.0%} (|mean| + 1.28 sd "
+                  f"of the seeds' relative errors; IDC {_fmt_idc(means)}): to use it, replace profile and arrival "
+                  f"with profile: {{kind: constant}}, arrival: {json.dumps(m['arrival'])}, "
+                  f"modulation: {json.dumps(m['modulation'])}. ")
+
+
+CV_GRID = np.geomspace(0.05, 4.0, 14)
+
+
+@functools.lru_cache(maxsize=8)
+def _idc_by_cv(mu: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log IDC, log CV) of gamma renewals over windows of mu points on CV_GRID, IDC made
+    non-decreasing (for np.interp)."""
+    got = np.log([_within_dispersion({"process": "gamma", "cv": float(x)}, mu) for x in CV_GRID])
+    return np.maximum.accumulate(got), np.log(CV_GRID)
+
+
+def _bucket_inner(arrival: dict[str, Any], t: np.ndarray, q: float, w: float, rate: float) -> dict[str, Any]:
+    """The renewal within the windows of a w-s table or modulation under a q-s bucketed clock:
+    the gamma CV whose counts over q s (rate q points) have the dispersion of the source's
+    bucket counts about their window's mean (pooled), i.e. what the windows leave to it."""
+    if arrival["process"] not in ("poisson", "gamma", "weibull"):
+        return arrival
+    nb = int((t[-1] - t[0]) // q)
+    c = np.bincount(((t - t[0]) // q).astype(np.int64), minlength=nb)[:nb].astype(float)
+    g = (np.arange(nb) * q // w).astype(np.int64)
+    k = np.bincount(g)
+    dof = nb - int((k > 0).sum())
+    if dof < MIN_WINDOWS or c.mean() <= 0:
+        return arrival
+    d = float(((c - (np.bincount(g, c) / np.maximum(k, 1))[g]) ** 2).sum() / dof / c.mean())
+    cv = float(np.exp(np.interp(np.log(max(d, 1e-3)), *_idc_by_cv(round(rate * q, 3)))))
+    return {"process": "poisson"} if abs(cv - 1) < 0.03 else {"process": "gamma", "cv": round(cv, 4)}
+
+
+def _bucket_cv(cand: dict[str, Any], q: float, target: np.ndarray, rate: float, span: float,
+               client: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The renewal process under a bucketed clock of q s: the rows of a bucket were spread
+    evenly over it to fit, which makes their gaps look regular (1-s buckets: CV 0.1, 1-s IDC
+    0.42 -> 0.01), so the gaps' CV is replaced by the gamma CV whose simulated IDC at q (the
+    dispersion of the bucket counts, the finest the clock shows) matches the source's, read
+    off a grid of CVs (as many seeds as give ~2000 bucket counts a point; monotone in CV).
+    Returns the arrival and a note for `why`; the candidate unchanged if not renewal."""
+    src = idc_s(target, q)
+    if cand["arrival"]["process"] not in ("poisson", "gamma", "weibull") or not src:
+        return cand["arrival"], ""
+    nb = max(int((target[-1] - target[0]) // q), 1)
+    seeds = tuple(range(101, 101 + int(np.clip(np.ceil(2000 / nb), len(EVAL_SEEDS), 40))))
+    grid = np.geomspace(0.05, 4.0, 14)
+    got = []
+    for cv in grid:
+        sims = _simulate({**cand, "arrival": {"process": "gamma", "cv": round(float(cv), 4)}}, rate, span, seeds,
+                         client=client)
+        v = [idc_s(x, q) for x in sims]
+        got.append(np.mean([x for x in v if x]) if any(v) else np.nan)
+    ok = np.isfinite(got)
+    if not ok.any():
+        return cand["arrival"], ""
+    lg = np.maximum.accumulate(np.log(np.array(got)[ok]))
+    cv = float(np.exp(np.interp(np.log(src), lg, np.log(grid[ok]))))
+    arrival = {"process": "poisson"} if abs(cv - 1) < 0.03 else {"process": "gamma", "cv": round(cv, 4)}
+    old = cand["arrival"].get("cv", 1.0)
+    return arrival, (f"timestamps in {q:g}-s buckets: the gaps' CV ({old:g}, from rows spread evenly over "
+                     f"their buckets) replaced by the CV whose simulated IDC at {q:g} s matches the source's "
+                     f"{src:.3g} (mean of {len(seeds)} seeds)")
+
+
 def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bool = False,
                  rows: np.ndarray | None = None, target: np.ndarray | None = None,
                  client: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -325,7 +424,14 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
     is a cluster of rows) and spread the starts' swings, so the start process that matches the
     starts' IDC misses the rows' (Mooncake: 60-s IDC 2.9 -> 1.7); the modulations and tables
     are therefore built from the starts' and from the rows' windowed counts, and the score
-    picks. Without sessions or quantum: as before (the same draws).
+    picks. Without sessions or quantum: as before (the same draws). With a quantum and no
+    sessions, the renewal CVs come from the bucket counts instead (`_bucket_cv` for the
+    renewal model, `_bucket_inner` within a table's or modulation's windows, which are then
+    wider than a bucket): rows spread over their buckets have no gaps of their own.
+
+    Fewer than MIN_ARRIVALS arrivals, or no judged scale: the renewal model, unjudged, and
+    `why` says so (SMALL). A table from steps 3-4: `why` calls it a copy (COPY) and names
+    the best modulation with its score and the keys that select it.
 
     Returns {profile, arrival, [modulation], why}; `why` names the choice and the source's vs
     the candidate's IDCs."""
@@ -337,16 +443,24 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
     base = {"profile": profile, "arrival": fit_arrival(u, rate)}
     if fixed_window:
         return {**base, "why": f"the window was given ({window:g} s): profile and renewal model, no search"}
-    if len(t) < 200:
-        return base
     span = min(duration, max(EVAL_POINTS / rate, MIN_WINDOWS * IDC_SCALES[-1]))
     src_t = target[target < span]
     r_eval = len(t[t < span]) / span
     r_sim = len(src_t) / span  # the rows' rate, with sessions
+    # a bucketed clock without sessions: the CVs are read off the bucket counts (with sessions
+    # the turns blur the buckets: the CV is searched, REGULAR_FACTORS)
+    q = None if not whole or whole.get("sessions") else whole.get("timestamp_quantum_s")
+    bucket_note = ""
+    if q and len(src_t) >= 2:
+        base["arrival"], bucket_note = _bucket_cv(base, q, src_t, r_sim, span, whole)
     src = [idc_s(src_t, s) for s in IDC_SCALES]
     judged = [i for i, s in enumerate(IDC_SCALES) if src[i] and (src_t[-1] - src_t[0]) / s >= MIN_WINDOWS]
-    if not judged:
-        return base
+    if len(t) < MIN_ARRIVALS or not judged:
+        why = (f"only {len(t)} arrivals (fewer than {MIN_ARRIVALS})" if len(t) < MIN_ARRIVALS else
+               f"the trace spans fewer than {MIN_WINDOWS} windows of {IDC_SCALES[0]:g} s")
+        return {**base, "why": f"{_label(base)}: {why}, so the model is fitted but not judged by the IDC it "
+                               f"reproduces ({SMALL}: its parameters are rough)"
+                               + (f". {bucket_note}" if bucket_note else "")}
 
     def evaluate(cand: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
         sims = _simulate(cand, r_sim, span, client=whole) if whole else _simulate(cand, r_eval, span)
@@ -357,33 +471,25 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
         return rel, np.nanmean(got[:, judged], axis=0) / np.array([src[i] for i in judged]) - 1, \
             [None if not np.isfinite(x) else float(x) for x in means]
 
-    def label(c: dict[str, Any]) -> str:
-        a = c["arrival"]
-        proc = a["process"] + (f" cv {a['cv']:g}" if "cv" in a else "")
-        if "modulation" in c:
-            m = c["modulation"]
-            return f"lognormal modulation (window {m['window']:g} s, sigma {m['sigma']:g}, corr {m['corr']:g}) + {proc}"
-        p = c["profile"]
-        return (f"table profile (window {p['window']:g} s) + {proc}" if p["kind"] == "table" else
-                f"{p['kind']} profile + {proc}")
-
     head = (f"IDC at {'/'.join(f'{s:g}' for s in IDC_SCALES)} s: source {_fmt_idc(src)}; judged "
-            f"{'/'.join(f'{IDC_SCALES[i]:g}' for i in judged)} s")
+            f"{'/'.join(f'{IDC_SCALES[i]:g}' for i in judged)} s" + (f"; {bucket_note}" if bucket_note else ""))
     rel, mean_rel, means = evaluate(base)
     nw = np.array([(src_t[-1] - src_t[0]) / IDC_SCALES[i] for i in judged])
     if np.all(np.abs(mean_rel) <= np.maximum(IDC_TOL, 2 * np.sqrt(2 / nw))):
-        return {**base, "why": f"{label(base)}: simulated IDC within the sampling error of the source. "
+        return {**base, "why": f"{_label(base)}: simulated IDC within the sampling error of the source. "
                                f"{head}; candidate (mean of {len(EVAL_SEEDS)} seeds) {_fmt_idc(means)}"}
     tried = [(_score(rel), base, means)]
-    notes = [f"rejected {label(base)} ({_fmt_idc(means)})"]
+    notes = [f"rejected {_label(base)} ({_fmt_idc(means)})"]
     windows = [w for w in WINDOW_GRID if w * rate >= MIN_PER_WINDOW and w <= duration / 8]
     inner = {}
     for w in windows:
         _, uw = _table_at(t[t < span], span, w) if span < duration else _table_at(t, duration, w)
         inner[w] = fit_arrival(uw, r_eval)
+        if q and w > q:
+            inner[w] = _bucket_inner(inner[w], src_t, q, w, r_eval)
+    factors = REGULAR_FACTORS if whole and whole.get("sessions") else (1.0,)
     best_mod = None
-    for w, pts, f in [(w, p, f) for p in ([t, rows] if whole else [t]) for w in windows
-                      for f in (REGULAR_FACTORS if whole else (1.0,))]:
+    for w, pts, f in [(w, p, f) for p in ([t, rows] if whole else [t]) for w in windows for f in factors]:
         mod = _lognormal_modulation(pts, duration, w, inner[w])
         if mod is None:
             continue
@@ -395,21 +501,21 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
             best_mod = (worst, cand, means)
     if best_mod is not None:
         if best_mod[0] <= IDC_TOL:
-            return {**best_mod[1], "why": f"{label(best_mod[1])}: |mean| + 1.28 sd of the seeds' relative IDC "
+            return {**best_mod[1], "why": f"{_label(best_mod[1])}: |mean| + 1.28 sd of the seeds' relative IDC "
                                           f"error {best_mod[0]:.0%} <= {IDC_TOL:.0%}. {head}; candidate {_fmt_idc(best_mod[2])}; "
                                           + "; ".join(notes)}
-        notes.append(f"rejected {label(best_mod[1])} (score {best_mod[0]:.0%}, {_fmt_idc(best_mod[2])})")
+        notes.append(f"rejected {_label(best_mod[1])} (score {best_mod[0]:.0%}, {_fmt_idc(best_mod[2])})")
     for w, pts, f in [(w, p, f) for w in sorted(windows, reverse=True) for p in ([t, rows] if whole else [t])
-                      for f in (REGULAR_FACTORS if whole else (1.0,))]:
+                      for f in factors]:
         prof, _ = _table_at(pts, duration, w)
         cand = {"profile": prof, "arrival": _more_regular(inner[w], f)}
         rel, _, means = evaluate(cand)
         worst = _score(rel)
         tried.append((worst, cand, means))
         if worst <= IDC_TOL:
-            return {**cand, "why": f"{label(cand)}: the largest window with |mean| + 1.28 sd of the seeds' "
-                                   f"relative IDC error <= {IDC_TOL:.0%} ({worst:.0%}). {head}; candidate {_fmt_idc(means)}; "
-                                   + "; ".join(notes)}
+            return {**cand, "why": f"{_label(cand)}: the largest window with |mean| + 1.28 sd of the seeds' "
+                                   f"relative IDC error <= {IDC_TOL:.0%} ({worst:.0%}). {_copy_note(cand, best_mod)}"
+                                   f"{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)}
     worst, cand, means = min(tried, key=lambda x: x[0])
-    return {**cand, "why": f"{label(cand)}: no candidate met {IDC_TOL:.0%}; the closest (score {worst:.0%}). "
-                           f"{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)}
+    return {**cand, "why": f"{_label(cand)}: no candidate met {IDC_TOL:.0%}; the closest (score {worst:.0%}). "
+                           f"{_copy_note(cand, best_mod)}{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,11 +169,12 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     """One client's rows as NumPy columns, session-major (a session's turns are adjacent),
     including the turns that fall outside [0, duration); `order` lists the others by arrival.
     The arrival times and their sort run on `pool` while this thread draws the sizes."""
-    # spawn(7)[:6] are the same streams as spawn(6): adding the image stream changed no draw
-    streams = ss.spawn(7)
+    # spawn(8)[:6] are the same streams as spawn(6): adding the image and reasoning streams
+    # changed no draw
+    streams = ss.spawn(8)
     if c.agent:  # task graphs (traces.agents): the same streams, another expansion
         from .agents import client_rows
-        return client_rows(spec, c, ci, streams)
+        return _reasoning_rows(c, client_rows(spec, c, ci, streams[:7]), streams[7])
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
     T = spec.duration
     q = spec.timestamp_quantum_s
@@ -188,6 +189,10 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
         turn = (np.arange(n) - first[sess]).astype(np.int32)
     else:
         starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation, c.exact_count)
+        if c.exact_count and len(starts) and sum(x.exact_count for x in spec.clients) > 1:
+            # exact_count puts a client's first arrival at 0: beside other clients, a random
+            # phase (under one mean gap) keeps them from all arriving at once at 0
+            starts += r_arr.random() * T / len(starts)
         n, times = len(starts), pool.submit(_arrival_order, starts, T, q)
         k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
         sess = np.arange(n)
@@ -199,19 +204,40 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
 
     # (no draws when nothing uses them: the stream is only ever read from the start)
     failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
-    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len)
+    pre = _pool_draws(c, len(starts), r_pre) if c.prefix else None
+    # branch points (sessions.branch): drawn after the pool's, and only when asked for
+    cut = (np.where((turn > 0) & (r_pre.random(n) < c.sessions.branch), r_pre.random(n), -1.0)
+           if c.prefix and c.sessions and c.sessions.branch else None)
+    inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len, starts[sess] if c.length_windows else None,
+                        _pool_tokens(spec, c, pre, sess, first) if pre else None, cut)
     slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
     rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
-        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, len(starts), r_pre))
+        rows.update(_prefix_rows(spec, c, ci, inp, sess, first, pre, cut))
     if _client_px(c):  # (no stream, no columns without images: the common path stays as fast)
         rows.update(_image_rows(c, model, np.random.default_rng(streams[6])))
     rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
         rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
+    return _reasoning_rows(c, rows, streams[7])
+
+
+def _reasoning_rows(c: Client, rows: dict[str, np.ndarray], ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
+    """`reason`: each row's reasoning tokens, its drawn share of its output tokens (rounded, so
+    never more than the output), independent of the lengths; -1 for a model without a share
+    (null in the trace). No stream is read without a share."""
+    shares = [m.reasoning_share or c.reasoning_share for m in c.models]
+    if not any(shares):
+        return rows
+    rng, reason = np.random.default_rng(ss), np.full(len(rows["output"]), -1, np.int32)
+    for mi, d in enumerate(shares):
+        if d is not None:
+            idx = np.flatnonzero(rows["model"] == mi)
+            reason[idx] = np.rint(sample(d, rng, len(idx), integer=False) * rows["output"][idx])
+    rows["reason"] = reason
     return rows
 
 
@@ -255,9 +281,15 @@ def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.nd
 
 
 def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
-             k: np.ndarray, failed: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+             k: np.ndarray, failed: np.ndarray, rng: np.random.Generator,
+             when: np.ndarray | None = None, prefix: np.ndarray | None = None,
+             cut: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Input and output tokens per row: new tokens and output drawn per model through the
-    copula, then (sessions) the prompt grows by each previous answer and new user tokens."""
+    copula, then (sessions) the prompt grows by each previous answer and new user tokens.
+    With length_windows, a row's client-level lengths are those of the window its time
+    `when` (its arrival; a turn: its session's start) falls in. `prefix` (`_pool_tokens`): a
+    pool session's first turn is its shared prefix plus the pool's tail, not the input. A
+    branch (`cut` >= 0) replaces the history: its prompt is as long as the previous one."""
     n = len(model)
     if c.bootstrap:
         new, out = _bootstrap_pairs(c.bootstrap, rng, n)
@@ -270,56 +302,121 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
     for mi, m in enumerate([] if c.bootstrap else c.models):
         key = (id(m.input or c.input), id(m.output or c.output), c.rho if m.rho is None else m.rho)
         by_dists.setdefault(key, []).append(mi)
-    for mis in by_dists.values():
+    windows = c.length_windows or [(0.0, c.input, c.output)]
+    phase = None if len(windows) == 1 else np.maximum(
+        np.searchsorted([w[0] for w in windows], when, side="right") - 1, 0)
+    for wi, mis in ((wi, mis) for wi in range(len(windows)) for mis in by_dists.values()):
         m = c.models[mis[0]]
-        in_d, out_d = m.input or c.input, m.output or c.output
+        in_d, out_d = m.input or windows[wi][1], m.output or windows[wi][2]
         rho = c.rho if m.rho is None else m.rho
-        every = len(mis) == len(c.models)
-        rows = slice(None) if every else np.flatnonzero(np.isin(model, mis))
+        sel = None if len(mis) == len(c.models) else np.isin(model, mis)
+        if phase is not None:
+            sel = phase == wi if sel is None else sel & (phase == wi)
+        rows = slice(None) if sel is None else np.flatnonzero(sel)
         groups = [(rows, in_d)]
         if c.sessions and c.sessions.user_tokens is not None:
-            if every:  # (no index array over all rows to gather from)
+            if sel is None:  # (no index array over all rows to gather from)
                 groups = [(np.flatnonzero(turn == 0), in_d), (np.flatnonzero(turn > 0), c.sessions.user_tokens)]
             else:
                 later = turn[rows] > 0
                 groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+        if prefix is not None:  # (turns > 0 have no prefix of their own: they only repeat it)
+            groups = [(g[sel], x) for idx, d in groups for g in [np.arange(n)[idx]]
+                      for sel, x in ((prefix[g] == 0, d), (prefix[g] > 0, c.prefix.pool.tail))]
         for idx, d in groups:
             x, o = sample_pair(d, out_d, rho, rng, n if isinstance(idx, slice) else len(idx))
             new[idx] = finish(x, d, spec.length_scale)
             out[idx] = finish(o, out_d, spec.length_scale, spec.max_output_tokens)
+    if prefix is not None:
+        new += prefix
     out[failed] = 0  # a failed request produced nothing (and added nothing to the conversation)
     np.minimum(out, MAX_TOKENS, out=out)  # the trace schema's ceiling per request
     if c.sessions:  # turn k's prompt = turn k-1's prompt + its answer + the new user tokens
+        if cut is not None:  # a branch: as long as the prompt it branches off (the source's median)
+            b = np.flatnonzero(cut >= 0)
+            new[b] = -out[b - 1]
         new = _segmented_cumsum(new + out, first, k) - out
     new = np.minimum(new, min(spec.max_input_tokens or MAX_TOKENS, MAX_TOKENS))
     return new.astype(np.int32), out.astype(np.int32)
 
 
+def _pool_draws(c: Client, n_sess: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per session: whether it opens with the system prompt (0/1) and with which pool prefix
+    (-1: none); and each pool prefix's length in blocks. One uniform per session decides
+    both, so that they overlap as little as their shares allow: a system prompt on every
+    session carries the pool's prefixes after it, one on some sessions (one application's
+    own) none of them."""
+    p = c.prefix
+    u = rng.random(n_sess)
+    has_sys = (u < p.system_share).astype(np.int32)
+    pool = p.pool
+    if pool is None:
+        return has_sys, np.full(n_sess, -1, np.int64), np.zeros(0, np.int64)
+    lens = (np.asarray(pool.blocks, np.int64) if isinstance(pool.blocks, list)
+            else sample(pool.blocks, rng, pool.size).astype(np.int64))
+    w = np.asarray(pool.popularity, float) if pool.popularity else np.arange(1.0, pool.size + 1) ** -pool.zipf
+    entry = np.where(u >= 1 - pool.share, _pick(w, rng.random(n_sess)), -1)
+    return has_sys, entry, lens
+
+
+def _pool_tokens(spec: Spec, c: Client, pre: tuple, sess: np.ndarray, first: np.ndarray) -> np.ndarray | None:
+    """Per row, the shared prefix's tokens (system prompt and pool prefix) that a pool
+    session's first turn starts with (0 elsewhere); None when the pool has no tail (the
+    prefix is then cut from the drawn input)."""
+    if c.prefix.pool is None or c.prefix.pool.tail is None:
+        return None
+    has_sys, entry, lens = pre
+    blocks = has_sys * c.prefix.system_blocks + lens[np.maximum(entry, 0)]
+    per_sess = np.where(entry >= 0, blocks * spec.block_size, 0)
+    tok = np.zeros(len(sess), np.int64)
+    tok[first] = per_sess
+    return tok
+
+
 def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarray, first: np.ndarray,
-                 n_sess: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+                 pre: tuple, cut: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-row block layout: [system prompt][application prefix][session content][partial].
 
-    Full blocks only are shared; a session's content blocks are one contiguous id range, so
-    turn k+1 (which extends turn k's prompt) repeats turn k's content ids."""
+    Full blocks only are shared; pool prefix i holds ids after those of prefixes 0..i-1; a
+    session's content blocks are one contiguous id range, so turn k+1 (which extends turn
+    k's prompt) repeats turn k's content ids. A branch (`cut` >= 0, sessions.branch) keeps
+    the first max(1, cut x first-turn content) content blocks and continues in a fresh
+    range, which its later turns repeat: `shift` is added to its ids from position `cut`."""
     p, bs = c.prefix, spec.block_size
+    has_sys, entry, lens = pre
     # int32 per row (a block count is below the int32 token count): half the memory traffic
     full = inp // np.int32(bs)
-    has_sys = (rng.random(n_sess) < p.system_share).astype(np.int32)
     n_sys = np.minimum(full, has_sys[sess] * np.int32(p.system_blocks))
-    app = rng.integers(0, max(p.apps, 1), n_sess)
-    has_app = ((rng.random(n_sess) < p.app_share) & (p.apps > 0)).astype(np.int32)
+    e = np.maximum(entry, 0)[sess]
     content = full - n_sys
-    n_app = np.minimum(content, has_app[sess] * np.int32(p.app_blocks))
+    n_app = np.zeros_like(content) if not len(lens) else np.minimum(
+        content, np.where(entry[sess] >= 0, lens[e], 0).astype(np.int32))
     content -= n_app
-    span = np.maximum.reduceat(content, first).astype(np.int64) if len(first) else np.zeros(0, np.int64)
     ns = np.int64(ci + 1) << NS_BITS
-    content_base = ns + p.system_blocks + p.apps * p.app_blocks + np.cumsum(span) - span
     partial = inp % np.int32(bs) > 0
+    app_base = ns + p.system_blocks + (np.cumsum(lens) - lens)[e] if len(lens) else np.zeros(len(inp), np.int64)
+    out = {"n_sys": n_sys, "n_app": n_app, "partial": partial, "app_base": app_base}
+    starts = first
+    if cut is not None:  # a branch opens a segment of its own
+        opens = cut >= 0
+        opens[first] = True
+        starts = np.flatnonzero(opens)
+        keep = np.where(cut >= 0, np.maximum(cut * content[first][sess], 1), 0).astype(np.int64)[starts]
+    span = np.maximum.reduceat(content, starts).astype(np.int64) if len(starts) else np.zeros(0, np.int64)
+    if cut is not None:
+        span = np.maximum(span - keep, 0)
+    base = ns + p.system_blocks + lens.sum() + np.cumsum(span) - span
+    if cut is not None:
+        segment = np.cumsum(opens) - 1
+        base_a = base[segment[first]][sess]   # the session's first range
+        out.update(cut=(n_sys + n_app + keep[segment]).astype(np.int64), shift=base[segment] - base_a - keep[segment])
+        base = base_a
+    else:
+        base = base[sess]
     nb = full
     nb += partial  # (in place: full blocks plus the unfinished one)
-    return {"nb": nb, "n_sys": n_sys, "n_app": n_app, "partial": partial,
-            "app_base": ns + p.system_blocks + app[sess] * p.app_blocks,
-            "content_base": content_base[sess] - (n_sys + n_app)}
+    out.update(nb=nb, content_base=base - (n_sys + n_app))
+    return out
 
 
 def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray, row0: int) -> pa.Array:
@@ -341,6 +438,12 @@ def _hash_ids(r: dict[str, np.ndarray], has: np.ndarray, client: np.ndarray, row
         seg[:] = np.repeat(r["content_base"][lo:hi] - off[:-1], n)
         seg += np.arange(off[0], off[-1], dtype=np.int64)
         start = off[:-1] - off[0]
+        if "shift" in r:  # branches: their blocks from `cut` on lie in a range of their own
+            rows = np.flatnonzero(r["shift"][lo:hi] != 0)
+            c, m = r["cut"][lo:hi][rows], n[rows]
+            m = np.maximum(m - c, 0)
+            seg[np.repeat(start[rows] + c - np.cumsum(m) + m, m) + np.arange(m.sum())] += np.repeat(
+                r["shift"][lo:hi][rows], m)
         ns = (client[lo:hi].astype(np.int64) + 1) << NS_BITS
         n_sys, n_app = r["n_sys"][lo:hi], r["n_app"][lo:hi]
         for j in range(int(n_sys.max(initial=0))):
@@ -470,10 +573,26 @@ class _Rows:
         return out
 
 
+def _whole_counts(clients: list[Client], T: float) -> list[Client]:
+    """exact_count clients share round(T x their total rate) rows by largest remainder, so that
+    the trace's count is exact too, not only each client's to the nearest row (16 clients at
+    2 req/s for 60 s: up to 8 rows off): each such client's rate becomes its count / T."""
+    ex = [i for i, c in enumerate(clients) if c.exact_count]
+    if len(ex) < 2:
+        return clients
+    want = np.array([clients[i].rate * T for i in ex])
+    n = np.floor(want)
+    n[np.argsort(n - want, kind="stable")[:int(round(want.sum())) - int(n.sum())]] += 1
+    out = list(clients)
+    for i, k in zip(ex, n):  # (a client left with no row keeps a rate that rounds to none)
+        out[i] = replace(clients[i], rate=max(float(k), 1e-9) / T)
+    return out
+
+
 def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     parsed = parse_spec(spec)
     seed = parsed.seed if seed is None else int(seed)
-    clients = parsed.clients
+    clients = parsed.clients = _whole_counts(parsed.clients, parsed.duration)
     children = np.random.SeedSequence(seed).spawn(len(clients))
     with ThreadPoolExecutor(1) as pool:
         parts = [_client_rows(parsed, c, i, children[i], pool) for i, c in enumerate(clients)]
@@ -523,8 +642,8 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
     if "nb" in col:  # the list column first, while few other big arrays are alive
         cols["hash_ids"] = _hash_ids(col, per_client([c.prefix is not None or c.agent is not None for c in clients]),
                                      client, row0)
-        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base"):
-            del col[key]
+        for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base", "cut", "shift"):
+            col.pop(key, None)
     if rows.classes:
         cols["slo_class"] = pa.DictionaryArray.from_arrays(
             pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
@@ -549,6 +668,10 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
                                                       mask=pa.array(nd == 0))
         cols["delay_s"] = pa.array(col.pop("delay"), mask=nd == 0)
     cols["client_id"] = client_str
+    if "reason" in col:  # a client without a share: null (_concat_sorted filled 0)
+        reason = col.pop("reason")
+        cols["reasoning_tokens"] = pa.array(reason, mask=(reason < 0) | per_client(
+            [c.reasoning_share is None and not any(m.reasoning_share for m in c.models) for c in clients]))
     if "nimg" in col:  # a client without images has 0 of them (filled by _concat_sorted)
         nimg = col.pop("nimg")
         cols["num_images"] = pa.array(nimg)

@@ -1,5 +1,5 @@
 """Named generator specs (`replay trace generate --preset NAME`), each stressing one side of
-a serving system; the README (Synthetic traces) says which. A preset is just a spec dict: dump it
+a serving system; docs/synthetic.md (Presets) says which. A preset is just a spec dict: dump it
 with `--dump-spec`, edit it, generate from the file.
 
 `preset_spec(name, duration, rate)` is the API `replay demo` uses: `rate` is the total mean
@@ -167,7 +167,8 @@ def preset_spec(name: str, duration: float | None = None, rate: float | None = N
         raise TraceError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     build, d0, r0 = PRESETS[name]
     d = float(duration or d0)
-    spec = {"name": name, "duration": d, "seed": seed, "block_size": 16, **build(d)}
+    # exact_count: --rate is the rate a user gets, round(rate x duration) requests on every seed
+    spec = {"name": name, "duration": d, "seed": seed, "block_size": 16, "exact_count": True, **build(d)}
     spec = scale_rate(spec, float(rate or r0))
     for key, v in (("length_scale", length_scale), ("max_input_tokens", max_input_tokens),
                    ("max_output_tokens", max_output_tokens)):

@@ -1,4 +1,4 @@
-"""The canonical trace schema (DESIGN.md section 2): one row per request.
+"""The canonical trace schema (docs/architecture.md, Trace schema): one row per request.
 
 Everything else in `traces` (readers, importers, generators, transforms) produces
 tables that conform to `TRACE_SCHEMA`; the runner consumes only this.
@@ -39,6 +39,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("client_id", pa.string(), False, True, "originating client / tenant"),
     Column("num_images", pa.int16(), False, True, "images sent with the request (0..64); null = none"),
     Column("image_px", pa.string(), False, True, "image size WxH in pixels; null = 512x512"),
+    Column("reasoning_tokens", pa.int32(), False, True,
+           "of output_tokens, how many are reasoning (<= output_tokens); null = not said"),
     Column("task_id", pa.string(), False, True, "agentic task (graph of calls); needed with depends_on"),
     Column("depends_on", pa.list_(pa.string()), False, True,
            "request_ids of earlier rows of the same task that must complete before this row is sent"),
@@ -62,13 +64,6 @@ IMAGE_PX_PATTERN = r"^\d+x\d+$"
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 REQUIRED: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
 TRACE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
-
-# Trace-level metadata keys (stored as JSON values under these Parquet keys).
-METADATA_KEYS = (
-    "schema_version", "source", "time_origin", "time_origin_kind", "original_time_format",
-    "timestamp_quantum_ns", "block_size", "tokenizer", "generator", "transforms",
-)
-
 
 def schema_for(names: list[str]) -> pa.Schema:
     """The canonical schema restricted to `names`, in canonical column order."""

@@ -6,14 +6,22 @@ A ServeGen model directory holds, per client i:
 - `chunk-i-dataset.json`: {window start: {field: "<Python dict literal value -> probability>"}},
   each window's length PMFs valid until the next listed window.
 
-Each client becomes a spec client: its windowed rates a `table` profile, its arrival family the
-rate-weighted majority pattern with the rate-weighted mean CV (the spec has one CV per
-client), its length PMFs one empirical table mixed over time by the requests they served.
+Each client becomes a spec client: its windows a `table` profile of their rates (req/s) and
+CVs (`profile.cv`: generate draws every window's count and gaps as ServeGen does), its arrival
+family the rate-weighted majority pattern, its length PMFs `length_windows`, one exact
+empirical table per dataset window (`replay trace generate --start T --duration D` cuts a
+window of the profile with its own rates, client mix and lengths: traces.window).
+Reasoning clients (data/reason): `reason_ratio`, the share of each output that is reasoning,
+becomes the client's `reasoning_share` (mixed alike). Multimodal clients (data/multimodal):
+`text_tokens` is the prompt, `image_count` the images per request, `image_tokens` (per image)
+becomes image sizes that a Qwen2-VL server counts as about as many tokens (`_image_px`).
 """
 from __future__ import annotations
 
 import ast
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +70,7 @@ def _read_pmfs(path: Path) -> dict[float, dict[str, dict[float, float]]]:
         win = {}
         for name, text in fields.items():
             try:  # Python-literal dicts: parsed as literals, never evaluated as code
-                pmf = ast.literal_eval(text) if isinstance(text, str) else text
+                pmf = _literal(text) if isinstance(text, str) else text
             except (ValueError, SyntaxError):
                 raise TraceError(f"window {ts}, field {name}: not a Python dict literal", file=str(path)) from None
             if isinstance(pmf, dict) and pmf:
@@ -72,8 +80,44 @@ def _read_pmfs(path: Path) -> dict[float, dict[str, dict[float, float]]]:
     return out
 
 
+_NUM_KEY = re.compile(r"([{,]\s*)(-?[0-9][0-9.eE+-]*)\s*:")
+
+
+def _literal(text: str) -> Any:
+    """A `{224: 0.0003, ...}` literal: as JSON once its number keys are quoted (C speed: the
+    ServeGen files hold millions of points), else through ast.literal_eval."""
+    try:
+        return {float(k): v for k, v in json.loads(_NUM_KEY.sub(r'\1"\2":', text)).items()}
+    except (ValueError, AttributeError):
+        return ast.literal_eval(text)
+
+
+def _exact(pmf: dict[float, float]) -> dict[str, Any]:
+    """A PMF as an empirical distribution with every support point; weights to 5 significant
+    digits, a total-variation distance to the source below 5e-6."""
+    vals = sorted(pmf)
+    w = np.array([pmf[v] for v in vals])
+    return {"dist": "empirical", "values": [int(v) if v == int(v) else v for v in vals],
+            "weights": [float(f"{x:.5g}") for x in w / w.sum()]}
+
+
+def _length_windows(pmfs: dict[float, dict[str, dict[float, float]]], field: str, t0: float) -> list[dict[str, Any]]:
+    """One {from_s, input, output} per dataset window with both PMFs (rebased to the trace's
+    first window t0). As ServeGen reads them, a window without both keeps the one before it,
+    and the first serves from 0."""
+    out: list[dict[str, Any]] = []
+    for ts in sorted(pmfs):
+        win = pmfs[ts]
+        if field in win and "output_tokens" in win:
+            if out and ts - t0 <= 0:
+                out.pop()  # a later window from before t0 replaces it
+            out.append({"from_s": float(max(ts - t0, 0.0)) if out else 0.0,
+                        "input": _exact(win[field]), "output": _exact(win["output_tokens"])})
+    return out
+
+
 def _mixed_pmf(pmfs: dict[float, dict[str, dict[float, float]]], field: str, t: np.ndarray,
-               served: np.ndarray) -> dict[str, Any] | None:
+               served: np.ndarray, lo: float = 1.0) -> dict[str, Any] | None:
     """One empirical distribution: each window's PMF weighted by the requests it served."""
     starts = np.array(sorted(k for k, v in pmfs.items() if field in v))
     if not len(starts):
@@ -90,9 +134,23 @@ def _mixed_pmf(pmfs: dict[float, dict[str, dict[float, float]]], field: str, t: 
         cdf = np.cumsum(wts) / wts.sum()
         vals = vals[np.minimum(np.searchsorted(cdf, (np.arange(MAX_POINTS) + 0.5) / MAX_POINTS), len(vals) - 1)]
         wts = np.ones(len(vals))
-    vals = np.maximum(vals, 1.0)
+    vals = np.maximum(vals, lo)
     return {"dist": "empirical", "values": vals.tolist(), "weights": (wts / wts.sum()).round(8).tolist(),
-            "min": 1.0, "max": float(vals.max())}
+            "min": lo, "max": float(vals.max())}
+
+
+def _image_px(tokens: dict[str, Any], points: int = 16) -> dict[str, float]:
+    """Image sizes for a PMF of tokens per image: `points` weighted quantiles, each as a WxH of
+    28-pixel cells (Qwen2-VL: one token per 28x28 cell) about as many as its tokens."""
+    vals, wts = np.array(tokens["values"]), np.array(tokens["weights"])
+    vals, wts = vals[vals > 0], wts[vals > 0]
+    cdf = np.cumsum(wts) / wts.sum()
+    px: dict[str, float] = {}
+    for v in vals[np.minimum(np.searchsorted(cdf, (np.arange(points) + 0.5) / points), len(vals) - 1)]:
+        a = int(np.ceil(np.sqrt(v)))
+        size = f"{28 * a}x{28 * max(1, int(round(v / a)))}"
+        px[size] = px.get(size, 0.0) + 1 / points
+    return px
 
 
 def servegen_spec(src: Path) -> dict[str, Any]:
@@ -118,21 +176,41 @@ def servegen_spec(src: Path) -> dict[str, Any]:
                              "ServeGen model directory)", file=str(src))
         pmfs = _read_pmfs(dpath)
         served = rate * window
-        inp, out = _mixed_pmf(pmfs, "input_tokens", t, served), _mixed_pmf(pmfs, "output_tokens", t, served)
-        if inp is None or out is None:
-            have = sorted({f for w in pmfs.values() for f in w})
-            lack = [f for f, d in (("input_tokens", inp), ("output_tokens", out)) if d is None]
+        have = sorted({f for w in pmfs.values() for f in w})
+        # multimodal clients give the prompt's text as text_tokens, its images apart
+        in_field = "text_tokens" if "image_count" in have else "input_tokens"
+        lengths = _length_windows(pmfs, in_field, w[0, 0])
+        if not lengths:
+            lack = [f for f in (in_field, "output_tokens") if f not in have] or [f"{in_field} and output_tokens in one"]
             raise TraceError(f"client {cid}: no {' or '.join(lack)} PMF in any window (fields with a PMF: "
                              f"{', '.join(have) or 'none'}); the lengths need both", file=str(dpath))
+        extra = {}
+        if "reason_ratio" in have:  # reasoning clients: the share of each output that is reasoning
+            extra["reasoning_share"] = _mixed_pmf(pmfs, "reason_ratio", t, served, lo=0.0)
+            extra["reasoning_share"]["max"] = 1.0
+        if "image_count" in have:
+            other = [f for f in ("audio_count", "video_count") if (_mixed_pmf(pmfs, f, t, served, 0.0) or
+                                                                   {"max": 0})["max"] > 0]
+            if other:
+                raise TraceError(f"client {cid}: {other[0]} has requests with a count > 0: a spec sends images "
+                                 "only (no audio or video inputs)", file=str(dpath))
+            count = _mixed_pmf(pmfs, "image_count", t, served, lo=0.0)
+            tokens = _mixed_pmf(pmfs, "image_tokens", t, served, lo=0.0)
+            if count["max"] > 0 and tokens and tokens["max"] > 0:
+                extra["images"] = {"count": {int(v): w for v, w in zip(count["values"], count["weights"]) if w > 0},
+                                   "px": _image_px(tokens)}
         busy = pat > 0
         family = "weibull" if served[pat == 2].sum() > served[pat == 1].sum() else "gamma"
-        mean_cv = float(np.average(cv[busy], weights=served[busy])) if busy.any() else 1.0
+        win_cv = np.where(busy, np.clip(cv, 0.05, MAX_CV), 1.0).round(4)
+        # arrival.cv: the rate-weighted median window CV (profile.cv sets each window's)
+        order = np.argsort(win_cv)
+        mid = win_cv[order][np.searchsorted(np.cumsum(served[order]), served.sum() / 2)]
         clients.append({
             "name": f"client-{cid}", "rate": float(served.sum() / (len(t) * window)),
-            "arrival": {"process": family, "cv": round(min(max(mean_cv, 0.05), MAX_CV), 4)},
-            "profile": {"kind": "table", "window": window,
-                        "values": (rate / rate.mean()).round(6).tolist()},
-            "models": model, "input": inp, "output": out})
+            "arrival": {"process": family, "cv": float(mid)},
+            "profile": {"kind": "table", "window": window, "values": [float(f"{x:.7g}") for x in rate],
+                        "cv": win_cv.tolist()},
+            "models": model, "length_windows": lengths, **extra})
     if not clients:
         raise TraceError("every client is idle (all rates 0)", file=str(src))
     spec = {"name": f"servegen-{model}", "duration": duration, "seed": 0, "block_size": 16, "clients": clients}
@@ -143,4 +221,9 @@ def servegen_spec(src: Path) -> dict[str, Any]:
 def import_servegen(src: Path, out: Path) -> None:
     """Write the spec of ServeGen directory `src` to `out` (YAML, or JSON by suffix)."""
     from .fit import write_spec
-    write_spec(servegen_spec(Path(src)), Path(out))
+    spec, out = servegen_spec(Path(src)), Path(out)
+    points = sum(len(w[k]["values"]) for c in spec["clients"] for w in c["length_windows"] for k in ("input", "output"))
+    if points > 200_000 and out.suffix.lower() != ".json":
+        print(f"note: {points:,} exact PMF points: a .json spec writes and loads in seconds, YAML in minutes "
+              f"(-o {out.with_suffix('.json')})", file=sys.stderr)
+    write_spec(spec, out)

@@ -3,10 +3,11 @@
 so a person can fix the file.
 
 The dict form is the contract (it is what `generate` embeds in the trace metadata);
-The README (Synthetic traces: The spec) documents every field.
+docs/synthetic.md (The spec) documents every field.
 """
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from .errors import TraceError
 from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES, MAX_TOKENS
 from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Agent, Arrival, Client,
-                         Dist, Images, ModelSpec, Modulation, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
+                         Dist, Images, ModelSpec, Modulation, Pool, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
                          weibull_cv)
 from .validate import image_px_problem
 
@@ -188,7 +189,7 @@ def parse_profile(r: _Reader) -> Profile:
             raise r.err("end", "a ramp from 0 to 0 has no arrivals")
     elif kind in ("table", "diurnal"):
         key = "values" if kind == "table" else "hourly"
-        r.check_keys({"kind", key, "window"} if kind == "table" else {"kind", key, "period"})
+        r.check_keys({"kind", key, "window", "cv"} if kind == "table" else {"kind", key, "period"})
         vals = r.d.get(key)
         if not isinstance(vals, list) or not vals or any(
                 isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 for v in vals) or sum(vals) <= 0:
@@ -199,6 +200,12 @@ def parse_profile(r: _Reader) -> Profile:
         p.window = (r.num("window", lo=0, lo_open=True) if kind == "table"
                     else r.num("period", 3600.0 * len(vals), lo=0, lo_open=True) / len(vals))
         p.kind = "table"  # a diurnal profile is a table of hourly windows
+        if "cv" in r.d:  # a renewal CV per window (arrivals.window_points)
+            cvs = r.d["cv"]
+            if not isinstance(cvs, list) or len(cvs) != len(vals) or any(
+                    isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.01 <= v <= MAX_CV for v in cvs):
+                raise r.err("cv", f"must be a list of {len(vals)} CVs (one per value), each in 0.01..{MAX_CV:g}")
+            p.cv = [float(v) for v in cvs]
     elif kind == "sinusoid":
         r.check_keys({"kind", "period", "peak_to_trough", "peak_at"})
         p.period = r.num("period", 86400.0, lo=0, lo_open=True)
@@ -300,6 +307,38 @@ def parse_images(r: _Reader) -> Images:
     return Images(count, sizes)
 
 
+def parse_share(r: _Reader, key: str) -> Dist:
+    """`reasoning_share`: a share of the output tokens in 0..1, one number or a distribution
+    (`{dist: empirical, values: [0.2, 0.9], weights: [0.5, 0.5]}`, `{dist: uniform, low: 0.3, high: 0.7}`)."""
+    v = r.d[key]
+    if isinstance(v, dict):
+        d = parse_dist(r.sub(key), 0.0, 1.0)
+        if d.hi > 1 or any(x > 1 for x in d.params.get("values", [])):
+            raise r.err(key, "a share of the output tokens must lie in 0..1")
+        return d
+    return Dist("constant", {"value": r.num(key, lo=0, hi=1)}, 0.0, 1.0)
+
+
+def parse_length_windows(r: _Reader) -> list[tuple[float, Dist, Dist]]:
+    """`length_windows: [{from_s: 0, input: D, output: D}, ...]`: the lengths of the requests
+    arriving from `from_s` until the next window's (the first from 0, the last to the end)."""
+    v = r.d["length_windows"]
+    if not isinstance(v, list) or not v:
+        raise r.err("length_windows", "must be a non-empty list of {from_s, input, output}")
+    out: list[tuple[float, Dist, Dist]] = []
+    for i, w in enumerate(v):
+        wr = _Reader(w, f"{r.at('length_windows')}[{i}]", r.file)
+        wr.check_keys({"from_s", "input", "output"})
+        t = wr.num("from_s", lo=out[-1][0] if out else 0.0, lo_open=bool(out))
+        if not out and t != 0:
+            raise wr.err("from_s", f"the first window starts at 0 (it holds the lengths until the next), got {t:g}")
+        for key in ("input", "output"):
+            if key not in w:
+                raise wr.err(key, "is required (a length distribution)")
+        out.append((t, parse_dist(wr.sub("input")), parse_dist(wr.sub("output"))))
+    return out
+
+
 def parse_models(r: _Reader) -> list[ModelSpec]:
     v = r.d.get("models", {"default": 1.0})
     if isinstance(v, (str, dict)):
@@ -309,7 +348,7 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
     out = []
     for i, m in enumerate(v):
         mr = _Reader(m, f"{r.at('models')}[{i}]", r.file)
-        mr.check_keys({"name", "weight", "input", "output", "rho", "images"})
+        mr.check_keys({"name", "weight", "input", "output", "rho", "images", "reasoning_share"})
         w = m.get("weight", 1.0)
         w = w if isinstance(w, list) else [w]
         wr = _Reader(dict(enumerate(w)), mr.at("weight"), r.file)
@@ -317,7 +356,8 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
                              parse_dist(mr.sub("input")) if "input" in m else None,
                              parse_dist(mr.sub("output")) if "output" in m else None,
                              mr.num("rho", None, lo=-1, hi=1) if "rho" in m else None,
-                             parse_images(mr.sub("images")) if "images" in m else None))
+                             parse_images(mr.sub("images")) if "images" in m else None,
+                             parse_share(mr, "reasoning_share") if "reasoning_share" in m else None))
     lens = {len(m.weight) for m in out} - {1}
     if len(lens) > 1:
         raise r.err("models", "per-window weight lists must all have the same length")
@@ -332,7 +372,7 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
 
 CLIENT_KEYS = {"name", "rate", "arrival", "profile", "models", "mix_window", "slo_class", "input",
                "output", "rho", "failures", "sessions", "prefix", "bootstrap", "images", "modulation",
-               "exact_count", "why", "agent"}
+               "exact_count", "why", "agent", "reasoning_share", "length_windows"}
 MAX_STEPS = 10_000        # calls per task / subagents per fan-out: a task is one graph in memory
 
 
@@ -365,6 +405,56 @@ def parse_agent(r: _Reader) -> Agent:
     return a
 
 
+MAX_POOL = 1_000_000       # shared prefixes per client (their lengths and weights are arrays)
+
+
+def parse_prefix(r: _Reader) -> Prefix:
+    """`prefix: {system_blocks, system_share, pool: {share, blocks, popularity | zipf, size,
+    tail}}` (spec_types.Pool); `apps`, `app_blocks`, `app_share` are the older form of a pool
+    of `apps` equally popular prefixes of `app_blocks` blocks."""
+    r.check_keys({"system_blocks", "system_share", "pool", "apps", "app_blocks", "app_share"})
+    p = Prefix(r.num("system_blocks", 0, lo=0, integer=True), r.num("system_share", 1.0, lo=0, hi=1))
+    legacy = [k for k in ("apps", "app_blocks", "app_share") if k in r.d]
+    if legacy and "pool" in r.d:
+        raise r.err(legacy[0], "cannot be combined with pool (apps, app_blocks, app_share are its older form)")
+    if legacy:
+        apps, n = r.num("apps", 0, lo=0, hi=MAX_POOL, integer=True), r.num("app_blocks", 0, lo=0, integer=True)
+        if apps and n:
+            p.pool = Pool(r.num("app_share", 1.0, lo=0, hi=1), apps, [n] * apps)
+        return p
+    if "pool" not in r.d:
+        return p
+    pr = r.sub("pool")
+    pr.check_keys({"share", "blocks", "popularity", "zipf", "size", "tail"})
+    if "blocks" not in pr.d:
+        raise pr.err("blocks", "is required: each prefix's length in blocks, a list (most popular first) or a "
+                               "distribution with size, e.g. {dist: lognormal, median: 20, sigma: 1}")
+    if isinstance(pr.d["blocks"], list):
+        br = _Reader(dict(enumerate(pr.d["blocks"])), pr.at("blocks"), r.file)
+        blocks: list[int] | Dist = [br.num(i, lo=1, integer=True) for i in range(len(pr.d["blocks"]))]
+        size = len(blocks)
+        if "size" in pr.d and pr.num("size", integer=True) != size:
+            raise pr.err("size", f"must match the {size} prefix lengths in blocks")
+    else:
+        blocks, size = parse_dist(pr.sub("blocks"), 1, 100_000), pr.num("size", lo=1, hi=MAX_POOL, integer=True)
+    if not 1 <= size <= MAX_POOL:
+        raise pr.err("blocks", f"a pool holds 1..{MAX_POOL:,} prefixes, got {size:,}")
+    pool = Pool(pr.num("share", 1.0, lo=0, hi=1), size, blocks, zipf=pr.num("zipf", 0.0, lo=0),
+                tail=parse_dist(pr.sub("tail")) if "tail" in pr.d else None)
+    if "popularity" in pr.d:
+        if "zipf" in pr.d:
+            raise pr.err("zipf", "cannot be combined with popularity (give one)")
+        w = pr.d["popularity"]
+        if not isinstance(w, list) or len(w) != size:
+            raise pr.err("popularity", f"must be a list of {size} weights, one per prefix")
+        wr = _Reader(dict(enumerate(w)), pr.at("popularity"), r.file)
+        pool.popularity = [wr.num(i, lo=0) for i in range(size)]
+        if sum(pool.popularity) <= 0:
+            raise pr.err("popularity", "weights must have a positive sum")
+    p.pool = pool
+    return p
+
+
 def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     r.check_keys(CLIENT_KEYS)
     arrival = parse_arrival(r.sub("arrival")) if "arrival" in r.d else Arrival()
@@ -373,28 +463,29 @@ def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     else:
         rate = r.num("rate", lo=0, lo_open=True)
     models = parse_models(r)
+    lw = parse_length_windows(r) if "length_windows" in r.d else None
     for key in ("input", "output"):
-        if key not in r.d and "bootstrap" not in r.d and any(getattr(m, key) is None for m in models):
+        if lw and key in r.d:
+            raise r.err(key, "is given per window in length_windows; remove one of them")
+        if key not in r.d and "bootstrap" not in r.d and not lw and any(getattr(m, key) is None for m in models):
             raise r.err(key, "is required (a length distribution such as {dist: lognormal, median: 500, "
                              "sigma: 1}) unless every model sets its own")
     inp = parse_dist(r.sub("input")) if "input" in r.d else Dist("constant", {"value": 1})
     out = parse_dist(r.sub("output")) if "output" in r.d else Dist("constant", {"value": 1})
+    inp, out = (lw[0][1], lw[0][2]) if lw else (inp, out)
     sessions = None
     if "sessions" in r.d:
         sr = r.sub("sessions")
-        sr.check_keys({"turns", "think_s", "user_tokens"})
+        sr.check_keys({"turns", "think_s", "user_tokens", "branch"})
         for key in ("turns", "think_s"):
             if key not in sr.d:
                 raise sr.err(key, "is required for sessions")
         sessions = Sessions(parse_dist(sr.sub("turns"), 1, 1000), parse_dist(sr.sub("think_s"), 0, 1e6),
-                            parse_dist(sr.sub("user_tokens")) if "user_tokens" in sr.d else None)
+                            parse_dist(sr.sub("user_tokens")) if "user_tokens" in sr.d else None,
+                            sr.num("branch", 0.0, lo=0, hi=1))
     prefix = None
     if "prefix" in r.d:
-        pr = r.sub("prefix")
-        pr.check_keys({"system_blocks", "system_share", "apps", "app_blocks", "app_share"})
-        prefix = Prefix(pr.num("system_blocks", 0, lo=0, integer=True), pr.num("system_share", 1.0, lo=0, hi=1),
-                        pr.num("apps", 0, lo=0, integer=True), pr.num("app_blocks", 0, lo=0, integer=True),
-                        pr.num("app_share", 1.0, lo=0, hi=1))
+        prefix = parse_prefix(r.sub("prefix"))
     if "why" in r.d and not isinstance(r.d["why"], str):  # fit's note on the arrival model
         raise r.err("why", "must be text")
     boot = r.d.get("bootstrap")
@@ -403,9 +494,13 @@ def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     if agent and clash:
         raise r.err("agent", f"cannot be combined with {clash[0]} (a task is its own conversation and "
                              "sets its own shared prefix: system_blocks, tools_blocks)")
+    if lw and (agent or boot is not None):
+        raise r.err("length_windows", "cannot be combined with agent or bootstrap (they draw their own lengths)")
     if boot is not None and not Path(str(boot)).exists():
         raise r.err("bootstrap", f"trace file {boot} not found")
-    return Client(
+    if isinstance(r.d.get("profile"), dict) and "cv" in r.d["profile"] and arrival.process not in ("gamma", "weibull"):
+        raise r.err("profile", "a table with a cv per window needs arrival process gamma or weibull")
+    c = Client(
         name=str(r.d.get("name", f"client-{i}")), rate=rate, arrival=arrival,
         profile=parse_profile(r.sub("profile")) if "profile" in r.d else Profile(),
         models=models, mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
@@ -415,7 +510,10 @@ def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
         bootstrap=None if boot is None else str(boot),
         images=parse_images(r.sub("images")) if "images" in r.d else None,
         modulation=parse_modulation(r.sub("modulation")) if "modulation" in r.d else None,
-        exact_count=r.flag("exact_count", exact_count), agent=agent)
+        exact_count=r.flag("exact_count", exact_count), agent=agent,
+        reasoning_share=parse_share(r, "reasoning_share") if "reasoning_share" in r.d else None)
+    c.length_windows = lw
+    return c
 
 
 def parse_spec(d: Any, file: str | None = None) -> Spec:
@@ -459,8 +557,13 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
             raise TraceError("this trace has no embedded generator spec (metadata key 'generator')",
                              file=str(path))
         return {**gen["spec"], "seed": gen.get("seed", 0)}
+    text = path.read_text()
+    try:  # JSON first: a long imported spec (ServeGen: tens of MB) loads ~70x faster than as YAML
+        d = json.loads(text) if path.suffix.lower() == ".json" else None
+    except ValueError:
+        d = None
     try:
-        d = yaml.safe_load(path.read_text())
+        d = yaml.safe_load(text) if d is None else d
     except yaml.YAMLError as e:
         raise TraceError(f"not valid YAML/JSON: {str(e)[:300]}", file=str(path)) from None
     if not isinstance(d, dict):

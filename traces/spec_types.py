@@ -45,6 +45,7 @@ class Profile:
     period: float = 86400.0             # sinusoid
     peak_to_trough: float = 1.0
     peak_at: float = 0.5                # fraction of the period where the peak lies
+    cv: list[float] | None = None       # table: a renewal CV per value (arrivals.window_points)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ModelSpec:
     output: Dist | None = None
     rho: float | None = None
     images: Images | None = None        # per-model images override the client's
+    reasoning_share: Dist | None = None  # per-model reasoning share overrides the client's
 
 
 @dataclass
@@ -82,15 +84,29 @@ class Sessions:
     turns: Dist
     think_s: Dist
     user_tokens: Dist | None            # new tokens per later turn (default: the input dist)
+    branch: float = 0.0                 # share of later turns that keep only part of the history
+
+
+@dataclass
+class Pool:
+    """Application prefixes shared by unrelated sessions (after the system prompt): `size`
+    prefixes, prefix i `blocks[i]` blocks long (a Dist: each length drawn per seed), picked
+    per session by `popularity` weights (else Zipf: rank k weighs k^-zipf); a session opens
+    with one with probability `share`. `tail`: the tokens after the prefix on its first turn
+    (None: the prompt length is the client's input and the prefix is cut to fit it)."""
+    share: float
+    size: int
+    blocks: list[int] | Dist
+    popularity: list[float] | None = None
+    zipf: float = 0.0
+    tail: Dist | None = None
 
 
 @dataclass
 class Prefix:
     system_blocks: int = 0
     system_share: float = 0.0
-    apps: int = 0
-    app_blocks: int = 0
-    app_share: float = 0.0
+    pool: Pool | None = None
 
 
 @dataclass
@@ -129,6 +145,11 @@ class Client:
     modulation: Modulation | None = None  # doubly stochastic rate on top of the profile
     exact_count: bool = False           # exactly round(rate * span) arrivals (arrivals.arrival_times)
     agent: Agent | None = None          # arrivals are task starts, expanded by traces.agents
+    # lengths by arrival time: (from_s, input, output), each until the next; None: input/output
+    length_windows: list[tuple[float, Dist, Dist]] | None = None
+    # share of each request's output tokens that is reasoning (0..1), drawn per request
+    # (ServeGen's reason_ratio); None: the trace says nothing (reasoning_tokens null)
+    reasoning_share: Dist | None = None
 
 
 @dataclass

@@ -429,13 +429,16 @@ def prefix_parents(table: Any, block_size: int | None = None) -> np.ndarray | No
     Mooncake): row r continues row p when the last block of r's reused leading run was last
     used by p and is conversation-private: followed, over the whole trace, by at most
     MAX_FANOUT distinct blocks (a system prompt or document shared by many conversations is
-    followed by many). Returns the parent row per row (-1 = opens a conversation); None
-    without hash_ids."""
+    followed by many). A row may so branch off its parent's history (an edited or restarted
+    conversation: ~15 % of the Mooncake conversation trace's continuations) -- it stays in the
+    conversation (its arrivals cluster with it), and `turn_stats` counts no negative new
+    tokens for it; prefixes shared across conversations are `shared_prefixes`. Returns the
+    parent row per row (-1 = opens a conversation); None without hash_ids."""
     t = _tbl(table)
     b = _blocks(t)
     if b is None:
         return None
-    ids, row, lens, offsets = b["ids"], b["row"], b["lens"], b["offsets"]
+    row, lens, offsets = b["row"], b["lens"], b["offsets"]
     fan = _fanout(b)
     n_reused = np.bincount(row, weights=b["reused"], minlength=len(lens)).astype(np.int64)
     has = n_reused > 0
@@ -451,10 +454,14 @@ def _fanout(b: dict[str, np.ndarray]) -> np.ndarray:
     """Per block occurrence: how many distinct blocks follow its id anywhere in the trace."""
     ids, row = b["ids"], b["row"]
     same = row[1:] == row[:-1]
-    pairs = np.stack([ids[:-1][same], ids[1:][same]])
-    if not pairs.shape[1]:
+    a, c = ids[:-1][same], ids[1:][same]
+    if not len(a):
         return np.zeros(len(ids), np.int64)
-    succ_id, succ_n = np.unique(np.unique(pairs, axis=1)[0], return_counts=True)
+    o = np.lexsort((c, a))       # (np.unique(axis=1) sorts void rows: 20x slower)
+    a, c = a[o], c[o]
+    distinct = np.ones(len(a), bool)
+    distinct[1:] = (a[1:] != a[:-1]) | (c[1:] != c[:-1])
+    succ_id, succ_n = np.unique(a[distinct], return_counts=True)
     k = np.minimum(np.searchsorted(succ_id, ids), len(succ_id) - 1)
     return np.where(succ_id[k] == ids, succ_n[k], 0)
 
@@ -510,7 +517,8 @@ def turn_stats(table: Any, block_size: int | None = None, source: str | None = N
     """Session structure: turns (requests) per conversation, the gap between consecutive
     turns' arrivals (s), and context growth per turn: `growth` = input_tokens(k+1) -
     input_tokens(k), `new_tokens` = input_tokens(k+1) - input_tokens(k) - output_tokens(k)
-    (the user's new text when the prompt carries the whole history). Conversations come from
+    (the user's new text when the prompt carries the whole history; at least 0: a prompt that
+    dropped part of the answer adds none). Conversations come from
     `session_id` or, without it, from the `hash_ids` chains (`prefix_parents`); `source` says
     which (`source="hash_ids"` infers them even when `session_id` is there, so that a trace
     without sessions compares with one that has them). None when neither column is there."""
@@ -534,7 +542,64 @@ def turn_stats(table: Any, block_size: int | None = None, source: str | None = N
             "multi_turn_share": float(turns[turns > 1].sum() / max(t.num_rows, 1)),
             "gap_s": quantiles((a[child] - a[p]) / 1e9),
             "growth": quantiles(inp[child] - inp[p]),
-            "new_tokens": quantiles(inp[child] - inp[p] - out[p])}
+            "new_tokens": quantiles(np.maximum(inp[child] - inp[p] - out[p], 0))}
+
+
+def shared_prefixes(table: Any, start: np.ndarray | None = None, opens: np.ndarray | None = None,
+                    source: str | None = None, block_size: int | None = None) -> dict[str, np.ndarray] | None:
+    """The application prefix each session opens with. A row's shared run: its leading blocks,
+    from `start` (per row, default 0), whose ids other conversations use too (a conversation's
+    own history recurs only within it; conversations as `turn_stats`, `source` alike). A
+    session's prefix: the longest one inside its first row's run (`opens`, default the first
+    row of each conversation) that at least MIN_SHARED_USES sessions open with (fewer: a
+    branched conversation, a document pasted twice). Per row: `key`, the prefix's last block
+    id (ids are chained: it names the whole prefix; -1: none, or not an opening row),
+    `blocks`, its length, and `root`, the row's conversation. None without hash_ids."""
+    t = _tbl(table)
+    b, links = _blocks(t), _turn_links(t, block_size, source)
+    if b is None or links is None:
+        return None
+    ids, row, root, base = b["ids"], b["row"], links[0], b["offsets"][:-1]
+    o = np.lexsort((root[row], ids))
+    si, sr = ids[o], root[row][o]
+    first = np.flatnonzero(np.r_[True, si[1:] != si[:-1]])
+    convs = np.add.reduceat(np.r_[True, (si[1:] != si[:-1]) | (sr[1:] != sr[:-1])], first)  # per id
+    shared = np.empty(len(ids), bool)
+    shared[o] = np.repeat(convs >= 2, np.diff(np.r_[first, len(si)]))
+    s = np.zeros(len(b["lens"]), np.int64) if start is None else np.asarray(start, np.int64)
+    if opens is None:
+        opens = np.zeros(len(s), bool)
+        opens[np.unique(root, return_index=True)[1]] = True
+    pos = np.arange(len(ids)) - base[row]
+    stop = b["lens"].copy()                 # the first block from `start` that is not shared
+    cut = ~shared & (pos >= s[row])
+    np.minimum.at(stop, row[cut], pos[cut])
+    run = opens & (stop > s)
+    keys, cnt = np.unique(ids[base[run] + stop[run] - 1], return_counts=True)
+    inside = opens[row] & (pos >= s[row]) & (pos < stop[row]) & np.isin(ids, keys[cnt >= MIN_SHARED_USES])
+    depth = np.full(len(s), -1, np.int64)
+    np.maximum.at(depth, row[inside], pos[inside])
+    has = depth >= 0
+    key = np.full(len(s), -1, np.int64)
+    key[has] = ids[base[has] + depth[has]]
+    return {"key": key, "blocks": np.where(has, depth - s + 1, 0), "root": root}
+
+
+MIN_SHARED_USES = 3   # conversations that open with one prefix, for it to be an application's
+
+
+def prefix_pool_stats(table: Any, source: str | None = None, block_size: int | None = None) -> dict[str, Any] | None:
+    """`shared_prefixes` from the first block (a system prompt counts as one), per conversation:
+    the distinct prefixes, the share of conversations that open with one, its length in blocks
+    (quantiles over them) and the most used one's share of them. None without hash_ids."""
+    sp = shared_prefixes(table, source=source, block_size=block_size)
+    if sp is None:
+        return None
+    app = sp["key"] >= 0
+    _, cnt = np.unique(sp["key"][app], return_counts=True)
+    conversations = len(np.unique(sp["root"]))
+    return {"prefixes": int(len(cnt)), "share": float(app.sum() / conversations), "conversations": conversations,
+            "blocks": quantiles(sp["blocks"][app]), "top_share": float(cnt.max() / app.sum()) if len(cnt) else None}
 
 
 TOP_IMAGE_PX = 5   # image sizes listed by describe (the rest are counted, not named)
@@ -567,7 +632,7 @@ def image_px_shares(table: Any, rows: np.ndarray | None = None, top: int | None 
 
 
 def image_stats(table: Any) -> dict[str, Any] | None:
-    """The image-count distribution (DESIGN.md section 9): share of requests with >= 1 image,
+    """The image-count distribution (docs/images.md): share of requests with >= 1 image,
     mean images per request (over all requests), max, the count histogram {count: requests},
     the top image sizes by share of requests with images (`image_px_distinct` counts all) and
     the share of those whose size is null (sent as 512x512). None without `num_images`."""
@@ -673,6 +738,23 @@ def agent_stats(table: Any) -> dict[str, Any] | None:
             "delay_s": quantiles(g["delay_s"]), "growth": quantiles(g["growth"]), "context": g["context"]}
 
 
+def reasoning_stats(table: Any) -> dict[str, Any] | None:
+    """The reasoning share: reasoning tokens / output tokens summed over the rows that give
+    both, its standard error (a ratio estimator: delta method, so long outputs weigh as much
+    as they do in the share) and those rows' count; None without `reasoning_tokens` values."""
+    t = _tbl(table)
+    if "reasoning_tokens" not in t.column_names or t.column("reasoning_tokens").null_count == t.num_rows:
+        return None
+    r = t.column("reasoning_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    o = t.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    ok = ~np.isnan(r) & ~np.isnan(o)
+    r, o = r[ok], o[ok]
+    if not o.sum():
+        return None
+    share = float(r.sum() / o.sum())
+    return {"share": share, "se": float(np.sqrt(((r - share * o) ** 2).sum()) / o.sum()), "rows": int(ok.sum())}
+
+
 def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = None) -> dict[str, Any]:
     """Every statistic above in one JSON-able dict (the body of `replay trace describe --json`)."""
     t = _tbl(table)
@@ -693,6 +775,9 @@ def summarize(table: Any, windows_s=DEFAULT_WINDOWS_S, block_size: int | None = 
         "prefix_cache": prefix_cache_hits(t, block_size),
         "reuse_distance": reuse_distances(t),
         "turns": turn_stats(t, block_size),
+        "turns_from_hash_ids": turn_stats(t, block_size, "hash_ids") if has_sessions(t) else None,
+        "shared_prefixes": prefix_pool_stats(t, block_size=block_size),
         "images": image_stats(t),
+        "reasoning": reasoning_stats(t),
         "agents": agent_stats(t),
     }

@@ -107,7 +107,7 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
     if (arr < 0).any():
         raise TraceError("arrival_ns must be >= 0", file=file, column="arrival_ns",
                          rows=_bad_rows(arr < 0), total_rows=n)
-    for name in ("input_tokens", "output_tokens"):
+    for name in [c for c in ("input_tokens", "output_tokens", "reasoning_tokens") if c in cols]:
         mm = pc.min_max(cols[name])  # cheap; rows are located only when it fails
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         if lo is not None and lo < 0:
@@ -125,6 +125,14 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
                              file=file, column="arrival_ns",
                              rows=(np.flatnonzero(np.diff(arr) < 0) + 1)[:11].tolist(), total_rows=n)
         order = np.argsort(arr, kind="stable")
+    if "reasoning_tokens" in cols:  # a part of the output: more than all of it is a mapping mistake
+        over = pc.fill_null(pc.greater(cols["reasoning_tokens"], cols["output_tokens"]), False)
+        if pc.any(over).as_py():
+            v = over.to_numpy(zero_copy_only=False)
+            i = int(np.argmax(v))
+            raise TraceError(f"reasoning_tokens must be <= output_tokens (they are a part of the output; got "
+                             f"{cols['reasoning_tokens'][i].as_py()} > {cols['output_tokens'][i].as_py()})",
+                             file=file, column="reasoning_tokens", rows=_bad_rows(v), total_rows=n)
     if "image_px" in cols:
         check_image_px(cols["image_px"], file=file)
     if "depends_on" in cols or "delay_s" in cols:

@@ -135,6 +135,9 @@ def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
     col = pc.max_element_wise(t.column(column), lo) if lo is not None else t.column(column)
     col = pc.min_element_wise(col, hi) if hi is not None else col
     t = t.set_column(t.schema.get_field_index(column), column, col.cast(pa.int32()))
+    if column == "output_tokens" and "reasoning_tokens" in t.column_names:  # still a part of the output
+        i = t.schema.get_field_index("reasoning_tokens")
+        t = t.set_column(i, "reasoning_tokens", pc.min_element_wise(t.column(i), col).cast(pa.int32()))
     bs = trace.metadata.get("block_size")
     if column == "input_tokens" and bs and "hash_ids" in t.column_names and hi is not None:
         h = t.column("hash_ids").combine_chunks()

@@ -72,7 +72,7 @@ def test_parse_px():
 
 
 def row(idx, images, px=None, prompt="describe these"):
-    r = [None] * 19
+    r = [None] * plan.ROW_LEN
     r[plan.IDX], r[plan.RID], r[plan.SCHED], r[plan.IN], r[plan.OUT] = idx, str(idx), 0.0, 12, 4
     r[plan.PROMPT], r[plan.IMAGES], r[plan.IMAGE_PX] = prompt, images, px
     return tuple(r)

@@ -12,7 +12,8 @@ from tests.replay.runkit import assert_well_formed, records, replay_run, run_inf
 
 
 def row(idx, n_in, hash_ids=None, n_out=8, prompt=None, images=None, px=None):
-    return (idx, str(idx), 0.0, n_in, n_out, None, None, None, None, None, prompt, hash_ids, images, px)
+    r = (idx, str(idx), 0.0, n_in, n_out, None, None, None, None, None, prompt, hash_ids, images, px)
+    return r + (None,) * (plan.ROW_LEN - len(r))
 
 
 def builder(**kw) -> PromptBuilder:

@@ -11,7 +11,7 @@ from llm_replay.replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch
 
 
 def _row(i: int) -> tuple:
-    row = [None] * 19
+    row = [None] * plan.ROW_LEN
     row[plan.RID], row[plan.SCHED], row[plan.IN], row[plan.OUT] = str(i), i * 0.01, 8, 3
     return tuple(row)
 

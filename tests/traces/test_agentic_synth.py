@@ -118,6 +118,7 @@ def _median(d):
     return float(sample_from_normal(dist_from_dict(d), np.zeros(1))[0])
 
 
+@pytest.mark.slow
 def test_fit_recovers_the_agent_section(known):
     _, t = known
     spec = fit_trace(t)
@@ -140,6 +141,7 @@ def test_fit_recovers_the_agent_section(known):
     assert len(agent_rows) == 7 and all(r["verdict"] == "pass" for r in agent_rows), agent_rows
 
 
+@pytest.mark.slow
 def test_compare_passes_another_seed_and_flags_doubled_delays(known):
     _, t = known
     other = generate(SPEC, seed=2)
@@ -154,6 +156,7 @@ def test_compare_passes_another_seed_and_flags_doubled_delays(known):
     assert lacks and all(r["verdict"] == "fail" and "B has no depends_on" in r["reason"] for r in lacks)
 
 
+@pytest.mark.slow
 def test_describe_prints_the_graph(known, tmp_path):
     path, _ = known
     text = describe_file(path)

@@ -11,6 +11,7 @@ from llm_replay.traces import Trace
 FIX = Path(__file__).parent / "fixtures"
 
 
+@pytest.mark.slow
 def test_import_describe_export_round_trip(tmp_path):
     out = tmp_path / "b.parquet"
     p = run_cli("replay", "trace", "import", "burstgpt", FIX / "burstgpt_1.csv", "-o", out, check=True)
@@ -30,6 +31,7 @@ def test_import_describe_export_round_trip(tmp_path):
     assert "dropped 2 failed" in p.stdout
 
 
+@pytest.mark.slow
 def test_validate_and_canonical_text_formats(tmp_path):
     out = tmp_path / "q.parquet"
     run_cli("replay", "trace", "import", "qwen-bailian", FIX / "qwen_bailian.jsonl", "-o", out, check=True)
@@ -176,6 +178,7 @@ def _mooncake_buckets(path, tie_jitter, seed=0, buckets=300):
                                         "hash_ids": [i, i + 1]}) + "\n" for i, ts in enumerate(sorted(rows))))
 
 
+@pytest.mark.slow
 def test_bucketed_mooncake_is_detected_dequantized_and_described(tmp_path):
     """--dequantize uniform finds ~3 s buckets behind jittered ms timestamps and says what it
     did; describe warns while timestamps are bucketed and about absurd shapes (issue 16 item 9)."""

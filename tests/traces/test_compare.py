@@ -2,6 +2,8 @@
 statistics, too few windows, table and JSON output, exit codes."""
 import json
 
+import pytest
+
 import pyarrow as pa
 
 from tests.conftest import run_cli
@@ -84,6 +86,7 @@ def _write_model_less(path, kind, n=6000, rate=2.0, seed=4):
                                 for k, (s, i, o) in enumerate(zip(t, inp, out))))
 
 
+@pytest.mark.slow
 def test_model_less_import_matches_its_fitted_copy(tmp_path):
     """A trace without a model column is one model: fit -> generate (labelled `default`) ->
     compare passes instead of failing on model_share.default (issue 16 item 3)."""

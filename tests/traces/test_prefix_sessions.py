@@ -84,6 +84,7 @@ REUSE_ROWS = ("prefix_block_hit_ratio", "reuse_distance_requests.p50", "reuse_di
               "turns_per_session.mean", "turns_per_session.p90", "turn_gap_s.p50")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strip", [False, True])
 def test_known_reuse_structure_is_fitted_and_regenerated(strip):
     """With session_id, and with it removed (conversations then come from hash_ids chains,
@@ -147,6 +148,7 @@ def test_html_has_the_rows_and_a_qq_plot_inside_its_frame(tmp_path):
     assert np.abs((xs - x0) - (y0 + h - ys))[2:-2].max() < np.log10(1.5) / 1 * w
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="public Mooncake fixture not present")
 def test_mooncake_conversation_round_trip_keeps_reuse_and_turns(tmp_path):
     """Mooncake's conversation trace has no session ids: fit infers conversations from the

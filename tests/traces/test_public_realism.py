@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow   # import, fit and 3 seeds of generate per fixture: minutes
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)
 
@@ -46,16 +47,21 @@ MISSES: dict[str, dict[str, str]] = {
         "output.p99": "251.5 -> 222.8 on seed 1 (11.4 % vs 10 %); seeds 2, 3 within",
     },
     "azure_conv": {},
-    "mooncake_conv": {},   # rate and IDC 1/10/60 s pass since timestamp_quantum_s (see below)
+    # Later turns run long: the p99 of the generated continuations is ~40 % above the source's
+    # (sessions grow by every answer and new tokens; the source's long conversations do not
+    # reach as far), mean p99 +6 % over 8 seeds (sd 5 %), as before the shared-prefix pool;
+    # seed 1 lands over, seeds 2, 3 within. The prefix hit ratio, +0.04 before sessions.branch
+    # (15 % of the source's continuations keep only part of the history), is now +0.025.
+    "mooncake_conv": {  # rate and IDC 1/10/60 s pass since timestamp_quantum_s (see below)
+        "input.p99": "85,400 -> 95,777 on seed 1 (12.2 % vs 10 %); seeds 2, 3 within",
+    },
     "mooncake_conv_dq": {
         # rate and IDC 1/10/60 s pass (timestamp_quantum_s + timestamp_spread: generate floors
         # to the 3-s buckets and spreads them as the import did; arrival models judged on every
-        # row, starts and turns; the rows' count exact). The prefix hit ratio is biased +0.04
-        # on both variants (a source continuation shares 80 % of its parent's blocks -- 15 %
-        # of them branch off early -- a generated one 88 %), seed sd ~0.011 (12 seeds: mean
-        # 0.405, ~1 in 5 over 0.416): seed 1 lands 0.002 over, seeds 2, 3 within
-        "prefix_hit": "0.3664 -> 0.4188 on seed 1 (0.052 vs 0.05); seeds 2, 3 within",
+        # row, starts and turns; the rows' count exact)
+        "input.p99": "85,400 -> 94,991 on seed 1 (11.2 % vs 10 %); seeds 2, 3 within",
     },
+    "bucketed_burst": {},   # synthetic (a known spec, 1-s buckets): every target on every seed
 }
 
 
@@ -77,7 +83,8 @@ def test_public_fixtures_import_every_row():
         assert res["rows"] == rows, name
         # the fixtures' own span in trace time (the timestamps in the files), not a measured time
         assert 3400 < res["duration_s"] < 3600, name   # one hour of traffic each
-    assert set(MISSES) == set(ROWS) == set(realism.DEFAULT)
+    assert set(MISSES) == set(realism.DEFAULT)
+    assert set(ROWS) == {n for n in realism.DEFAULT if realism.FIXTURES[n].fmt != "synthetic"}
 
 
 @pytest.mark.parametrize("fixture, metric", list(_cases()))
