@@ -1,7 +1,7 @@
 """Lean streaming HTTP/1.1 client for the runner's hot path (gevent, keep-alive, SSE).
 
 Why not FastHttpUser/aiohttp: per streamed token they cost 25-35 us of CPU, and the client's
-CPU is what limits an open-loop replayer (DESIGN section 7). Here, per token:
+CPU is what limits an open-loop replayer (docs/client.md). Here, per token:
 
 - a per-connection libev I/O watcher callback runs *in the hub*: one `recv`, one stamp taken
   before any parsing (the kernel's receive time via SO_TIMESTAMPNS where available, else

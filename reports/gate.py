@@ -1,4 +1,4 @@
-"""SLO gate (DESIGN section 5): evaluate every objective of a spec on a run.
+"""SLO gate (docs/reports.md, Gate): evaluate every objective of a spec on a run.
 
 Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something
 could not be evaluated (no samples, too few samples for the percentile asked, no objectives,

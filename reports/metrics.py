@@ -1,4 +1,4 @@
-"""Per-request metrics (DESIGN section 4), vectorised over whole columns.
+"""Per-request metrics (docs/metrics.md), vectorised over whole columns.
 
 Every latency is in milliseconds, NaN where undefined (failed request, fewer than two output
 tokens for TPOT, ...). List columns are handled through their flat values and offsets, never

@@ -1,4 +1,4 @@
-"""SLO spec (DESIGN section 5): per-request thresholds that define a good request, aggregate
+"""SLO spec (docs/reports.md, SLO spec): per-request thresholds that define a good request, aggregate
 objectives that must all hold, and overrides per slo_class or model.
 
 Read from YAML, TOML, or `[tool.replay.slo]` in a pyproject.toml; every error names the field.
