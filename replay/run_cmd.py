@@ -281,6 +281,12 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     c.prompt_mode = args.prompt_mode or ("ids" if c.api == "completions" and ids_ok else "text")
     force_ok = all(k.get("min_tokens_ignore_eos", True) for k in caps)
     c.force_output_len = force_ok if args.force_output_len is None else args.force_output_len
+    c.ask_reasoning = all(k.get("reasoning_tokens_request", True) for k in caps)
+    import pyarrow.parquet as pq
+    if caps and "reasoning_tokens" in pq.read_schema(c.trace).names:
+        print("replay: the trace's reasoning_tokens " + ("go in each chat request's reasoning_tokens field" if
+              c.ask_reasoning else "are not sent: the target takes no count (a real server reasons as long as it "
+              "decides); the report compares the reasoning share it generated with the trace's"), file=sys.stderr)
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length "
               f"{'on' if c.force_output_len else 'off'} (from `replay check` of the "
@@ -459,6 +465,9 @@ def run(args) -> int:
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
+    if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
+        (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
+                                                     indent=1) + "\n")
     code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False))
     if code == 0:
         code = _verdict(run_dir, getattr(args, "exit_code_on_error", None))

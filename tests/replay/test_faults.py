@@ -1,6 +1,7 @@
 """Every fault kind still yields exactly one record per trace row, with the right status."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -110,6 +111,7 @@ def test_malformed_events_are_protocol_errors_that_say_what_was_wrong(tmp_path):
         assert df.loc[name].status == "ok" and len(df.loc[name].token_times) == 5, df.loc[name].error
 
 
+@pytest.mark.slow
 def test_empty_or_encoded_200s_fail_the_gate_and_zero_token_successes_are_flagged(tmp_path):
     """Issue 22 item 1: an empty 200 stream or an unrequested gzip body is a protocol error
     naming why, so `error_rate <= 0.01` fails; a stream of only [DONE] is ok but flagged."""
@@ -120,8 +122,13 @@ def test_empty_or_encoded_200s_fail_the_gate_and_zero_token_successes_are_flagge
     why = {"empty": "no data event and no [DONE]", "gzip": "Content-Encoding gzip that the client did not ask for"}
     for fault, text in why.items():
         with sse_server("--fault", fault) as url:
-            p = replay_run(trace, url, tmp_path / fault, "--model-map", "*=m", check=False)
+            p = replay_run(trace, url, tmp_path / fault, "--model-map", "*=m", "--slo", slo, check=False)
         assert p.returncode == 1 and "status: all_failed" in p.stdout, p.stdout   # nothing succeeded
+        assert json.loads((tmp_path / fault / "summary.json").read_text())["gate"]["exit_code"] == 1
+        # `replay report RUN` writes summary.json again: judged by the run's own --slo, not without it
+        (tmp_path / fault / "summary.json").unlink()
+        assert run_cli("replay", "report", tmp_path / fault).returncode == 0
+        assert json.loads((tmp_path / fault / "summary.json").read_text())["gate"]["exit_code"] == 1
         df = records(tmp_path / fault)
         assert (df.status == "protocol_error").all() and df.error.str.contains(text, regex=False).all(), df.error[0]
         g = run_cli("replay", "gate", tmp_path / fault, "--slo", slo)
@@ -131,4 +138,4 @@ def test_empty_or_encoded_200s_fail_the_gate_and_zero_token_successes_are_flagge
     assert (records(tmp_path / "done").status == "ok").all()
     assert "20 of 20 successful requests streamed no token" in out.stdout
     g = run_cli("replay", "gate", tmp_path / "done", "--slo", slo)
-    assert g.returncode == 0 and "streamed no token" in g.stdout
+    assert g.returncode == 0 and "streamed no token" in " ".join(g.stdout.split()), g.stdout  # rich wraps lines
