@@ -62,3 +62,17 @@ def engine_url():
     eng = start_engine()
     yield eng.url
     eng.stop()
+
+
+DEFAULT_MARKEXPR = "not timing and not slow"   # pyproject.toml addopts
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """Say which tests the default `-m 'not timing and not slow'` left out, why, and how to run them."""
+    if config.getoption("markexpr", "") == DEFAULT_MARKEXPR and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(
+            "not run by default (.ci/run runs both after this):\n"
+            "  marker `slow`: end-to-end runs of the README's and docs' blocks, sweeps, the pytest plugin, "
+            "multi-host and realism fits (~10 more minutes on 2 cores): python3 -m pytest -q -m slow\n"
+            "  marker `timing`: they judge this host's own CPU timing (signal delivery, dispatch lag, "
+            "nice/realtime), which parallel workers and busy hosts disturb; alone: python3 -m pytest -q -m timing -n 0")

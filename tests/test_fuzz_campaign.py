@@ -6,6 +6,8 @@ a memory bound that no input of this size needs (a span of 10^18 ns once took 2.
 campaign runs as a process of its own, so that its children's peak RSS is theirs, not pytest's."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -18,6 +20,7 @@ SEED = int(os.environ.get("FUZZ_CAMPAIGN_SEED", 0))
 MAX_RSS_MB = 1024
 
 
+@pytest.mark.slow
 def test_hostile_inputs_give_results_or_one_line_errors():
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fuzz_campaign.py"), "--per-entry", str(PER_ENTRY),
                         "--seed", str(SEED), "--json"], capture_output=True, text=True, env=repo_env(), timeout=900)

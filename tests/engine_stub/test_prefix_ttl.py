@@ -54,6 +54,7 @@ def hits(url: str) -> float:
     raise AssertionError("no vllm:prefix_cache_hits_total")
 
 
+@pytest.mark.timing
 def test_later_turn_right_after_hits_the_cache(engines):
     for url in engines:  # with or without the TTL: 1 s is far longer than the gap between turns
         before = hits(url)

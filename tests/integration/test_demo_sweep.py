@@ -13,6 +13,7 @@ from tests.replay.runkit import write_trace
 pytest.importorskip("torch")
 
 
+@pytest.mark.timing
 def test_sweep_brackets_capacity(tmp_path):
     # One sequence at a time: queueing makes TTFT explode once the rate passes the service rate,
     # so a low rate passes and a high one fails whatever the machine's speed.

@@ -23,6 +23,7 @@ def test_user_packages_and_plugin(replay):
 """
 
 
+@pytest.mark.slow
 def test_plugin_beside_user_packages_named_like_ours(pytester: pytest.Pytester, tmp_path, monkeypatch):
     for name in ("reports", "traces", "replay"):
         pkg = pytester.path / name

@@ -39,6 +39,7 @@ def _plugin_args() -> list[str]:
     return [] if any(ep.value == "llm_replay.replay.pytest_plugin" for ep in eps) else ["-p", "llm_replay.replay.pytest_plugin"]
 
 
+@pytest.mark.slow
 def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):
     trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
     pytester.makepyfile(test_slo=TEST_FILE.replace("TRACE", repr(str(trace))))
@@ -83,6 +84,7 @@ def test_typo(replay):
     assert "'traces/prod.parquett'): no such trace file" in out and "unknown preset 'traces" not in out
 
 
+@pytest.mark.slow
 def test_ci_recipe_variables_key_and_required_target(pytester: pytest.Pytester, tmp_path, monkeypatch):
     """The Actions recipe's variables: REPLAY_API_KEY reaches a keyed target (never on a command
     line); a set-but-empty key and a missing target with REPLAY_REQUIRE_TARGET=1 fail loudly."""
@@ -109,6 +111,7 @@ def test_keyed(replay):
     assert res.ret != 0 and "no target: --replay-target and REPLAY_TARGET are empty" in res.stdout.str()
 
 
+@pytest.mark.slow
 def test_the_actions_recipe_runs_as_copied(pytester: pytest.Pytester, monkeypatch):
     """examples/github/slo-gate.yml, its gate step run as the Actions runner would (a stand-in:
     the step's env with the secrets filled in, its command in a repository laid out as the recipe's
@@ -152,6 +155,7 @@ def test_marker(replay):
 """
 
 
+@pytest.mark.slow
 @needs_torch
 def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path, monkeypatch):
     # the session's engine-stub has a 256-token context: 5 of the 20 rows are refused (HTTP 400)
@@ -173,6 +177,7 @@ def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path,
 
 @needs_torch
 @pytest.mark.slow
+@pytest.mark.timing   # the examples' SLOs judge engine-stub's speed on this host's CPU: not with 4 workers beside it
 def test_examples_pass_against_the_default_engine(pytester: pytest.Pytester, monkeypatch):
     """examples/test_slo.py as shipped, on the default engine-stub: its presets fit the default
     context (no 400s) and its SLO holds, without any escape flag: the host is shared with the rest

@@ -2,6 +2,8 @@
 arrived at, and a capacity no failing rate bounds from above is reported as a lower bound."""
 from __future__ import annotations
 
+import pytest
+
 import json
 
 import numpy as np
@@ -12,6 +14,7 @@ from tests.replay.runkit import records, sse_server
 from llm_replay.traces.trace import Trace
 
 
+@pytest.mark.slow
 def test_rate_is_the_replayed_rows_rate_and_unbracketed_capacity_is_a_lower_bound(tmp_path):
     # 10 dense rows (20 req/s) then 30 sparse ones (1 req/s): the whole trace's mean rate is
     # ~1.3 req/s, far below that of the 10 rows a `--max-requests 10` run replays.

@@ -92,7 +92,7 @@ def assert_well_formed(df) -> None:
     assert df[df.status == "not_sent"].sent_s.isna().all()
 
 
-def wait_t0(run_dir: Path, timeout: float = 30) -> float:
+def wait_t0(run_dir: Path, timeout: float = 120) -> float:
     """Wait until the runner has fixed T0; return it (wall clock)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -7,10 +7,12 @@ import socket
 import threading
 import time
 
+import pytest
+
 import pyarrow.parquet as pq
 
 from tests.conftest import free_port, run_cli
-from tests.replay.runkit import records, replay_run, sse_server, write_trace
+from tests.replay.runkit import records, sse_server, write_trace
 
 METRICS = """# HELP vllm:num_requests_running Running requests.
 # TYPE vllm:num_requests_running gauge
@@ -41,6 +43,7 @@ def test_check_does_not_believe_a_reasoning_count_that_stays_zero():
         assert caps["reasoning_stream"] and caps["reasoning_tokens_in_usage"] is believed
 
 
+@pytest.mark.timing
 def test_check_fails_fast_on_a_dead_target():
     # refused: one line, exit 2, at once (not one connection error per probe)
     dead = run_cli("replay", "check", "--target", f"http://127.0.0.1:{free_port()}", timeout=30)
@@ -65,6 +68,7 @@ def test_check_fails_fast_on_a_dead_target():
     assert took < 30, took
 
 
+@pytest.mark.timing
 def test_run_uses_check_and_scrapes_metrics(tmp_path):
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

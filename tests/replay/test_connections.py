@@ -15,6 +15,7 @@ def _accepted(log) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
+@pytest.mark.timing
 def test_connect_s_where_a_connection_was_opened(tmp_path):
     # 6 requests at once (6 new connections), then 10 at once: 6 reuse those, 4 open new ones
     arrival = np.array([0] * 6 + [300_000_000] * 10, dtype="int64")
@@ -34,6 +35,7 @@ def test_connect_s_where_a_connection_was_opened(tmp_path):
     assert cn["recorded"] and (cn["opened"], cn["reused"]) == (10, 6) and cn["connect_ms"]["n"] == 10
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("workers", [1, 2])
 def test_preconnect_opens_the_connections_before_t0(tmp_path, workers):
     trace = write_trace(tmp_path / "t.parquet", 8, gap_s=0.0)     # 8 requests at once

@@ -2,6 +2,8 @@
 a worker that dies mid-run is reported and its rows are still recorded."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import re
@@ -18,6 +20,7 @@ from tests.replay.runkit import (run_info, assert_well_formed, popen_run, record
                                  wait_t0, write_trace)
 
 
+@pytest.mark.slow
 def test_two_workers_same_record_set_as_local(tmp_path):
     """One local worker plus one joining with `replay worker --master` (as from another host)."""
     n = 300
@@ -59,6 +62,7 @@ def test_two_workers_same_record_set_as_local(tmp_path):
     assert cpu[0] > 0 and cpu[1] > 0
 
 
+@pytest.mark.slow
 def test_lost_worker_rows_are_recorded(tmp_path):
     n = 400  # 8 s of trace; one worker is killed 1 s in (Locust marks it missing after ~3 s)
     trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.02, output_tokens=4)

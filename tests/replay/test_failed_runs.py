@@ -5,8 +5,10 @@ after the run the server's own messages are on the terminal, and a run where not
 exits 1 with a status that says so; `--exit-code-on-error N` as in Locust."""
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import run_cli
-from tests.replay.runkit import records, replay_run, run_info, sse_server, write_trace
+from tests.replay.runkit import records, run_info, sse_server, write_trace
 
 
 def _run(trace, url, out, *args, check=True):
@@ -52,6 +54,7 @@ def test_rows_longer_than_the_context_are_counted_before_the_run(tmp_path):
     assert "maximum context length is 64 tokens" in p.stdout
 
 
+@pytest.mark.slow
 def test_exit_code_on_error(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
     with sse_server("--fault", "http500", "--fault-every", "4") as url:

@@ -18,6 +18,7 @@ from tests.replay.runkit import assert_well_formed, records, run_info, sse_serve
 LOCUSTFILE = str(Path(__file__).resolve().parents[2] / "replay" / "locustfile.py")
 
 
+@pytest.mark.timing
 def test_locust_cli_headless_run_and_run_time_limit(tmp_path):
     n = 100  # 100 rows in the first 0.5 s, then 50 rows from 60 s on: --run-time 4s cuts them
     trace = write_trace(tmp_path / "t.parquet", n + 50, gap_s=0.005, output_tokens=5)
@@ -102,6 +103,7 @@ def _locust(log: Path, *args, locustfile=LOCUSTFILE) -> subprocess.Popen:
                                 env=repo_env(), stdout=f, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow
 def test_web_ui_binds_loopback_stops_on_ctrl_c_and_a_dead_target_is_one_line(tmp_path):
     """Issue 23 items 2 and 4: Locust's web UI (which starts load against the target, no login)
     listens on 127.0.0.1 unless --web-host says otherwise; Ctrl-C ends it; a target that cannot be

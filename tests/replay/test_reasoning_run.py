@@ -28,6 +28,7 @@ def within(t: float, write: tuple[float, float], tol: float = 1e-3) -> bool:
     return write[0] - tol <= t <= write[1] + tol
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["reasoning", "tool_call"])
 def test_reasoning_and_answer_times_match_the_servers_stamps(tmp_path, mode):
     log = tmp_path / "stamps.log"

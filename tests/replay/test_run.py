@@ -101,6 +101,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, server):
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "'soon'" in p.stderr, p.stderr
 
 
+@pytest.mark.slow
 def test_model_map_line_names_only_the_unmapped_models(tmp_path, server):
     trace = write_trace(tmp_path / "t.parquet", 6, model=["a", "b", "c"] * 2)
     every = ["--model-map", "a=sse-test", "--model-map", "b=sse-test", "--model-map", "c=sse-test"]

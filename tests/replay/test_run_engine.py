@@ -27,6 +27,7 @@ def test_engine_exact_lengths_completions_and_chat(tmp_path, engine_url):
     assert abs(chat.prompt_tokens.mean() - 24) <= 3, chat.prompt_tokens.describe()
 
 
+@pytest.mark.slow
 def test_engine_fault_flags(tmp_path):
     eng = start_engine("--fault-error-rate", "0.15", "--fault-reject-rate", "0.15", "--fault-drop-rate", "0.15",
                        "--fault-malformed-rate", "0.15", "--fault-seed", "3")
@@ -46,6 +47,7 @@ def test_engine_fault_flags(tmp_path):
     assert (df.status == "ok").sum() > n // 4
 
 
+@pytest.mark.slow
 def test_each_run_salts_its_prompts_so_a_second_run_is_not_flattered(tmp_path):
     """Issue 22 item 3: the same trace replayed twice with the same bytes hits the prefix cache
     the first run filled; by default each run salts its prompts (run.json config.salt), and the

@@ -16,7 +16,7 @@ from tests.replay.runkit import popen_run, records, run_info, sse_server, wait_t
 
 def _processes(run) -> tuple[psutil.Process, list[psutil.Process]]:
     """The runner and the scraper (replay run's children), once both are up."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         kids = psutil.Process(run.pid).children()
         runner = [p for p in kids if "llm_replay.replay.runner" in " ".join(p.cmdline())]

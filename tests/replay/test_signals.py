@@ -15,6 +15,7 @@ from tests.replay.runkit import (assert_well_formed, popen_run, records, run_inf
                                  wait_t0, write_trace)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_sigint_cancels_in_flight_and_records_unsent(tmp_path, workers):
     n = 100  # 10 s of trace; every request streams for ~2 s, so some are in flight at the signal

@@ -110,6 +110,7 @@ def test_a_wrong_key_for_one_deployment_fails_only_its_rows(tmp_path, monkeypatc
     assert (df[df.model != "a"].status == "ok").all()
 
 
+@pytest.mark.slow
 def test_locustfile_takes_per_model_targets(tmp_path):
     from tests.replay.test_locustfile import LOCUSTFILE
     trace, labels = fleet_trace(tmp_path / "t.parquet", 12)
@@ -133,6 +134,7 @@ def test_fleet(replay):
 """
 
 
+@pytest.mark.slow
 def test_pytest_plugin_takes_per_model_targets(tmp_path, pytester, monkeypatch):
     from tests.conftest import repo_env
     trace, labels = fleet_trace(tmp_path / "t.parquet", 12)
