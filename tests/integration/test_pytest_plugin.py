@@ -176,7 +176,6 @@ def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path,
 
 
 @needs_torch
-@pytest.mark.slow
 @pytest.mark.timing   # the examples' SLOs judge engine-stub's speed on this host's CPU: not with 4 workers beside it
 def test_examples_pass_against_the_default_engine(pytester: pytest.Pytester, monkeypatch):
     """examples/test_slo.py as shipped, on the default engine-stub: its presets fit the default
