@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--seed", type=int, default=0, help="sampling seed for requests without their own")
     a("--threads", type=int, default=1, help="torch threads (default 1: a load generator shares the cores)")
     a("--engine-process", action="store_true", help="run the engine loop in a child process (no GIL sharing)")
+    a("--otlp-traces-endpoint", metavar="URL", help="export one OpenTelemetry span `llm_request` per request "
+      "(vLLM's attributes: queue, prefill, decode, TTFT, E2E) over OTLP/HTTP protobuf to URL (no path: "
+      "URL/v1/traces); a W3C `traceparent` header on a request sets its trace and parent span")
     a("--emulate", choices=sorted(PROFILES), help="pace steps and size the KV cache like this model+GPU")
     key = s.add_mutually_exclusive_group()
     key.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on /v1/* (default: "
@@ -127,7 +130,8 @@ def engine_configs(args, models: dict[str, str], adapters: dict[str, str]) -> di
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         policy=args.policy, enable_prefix_caching=not args.no_prefix_caching,
                         prefix_cache_ttl=args.prefix_cache_ttl, dtype=args.dtype,
-                        device=args.device, seed=args.seed, lora_rank=args.lora_rank, max_loras=args.max_loras)
+                        device=args.device, seed=args.seed, lora_rank=args.lora_rank, max_loras=args.max_loras,
+                        otlp_traces_endpoint=args.otlp_traces_endpoint)
     if args.emulate and args.num_blocks is None and args.kv_cache_bytes is None:
         from .pacing import Pacer
         base = replace(base, num_blocks=Pacer(PROFILES[args.emulate]).num_blocks(args.block_size))

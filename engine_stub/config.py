@@ -73,6 +73,7 @@ class EngineConfig:
     lora_names: tuple[str, ...] = ()
     lora_rank: int = 8
     max_loras: int = 2
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP URL for llm_request spans (tracing.py)
 
     # 16384 tokens, two requests of the default max_model_len: queueing and preemption appear
     # at modest load (chat at ~2 req/s ran 17 preemptions in 40 requests with half of it)
@@ -107,6 +108,9 @@ class EngineConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.prefix_cache_ttl is not None and not self.prefix_cache_ttl >= 0:
             raise ValueError(f"--prefix-cache-ttl must be >= 0 seconds, got {self.prefix_cache_ttl}")
+        if self.otlp_traces_endpoint:
+            from .tracing import traces_url
+            traces_url(self.otlp_traces_endpoint)
         if num_blocks < 2:
             raise ValueError(f"KV cache too small: {num_blocks} blocks of {self.block_size} tokens")
         # one request must always fit in the whole pool, or preemption could never make room

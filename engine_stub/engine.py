@@ -40,8 +40,9 @@ class RequestOutput:
 
 class EngineCore:
     def __init__(self, cfg: EngineConfig, name: str, metrics: ModelMetrics | None,
-                 pacer: Pacer | None = None) -> None:
+                 pacer: Pacer | None = None, spans=None) -> None:
         self.cfg, self.name, self.metrics, self.pacer = cfg, name, metrics, pacer
+        self.spans = spans  # tracing.SpanExporter with --otlp-traces-endpoint
         self.device = torch.device(cfg.device)
         dtype = getattr(torch, cfg.dtype)
         spec = cfg.model
@@ -60,6 +61,7 @@ class EngineCore:
     def add(self, req: EngineRequest) -> None:
         self._seq += 1
         req.seq = self._seq
+        req.queued_time = time.perf_counter()
         req.detok = IncrementalDetokenizer(self.tokenizer)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
@@ -128,6 +130,10 @@ class EngineCore:
                              req.num_output_tokens, req.num_cached_tokens)
 
     def _observe_finish(self, req: EngineRequest, now: float) -> None:
+        # vLLM V1 traces a request when it finishes in the engine (aborts too on recent main, whose
+        # abort_requests calls do_tracing); one aborted before it was ever scheduled has no latencies
+        if self.spans is not None and req.trace is not None and req.first_scheduled_time is not None:
+            self.spans.add(req, now)
         m = self.metrics
         if m is None:
             return
@@ -186,6 +192,8 @@ class EngineLoop:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        for spans in {c.spans for c in self.cores.values()} - {None}:  # one exporter, shared by the cores
+            spans.close()
 
     def add(self, core: str, req: EngineRequest) -> None:
         self._commands.append((core, req))
@@ -258,9 +266,13 @@ class AsyncEngine:
 
 
 def build_cores(configs: dict[str, EngineConfig], metrics, pacer: Pacer | None) -> dict[str, EngineCore]:
-    cores = {}
+    cores, spans = {}, None
+    endpoint = next(iter(configs.values())).otlp_traces_endpoint
+    if endpoint:
+        from .tracing import SpanExporter
+        spans = SpanExporter(endpoint)
     for name, cfg in configs.items():
-        core = EngineCore(cfg, name, metrics.for_model(name) if metrics else None, pacer)
+        core = EngineCore(cfg, name, metrics.for_model(name) if metrics else None, pacer, spans)
         core.warmup()
         if core.metrics is not None:
             core.update_gauges()

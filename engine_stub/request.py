@@ -32,7 +32,9 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float                       # time.perf_counter() when the engine got it
+    # time.perf_counter() (CLOCK_MONOTONIC: one clock for the server and an --engine-process child)
+    # when the server submitted it, after parsing and tokenizing the body (as vLLM's arrival_time)
+    arrival_time: float
     seq: int = 0                              # arrival order, ties broken by the engine
     lora_id: int = 0                          # 0: base model
     token_ids: list[int] = field(default_factory=list)   # prompt + output
@@ -46,6 +48,9 @@ class EngineRequest:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    queued_time: float | None = None          # when the engine core took it (vLLM's queued_ts)
+    # (gen_ai.request.id, trace id hex | None, parent span id hex | None) when a span is wanted
+    trace: tuple[str, str | None, str | None] | None = None
     detok: object = None                      # IncrementalDetokenizer, set by the engine
 
     def __post_init__(self) -> None:

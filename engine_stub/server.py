@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -29,6 +30,19 @@ VERSION = "0.1.0"
 _ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
                 413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
                 503: "ServiceUnavailableError"}
+
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+
+
+def parse_traceparent(value: str | None) -> tuple[str, str] | None | bool:
+    """-> (trace id, parent span id) of a valid W3C header; None when absent or invalid (the span
+    starts a new trace, as OpenTelemetry's propagator does); False when valid but not sampled:
+    vLLM's default ParentBased sampler records no span then, and neither do we."""
+    m = _TRACEPARENT.fullmatch(value.strip().lower()) if value else None
+    if m is None or m[1] == "ff" or (m[1] == "00" and m[5]) or set(m[2]) == {"0"} or set(m[3]) == {"0"}:
+        return None
+    return (m[2], m[3]) if int(m[4], 16) & 1 else False
 
 
 class APIError(Exception):
@@ -152,9 +166,13 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         ids = [f"{rid}-{i}" for i in range(len(prompts))]
         queue: asyncio.Queue = asyncio.Queue()
+        parent = parse_traceparent(request.headers.get("traceparent"))
         now = time.perf_counter()
         for sub_id, p in zip(ids, prompts):
-            engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id), queue)
+            # gen_ai.request.id as vLLM: the chat response id; the engine ids `cmpl-...-i` of completions
+            trace = None if parent is False else (rid if chat else sub_id, *(parent or (None, None)))
+            engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id, trace=trace),
+                          queue)
         writer = ChunkWriter(chat, rid, model)
         shape = plan(opts.answer, req, params.max_tokens) if chat else None
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))

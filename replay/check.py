@@ -27,13 +27,14 @@ def _gevent_patched() -> bool:
     return monkey is not None and monkey.is_module_patched("select")
 
 
-def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float) -> dict:
+def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float,
+                    headers: dict | None = None) -> dict:
     """The probe from a process that gevent has patched (the locustfile under Locust's CLI): the SDK's
     HTTP stack imports trio, which needs the `select.epoll` that gevent removes, so it runs in a
     plain child. The key travels on stdin, never in the argument list."""
     code = ("import json, sys; from llm_replay.replay.check import probe; a = json.load(sys.stdin); "
             "print(json.dumps(probe(*a)))")
-    p = subprocess.run([sys.executable, "-c", code], input=json.dumps([target, api_key, model, timeout]),
+    p = subprocess.run([sys.executable, "-c", code], input=json.dumps([target, api_key, model, timeout, headers]),
                        capture_output=True, text=True, timeout=30 * timeout)
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -53,13 +54,15 @@ def add_parser(sub) -> None:
 
 
 def probe(target: str, api_key: str | None = None, model: str | None = None,
-          timeout: float = 20.0) -> dict:
-    """Capabilities of `target`: each probe True/False, `models`, and `errors` per failed probe."""
+          timeout: float = 20.0, headers: dict | None = None) -> dict:
+    """Capabilities of `target`: each probe True/False, `models`, and `errors` per failed probe.
+    `headers` go with every probe request (`replay run --otlp`: the run's probe traceparent)."""
     if _gevent_patched():
-        return _probe_in_child(target, api_key, model, timeout)
+        return _probe_in_child(target, api_key, model, timeout, headers)
     import openai
     client = openai.OpenAI(base_url=target.rstrip("/").removesuffix("/v1") + "/v1", api_key=api_key or "none",
-                           timeout=openai.Timeout(timeout, connect=min(timeout, 5.0)), max_retries=0)
+                           timeout=openai.Timeout(timeout, connect=min(timeout, 5.0)), max_retries=0,
+                           default_headers=headers)
     out: dict = {"errors": {}}
 
     def attempt(name, fn):

@@ -173,13 +173,14 @@ class _Stream:
 
 
 def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
-                keep_text: bool = False, on_sent=None) -> StreamResult:
+                keep_text: bool = False, on_sent=None, extra: bytes = b"") -> StreamResult:
     """POST `body` to `path` and stream the SSE response; never raises for network or server
     faults (they become the result's status). `on_sent(t)` is called with `result.sent`, the
-    perf_counter just before the request's last byte was written. Killing the calling greenlet
+    perf_counter just before the request's last byte was written; `extra`: header lines of this
+    request only (`ConnectionPool.request_bytes`). Killing the calling greenlet
     (GreenletExit) returns a 'cancelled' result and discards the connection."""
     deadline = perf_counter() + timeout
-    req = pool.request_bytes(path, body)
+    req = pool.request_bytes(path, body, extra)
     res = StreamResult(status="connection_error")
     conn = stream = None
     try:

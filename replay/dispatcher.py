@@ -37,6 +37,7 @@ from .client import ConnectionPool, StreamResult, stream_post
 from .prompts import PromptBuilder
 from .recorder import Recorder, record, unsent
 from .graph import Graph
+from .otlp import header as trace_header
 from .sessions import Sessions
 
 MAX_CONNECTIONS = 100_000
@@ -75,6 +76,7 @@ class Job:
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
         self.lags: deque = deque(maxlen=4096)
+        self.run_id = config.run_id if config.otlp else None   # --otlp: a traceparent per request
 
     def pool_for(self, label: str | None) -> ConnectionPool:
         """The keep-alive pool of the deployment `label`'s rows go to, with that label's key."""
@@ -272,17 +274,18 @@ class Job:
                 return
         self.sent += 1
         keep = (self.sessions is not None and row[plan.SESSION] is not None) or bool(row[plan.NDEP])
+        extra, trace_id = trace_header(self.run_id, row[plan.RID]) if self.run_id else (b"", None)
         try:
-            res = stream_post(pool, path, body, timeout=self.c.timeout_s, keep_text=keep)
+            res = stream_post(pool, path, body, timeout=self.c.timeout_s, keep_text=keep, extra=extra)
         except GreenletExit:
             res = StreamResult(status="cancelled", error="cancelled while in flight")
-        self._finish(row, model, pool.target, api, chars, text, res)
+        self._finish(row, model, pool.target, api, chars, text, res, trace_id)
 
-    def _finish(self, row, model, target, api, chars, text, res: StreamResult) -> None:
+    def _finish(self, row, model, target, api, chars, text, res: StreamResult, trace_id: str | None = None) -> None:
         if res.status == "cancelled" and res.sent is None:
             self._unsent(row, "cancelled")  # killed before the bytes left: cancelled, never sent
         else:
-            self.rec.add(record(row, model, self.worker, self.t0, res, target))
+            self.rec.add(record(row, model, self.worker, self.t0, res, target, trace_id))
         self.done += 1
         ok = res.status == "ok"
         if not ok:

@@ -112,9 +112,10 @@ class ConnectionPool:
         _grow_fd_table(max_connections + 64)
         self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
 
-    def request_bytes(self, path: str, body: bytes) -> bytes:
-        return (b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n"
-                % ((self.prefix + path).encode(), self._head, len(body))) + body
+    def request_bytes(self, path: str, body: bytes, extra: bytes = b"") -> bytes:
+        """`extra`: header lines of this request only (each ending in CRLF), e.g. its traceparent."""
+        return (b"POST %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n"
+                % ((self.prefix + path).encode(), self._head, extra, len(body))) + body
 
     def acquire(self, deadline: float) -> Conn:
         if not self._slots.acquire(timeout=max(0.0, deadline - perf_counter())):

@@ -28,8 +28,10 @@ RECORDS_STREAM = "records.arrows"
 RECORDS_FILE = "records.parquet"
 
 
-def record(row: tuple, target_model: str | None, worker: int, t0: float, res, target: str | None = None) -> tuple:
-    """A record from a `replay.client.StreamResult` (perf_counter times) and its row, sent to `target`.
+def record(row: tuple, target_model: str | None, worker: int, t0: float, res, target: str | None = None,
+           trace_id: str | None = None) -> tuple:
+    """A record from a `replay.client.StreamResult` (perf_counter times) and its row, sent to `target`
+    with W3C trace id `trace_id` (kept only if the request was sent).
     token_times stays (perf_counter stamps, sent) until `to_batch` turns a whole batch into
     offsets from sent at once: this runs in the hub once per request, the batch once a flush."""
     sent = res.sent
@@ -46,7 +48,8 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res, ta
             row[plan.IN], row[plan.OUT], row[plan.IMAGES], res.prompt_tokens, res.completion_tokens,
             res.reasoning_tokens, res.reasoning_chunks or None,
             res.status, res.http_status, None if res.error is None else str(res.error)[:ERROR_MAX],
-            row[plan.TASK], row[plan.DEPS], row[plan.DELAY], res.cached_tokens, row[plan.REASON])
+            row[plan.TASK], row[plan.DEPS], row[plan.DELAY], res.cached_tokens, row[plan.REASON],
+            None if sent is None else trace_id)
 
 
 def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",
@@ -55,7 +58,7 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
     return (row[plan.RID], row[plan.MODEL], target_model, target, row[plan.SLO], row[plan.SESSION], worker,
             row[plan.SCHED], None, None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
             row[plan.IMAGES], None, None, None, None, status, None, error, row[plan.TASK], row[plan.DEPS],
-            row[plan.DELAY], None, row[plan.REASON])
+            row[plan.DELAY], None, row[plan.REASON], None)
 
 
 def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:

@@ -62,6 +62,13 @@ def add_parser(sub) -> None:
     p.add_argument("--realtime", action="store_true", help="run the runner under SCHED_FIFO 1 (root or "
                    "CAP_SYS_NICE): on a busy host it wakes at once instead of at the next scheduler tick "
                    "(lag p99 ~4 -> <1 ms measured); it can then hold its core from normal tasks while saturated")
+    p.add_argument("--otlp", nargs="?", const="127.0.0.1:4318", metavar="HOST:PORT",
+                   help="send a W3C traceparent per request and receive the server's OTLP spans at HOST:PORT "
+                        "(default 127.0.0.1:4318; point vLLM's --otlp-traces-endpoint at http://HOST:PORT/v1/traces): "
+                        "spans.parquet, joined to the records by trace id")
+    p.add_argument("--otlp-wait", type=parse_duration, default=10.0, metavar="SECONDS",
+                   help="--otlp: after the last response, wait up to this long for spans still to come "
+                        "(default 10s: vLLM exports every 5 s)")
     p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
     p.set_defaults(func=run)
@@ -227,7 +234,9 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        image_url_base=args.image_url_base, sessions=args.sessions,
                        max_delay_s=args.max_delay, tokenizer=args.tokenizer,
                        scrape_url=scrape, scrapes=scrapes, scrape_interval_s=args.scrape_interval,
-                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3)
+                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3,
+                       run_id=secrets.token_hex(8), otlp=getattr(args, "otlp", None),
+                       otlp_wait_s=max(0.0, getattr(args, "otlp_wait", 10.0)))
     c.rows, c.window_s = plan.scan(c)
     c.block_size = plan.trace_block_size(c.trace)
     for var in {key_env, *key_envs.values()} - {None}:
@@ -238,8 +247,10 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
     caps_of: dict[str, dict] = {}
     if not args.no_check:
         from .check import probe
+        from .otlp import traceparent
         for url, g in rows.items():
-            caps_of[url] = probe(url, _key(g["key_env"]))
+            caps_of[url] = probe(url, _key(g["key_env"]), headers={"traceparent": traceparent(c.run_id, "probe")[0]}
+                                 if getattr(args, "otlp", None) else None)
         first = c.target if c.target in caps_of else next(iter(caps_of), None)
         notes["capabilities"] = caps_of.get(first, {})
     mapping = dict(m.split("=", 1) for m in args.model_map if "=" in m)
@@ -463,12 +474,16 @@ def run(args) -> int:
     if args.slo:
         from llm_replay import reports
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
+    # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
+    receiver = _start_receiver(args.otlp) if getattr(args, "otlp", None) else None
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
     if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
         (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
                                                      indent=1) + "\n")
     code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False))
+    if receiver is not None:
+        _finish_receiver(receiver, run_dir, config.otlp_wait_s)
     if code == 0:
         code = _verdict(run_dir, getattr(args, "exit_code_on_error", None))
     hits = []
@@ -484,6 +499,31 @@ def run(args) -> int:
     finally:
         signal.signal(signal.SIGINT, old)
     return code
+
+
+def _start_receiver(address: str):
+    """--otlp: the span receiver, listening before the run starts (a taken port fails here)."""
+    from .otlp import Receiver, parse_address
+    try:
+        host, port = parse_address(address)
+        return Receiver(host, port)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    except OSError as e:
+        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}); "
+                       "choose a free address with --otlp HOST:PORT") from None
+
+
+def _finish_receiver(receiver, run_dir: Path, wait_s: float) -> None:
+    from .output import update_run_json
+    info = json.loads((run_dir / "run.json").read_text())
+    if wait_s > 0:
+        print(f"replay: waiting up to {wait_s:g} s for the server's last spans (--otlp-wait)", file=sys.stderr)
+    o = receiver.finish(run_dir, wait_s, info)
+    update_run_json(run_dir, otlp=o)
+    print(f"replay: otlp: {o['matched']} of {o['traced']} traced requests have a server span ({o['missing']} missing, "
+          f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts) -> "
+          f"{run_dir / 'spans.parquet'}", file=sys.stderr)
 
 
 def _verdict(run_dir: Path, on_error: int | None) -> int:

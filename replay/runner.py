@@ -82,6 +82,7 @@ def freeze_gc() -> None:
 def warmup(job: Job, n: int) -> None:
     """`n` short requests before T0 (not recorded): connections and server warm."""
     from .client import stream_post
+    from .otlp import header
     if n <= 0:
         return
     group = gevent.pool.Group()
@@ -92,8 +93,9 @@ def warmup(job: Job, n: int) -> None:
         else:
             path, req["prompt"] = "/v1/completions", [1000, 1001, 1002, 1003]
         body, pool = json.dumps(req).encode(), job.pool_for(label)
+        extra = header(job.c.run_id, "warmup")[0] if job.c.otlp else b""   # counted as the client's own span
         for _ in range(n):
-            group.spawn(stream_post, pool, path, body, timeout=min(30.0, job.c.timeout_s))
+            group.spawn(stream_post, pool, path, body, timeout=min(30.0, job.c.timeout_s), extra=extra)
     group.join(timeout=60)
 
 

@@ -114,6 +114,7 @@ class Analysis:
     good: np.ndarray                 # bool over all rows
     slo: SloSpec | None
     bottleneck: dict | None = None   # bottleneck.assess: whether the replay kept its schedule, and why not
+    server: object | None = None     # servertime.ServerTime: the run's server spans joined to its records
     _pooled: dict = field(default_factory=dict)
 
     @property

@@ -46,6 +46,11 @@ def cmd_report(args) -> int:
     from .text import format_summary
     suffix = "" if args.force or args.no_write else _report_suffix(args)
     out = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
+    if getattr(args, "spans", None):
+        from .spans import import_spans
+        got = import_spans(out, args.spans)
+        print(f"spans: {got['request_spans']:,} request spans ({got['other_spans']:,} others skipped) from "
+              f"{args.spans} -> {out / 'spans.parquet'}", file=sys.stderr)
     if suffix and not any((out / f).exists() for f in ("summary.json", "summary.md", "report.html")):
         suffix = ""   # nothing of the run's own to keep
     summary = summarize_run(args.run, slo=args.slo, window_s=args.window_s, write=not args.no_write,
@@ -97,6 +102,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                  "objectives are gated in the report too")
     p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
+    p.add_argument("--spans", metavar="FILE", help="server spans an OpenTelemetry collector's file exporter wrote "
+                   "(OTLP/JSON lines, .gz too): converted into RUN/spans.parquet and joined by trace id to the "
+                   "records of a `replay run --otlp` run")
     p.add_argument("--force", action="store_true",
                    help="with --warmup/--cooldown/--steady-state/--slo/--window-s, write over the run's own "
                         "summary.json, summary.md and report.html (default: beside them, named after the options, "

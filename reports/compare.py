@@ -9,7 +9,7 @@ excludes zero *and* the effect is at least `min_effect_pct`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,9 @@ from .stats import PERCENTILES, bootstrap_quantiles
 from .text import markdown_table, render_table
 
 DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "icl_ms", "e2e_ms")
+# Server-side parts (servertime.py), compared when both runs joined server spans; no mean: the
+# percentiles are what a tail regression shows in.
+PARTS = ("net_ms", "queue_ms", "prefill_ms", "decode_ms", "server_ttft_ms")
 STATS = ("p50", "p90", "p99", "mean")
 LOWER_IS_BETTER = {"error_rate": True, "attainment": False, "requests_per_s": False,
                    "output_tokens_per_s": False}
@@ -52,6 +55,7 @@ class CompareResult:
     fail_on_regression_pct: float | None
     base_n: int
     cand_n: int
+    notes: list[str] = field(default_factory=list)   # which server-side part grew, per TTFT/E2E regression
 
     @property
     def regressions(self) -> list[CompareRow]:
@@ -75,15 +79,15 @@ class CompareResult:
         gate = (f"; fail on regression > {self.fail_on_regression_pct:g}%: exit {self.exit_code}"
                 if self.fail_on_regression_pct is not None else "")
         return render_table(f"compare: {self.verdict.upper()}{gate}", COLUMNS, self._rows(),
-                            caption=f"base n={self.base_n}, cand n={self.cand_n} successful requests; "
-                                    f"CIs are simultaneous (Bonferroni) 99%")
+                            caption="; ".join([f"base n={self.base_n}, cand n={self.cand_n} successful requests; "
+                                               f"CIs are simultaneous (Bonferroni) 99%", *self.notes]))
 
     def markdown(self) -> str:
         return markdown_table(COLUMNS, self._rows())
 
     def to_dict(self) -> dict:
         return {"verdict": self.verdict, "exit_code": self.exit_code,
-                "fail_on_regression_pct": self.fail_on_regression_pct,
+                "fail_on_regression_pct": self.fail_on_regression_pct, "notes": self.notes,
                 "rows": [asdict(r) | {"delta": r.delta} for r in self.rows]}
 
 
@@ -124,18 +128,22 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
                      min_effect_pct: float = 1.0, conf: float = 0.99) -> CompareResult:
     from scipy.stats import norm
     reasoning = ("ttfa_ms", "tpot_answer_ms") if base.rm.has_reasoning or cand.rm.has_reasoning else ()
-    samples = {m: (base.values(m), cand.values(m)) for m in DISTS + reasoning}
+    spans = tuple(m for m in PARTS if m in base.rm.columns and m in cand.rm.columns)
+    samples = {m: (base.values(m), cand.values(m)) for m in DISTS + reasoning + spans}
     samples = {m: v for m, v in samples.items() if len(v[0]) >= 2 and len(v[1]) >= 2}
     sb, sc = base.scalars(), cand.scalars()
     props = [k for k in ("error_rate", "attainment") if sb[k] is not None and sc[k] is not None]
-    n_tests = len(samples) * len(STATS) + len(props)
+    n_tests = sum(len(STATS) - (m in PARTS) for m in samples) + len(props)
     alpha = (1 - conf) / max(n_tests, 1)
     rows: list[CompareRow] = []
     seed = 0
     for metric, (xb, xc) in samples.items():
-        for stat in STATS:
+        for stat in STATS[:-1] if metric in PARTS else STATS:
             seed += 2
             b, c = stat_value(xb, stat), stat_value(xc, stat)
+            if metric in PARTS and not b > 0:   # no queue at the base: a relative change is undefined
+                rows.append(CompareRow(f"{metric}.{stat}", b, c, None, None, None, "not tested"))
+                continue
             rb, rc = _replicates(xb, stat, seed), _replicates(xc, stat, seed + 1)
             with np.errstate(divide="ignore", invalid="ignore"):
                 rel = (rc - rb) / rb * 100
@@ -143,7 +151,7 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
             est = (c - b) / b * 100 if b else math.nan
             rows.append(CompareRow(f"{metric}.{stat}", b, c, est, (float(lo), float(hi)), None,
                                    _verdict(lo, hi, est, min_effect_pct, True)))
-    ranks = {m: _rank_p(xb, xc, 7) for m, (xb, xc) in samples.items()}
+    ranks = {m: _rank_p(xb, xc, 7) for m, (xb, xc) in samples.items() if m not in PARTS}
     adj = _holm([p for p, _ in ranks.values()]) if ranks else []
     for (metric, (p, auc)), pa in zip(ranks.items(), adj):
         shift = (auc - 0.5) * 100     # percentage points of P(cand > base) above a coin flip
@@ -168,11 +176,27 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
     changed = {r.verdict for r in rows}
     verdict = ("regressed" if "regressed" in changed else
                "improved" if "improved" in changed else "no significant change")
-    return CompareResult(rows, verdict, fail_on_regression_pct, sb["ok"], sc["ok"])
+    from .servertime import grown
+    worst = {}     # per latency, the regressed row that grew most: one sentence each
+    for r in rows:
+        m = r.metric.split(".")[0]
+        if r.verdict == "regressed" and m in ("ttft_ms", "e2e_ms") and r.delta_pct is not None and \
+                (m not in worst or r.delta_pct > worst[m].delta_pct):
+            worst[m] = r
+    notes = [grown(base, cand, *r.metric.split(".")) for r in worst.values()]
+    if (base.server is None) != (cand.server is None):
+        notes.append("server-side parts need server spans in both runs (replay run --otlp)")
+    return CompareResult(rows, verdict, fail_on_regression_pct, sb["ok"], sc["ok"], [n for n in notes if n])
 
 
 def _load(run, **kw) -> Analysis:
-    return run if isinstance(run, Analysis) else analyze(load_run(run, columns=ANALYSIS_COLUMNS).records, **kw)
+    if isinstance(run, Analysis):
+        return run
+    from .servertime import attach
+    loaded = load_run(run, columns=ANALYSIS_COLUMNS)
+    an = analyze(loaded.records, **kw)
+    attach(an, loaded)
+    return an
 
 
 def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min_effect_pct: float = 1.0,

@@ -19,7 +19,7 @@ from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
 from .metrics import POOLED
 from .schema import STATUSES
-from .slo import TASK_METRICS, TASK_SCALARS, Objective, SloSpec, load_slo
+from .slo import SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, load_slo
 from .stats import MIN_TAIL, PERCENTILES, quantile_cis
 from .text import markdown_table, render_table
 
@@ -144,8 +144,11 @@ class Ends:
 
 def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec,
               ends: Ends | None = None) -> GateRow:
-    if obj.metric in TASK_METRICS + TASK_SCALARS:   # judged as measured: the bias bound is per request
-        ends = None
+    if obj.metric in TASK_METRICS + TASK_SCALARS + SPAN_METRICS:   # judged as measured: the bias bound is per
+        ends = None                                                   # request; the server saw what it saw
+    if obj.metric in SPAN_METRICS and obj.metric not in an.rm.columns:
+        return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
+                       "no server spans (run with --otlp)")
     if obj.stat is None and obj.metric in TASK_SCALARS:
         sc = an.task_scalars(rows)
         value, n = sc.get(obj.metric), sc.get("tasks", 0)
@@ -172,6 +175,7 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: 
     if n == 0:
         return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
                        "no tasks in the run (no task_id)" if obj.metric in TASK_METRICS and an.tasks is None
+                       else "no server span joined a successful request" if obj.metric in SPAN_METRICS
                        else "no samples")
     ci, note = None, ""
     samples = _sample_bounds(an, obj.metric, rows, ends) if ends else None
@@ -292,4 +296,7 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
         from .bottleneck import assess, load_cpu
         an.bottleneck = assess(an, run.config if run else None, load_cpu(run.dir) if run else None)
+        if run is not None:
+            from .servertime import attach
+            attach(an, run)
         return gate(an, spec, judge_as_measured)

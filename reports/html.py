@@ -184,8 +184,10 @@ def render_report(summary: dict, plots: dict) -> str:
     cfg = s["run"]["config"]
     started = next((cfg[k] for k in ("t0_wall", "started_wall") if cfg and _is_wall(k, cfg.get(k))), None)
     slo = s["goodput"]["slo"]
+    from .servertime import charts as server_charts
     return _env().get_template("report.html.j2").render(
         s=s, headline=headline_rows(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
+        server_charts=server_charts(s) if s.get("server_time") else [],
         reasoning_columns=REASONING_COLUMNS, reasoning_rows=_reasoning_rows(s) if s["reasoning"]["requests"] else [],
         task_columns=TASK_COLUMNS, task_rows=_task_rows(s) if s.get("tasks") else [],
         depth_columns=DEPTH_COLUMNS, depth_rows=_depth_rows(s) if s.get("tasks") else [],

@@ -23,8 +23,9 @@ REQUIRED = ("request_id", "status")
 DICTIONARY_COLUMNS = ("model", "target_model", "target", "slo_class", "status")
 # What the analysis (metrics, summary, gate, compare) reads. request_id is only shown in a few
 # examples and is 10M strings at 10M records (~0.8 s to decode): it is read when asked (Run.column).
+# trace_id likewise: read only to join a run's server spans (servertime.py).
 ANALYSIS_COLUMNS = tuple(f.name for f in RECORD_SCHEMA if f.name not in ("request_id", "target_model",
-                                                                          "session_id", "worker"))
+                                                                          "session_id", "worker", "trace_id"))
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# 6: asked_reasoning_tokens (older files: null)
-RECORDS_SCHEMA_VERSION = 6   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
+# 6: asked_reasoning_tokens (older files: null); 7: trace_id (older files: null, not traced)
+RECORDS_SCHEMA_VERSION = 7   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")
@@ -51,6 +51,29 @@ RECORD_SCHEMA = pa.schema([
     pa.field("delay_s", pa.float32()),         # tool/think time it waited after them (capped by --max-delay)
     pa.field("cached_tokens", pa.int32()),     # usage.prompt_tokens_details.cached_tokens; null: not reported
     pa.field("asked_reasoning_tokens", pa.int32()),  # the trace's reasoning_tokens (reasoning_tokens: what came)
+    pa.field("trace_id", pa.string()),         # W3C trace id sent in its traceparent (32 hex); null: not traced
+])
+
+# Server spans (spans.parquet, `replay run --otlp`): one row per received span that carries a
+# request's server-side latencies (vLLM's `llm_request`: gen_ai.latency.* in seconds). Durations
+# come from the server's attributes, never from subtracting its clock from the client's.
+SPANS_SCHEMA = pa.schema([
+    pa.field("trace_id", pa.string(), nullable=False),   # 32 lowercase hex: joins records.trace_id
+    pa.field("span_id", pa.string()),
+    pa.field("name", pa.string()),
+    pa.field("service", pa.string()),                    # resource service.name
+    pa.field("start_s", pa.float64()),                   # span start/end on the server's clock,
+    pa.field("end_s", pa.float64()),                     # relative to the run's t0_wall
+    pa.field("received_s", pa.float64()),                # when the receiver got it (rel. t0); null: from a file
+    pa.field("server_request_id", pa.string()),          # gen_ai.request.id
+    pa.field("queue_s", pa.float64()),                   # gen_ai.latency.time_in_queue
+    pa.field("ttft_s", pa.float64()),                    # gen_ai.latency.time_to_first_token
+    pa.field("e2e_s", pa.float64()),                     # gen_ai.latency.e2e
+    pa.field("prefill_s", pa.float64()),                 # gen_ai.latency.time_in_model_prefill
+    pa.field("decode_s", pa.float64()),                  # gen_ai.latency.time_in_model_decode
+    pa.field("inference_s", pa.float64()),               # gen_ai.latency.time_in_model_inference
+    pa.field("prompt_tokens", pa.int32()),               # gen_ai.usage.prompt_tokens
+    pa.field("completion_tokens", pa.int32()),           # gen_ai.usage.completion_tokens
 ])
 
 # Scraped Prometheus samples (server_metrics.parquet): one row per sample.

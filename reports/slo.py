@@ -18,7 +18,10 @@ PER_REQUEST = {"ttft_ms": ("ttft_ms", 1.0), "ttfa_ms": ("ttfa_ms", 1.0), "tpot_m
                "e2e_ms": ("e2e_ms", 1.0), "e2e_s": ("e2e_ms", 1000.0)}
 TASK_METRICS = ("task_s",)        # agentic tasks (reports/tasks.py): first schedule to last end
 TASK_SCALARS = ("task_attainment", "task_goodput_per_s", "tasks_per_s")
-DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES) + TASK_METRICS
+# Server-side decomposition of each request from its joined server span (reports/servertime.py)
+SPAN_METRICS = ("server_ttft_ms", "server_e2e_ms", "queue_ms", "prefill_ms", "decode_ms", "net_ms",
+                "queue_share", "prefill_share", "net_share")
+DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES) + TASK_METRICS + SPAN_METRICS
 SCALARS = ("attainment", "error_rate", "goodput_rps", "token_goodput_per_s", "requests_per_s",
            "output_tokens_per_s") + TASK_SCALARS
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}

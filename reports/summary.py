@@ -15,6 +15,7 @@ from .analysis import Analysis, analyze, plain_pages
 from .bottleneck import assess, load_cpu
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
 from .connections import connections
+from .servertime import attach, section as server_section
 from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
                       request_metrics)
 from .records import ANALYSIS_COLUMNS, Run, load_run
@@ -210,6 +211,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "timeseries": series,
     }
     summary["state"] = run_state(series, run.config)
+    summary["server_time"] = server_section(an, run, series, summary["dispatch_lag"])
     summary["warnings"] = _warnings(summary)
     return summary
 
@@ -322,6 +324,8 @@ def _warnings(s: dict) -> list[str]:
         w.append(s["connections"]["warning"])
     if (s.get("prefix_cache") or {}).get("warning"):
         w.append(s["prefix_cache"]["warning"])
+    if (s.get("server_time") or {}).get("warning"):
+        w.append(s["server_time"]["warning"])
     r = s["reasoning"]
     if r["no_answer"]:
         w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the "
@@ -366,6 +370,7 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)
         an.bottleneck = assess(an, run.config, load_cpu(run.dir))
+        attach(an, run)
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
         if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
             from .gate import gate

@@ -84,6 +84,8 @@ def _legend(series: list[dict], styles: list[dict], top: float, kind: str) -> tu
         y = top + row * LEG_ROW
         if kind == "scatter":
             out.append(f'<circle cx="{x + 10}" cy="{y - 4}" r="3" fill="{st["color"]}"/>')
+        elif kind == "bars":
+            out.append(f'<rect x="{x + 4}" y="{y - 9}" width="12" height="10" fill="{st["color"]}"/>')
         else:
             dash = f' stroke-dasharray="{st["dash"]}"' if st["dash"] else ""
             out.append(f'<line x1="{x}" x2="{x + 20}" y1="{y - 4}" y2="{y - 4}" stroke="{st["color"]}" '
@@ -196,3 +198,53 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     out += legend
     out.append("</svg>")
     return "".join(out)
+
+
+def bars(categories: list[str], stacks: list[dict], *, title: str, xlabel: str, ylabel: str,
+         height: int = PH, ticks: bool = True) -> str:
+    """Stacked bars, one per category; stacks: dicts with label, values (one per category; None
+    or NaN: nothing drawn) and optional color, drawn bottom-up in order. With a small `height` and
+    no `ticks`, one unit-high stack per category gives a coloured strip (a label per category)."""
+    tot = [sum(v for v in vals if v is not None and math.isfinite(v)) for vals in
+           zip(*[s["values"] for s in stacks])] if stacks else []
+    lo, hi = _nice(0.0, max(tot or [1.0]) or 1.0) if ticks else (0.0, 1.0)
+    pw, n = W - L - R, max(len(categories), 1)
+    bw = pw / n
+
+    def sy(y: float) -> float:
+        return T + height - (y - lo) / (hi - lo) * height
+    styles = [{"color": s.get("color") or PALETTE[i % len(PALETTE)], "dash": ""} for i, s in enumerate(stacks)]
+    leg_top = T + height + 44
+    legend, rows = _legend(stacks, styles, leg_top, "bars")
+    h = leg_top + rows * LEG_ROW
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" '
+           f'role="img" aria-label="{html.escape(title)}">', f'<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/>',
+           f'<text x="{L}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
+    for t in _ticks(lo, hi) if ticks else []:
+        out.append(f'<line x1="{L}" x2="{L + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#e5e5e5"/>'
+                   f'<text x="{L - 5}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end">{_label(t)}</text>')
+    base = [0.0] * n
+    for s, st in zip(stacks, styles):
+        label = html.escape(str(s["label"]))
+        rects = []
+        for i, v in enumerate(s["values"]):
+            if v is None or not math.isfinite(v) or v <= 0:
+                continue
+            y0, y1 = sy(base[i]), sy(base[i] + v)
+            gap = 0.1 if ticks else 0.0       # a strip is continuous
+            rects.append(f'<rect x="{L + i * bw + bw * gap:.1f}" y="{y1:.1f}" width="{bw * (1 - 2 * gap):.1f}" '
+                         f'height="{y0 - y1:.1f}"/>')
+            base[i] += v
+        out.append(f'<g class="series" data-label="{label}" fill="{st["color"]}">' + "".join(rects) + "</g>")
+    every = math.ceil(n / 12)          # at most a dozen category labels, so they never overlap
+    for i, c in enumerate(categories):
+        if i % every == 0:
+            out.append(f'<text x="{L + (i + 0.5) * bw:.1f}" y="{T + height + 16}" font-size="10" '
+                       f'text-anchor="middle">{html.escape(str(c))}</text>')
+    out.append(f'<rect class="frame" x="{L}" y="{T}" width="{pw}" height="{height}" fill="none" stroke="#555"/>')
+    out.append(f'<text x="{L + pw / 2}" y="{T + height + 32}" font-size="11" text-anchor="middle">'
+               f'{html.escape(xlabel)}</text>')
+    if ylabel:
+        out.append(f'<text x="14" y="{T + height / 2}" font-size="11" text-anchor="middle" '
+                   f'transform="rotate(-90 14 {T + height / 2})">{html.escape(ylabel)}</text>')
+    return "".join(out + legend + ["</svg>"])

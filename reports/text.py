@@ -128,7 +128,8 @@ def _headline(s: dict) -> list[list[object]]:
             ["n_out from", s["n_out_source"]["used"]],
             ["ITL tokens from (requests)", _itl_line(s)],
             ["connections opened / reused (connect p99 ms)", _connections_line(s)],
-            *_share_rows(s)]
+            *_share_rows(s),
+            *([["where the time went", s["server_time"]["sentence"]]] if s.get("server_time") else [])]
 
 
 def _share_rows(s: dict) -> list[list[object]]:
@@ -270,6 +271,8 @@ def headline(summary: dict) -> dict[str, float | int | None]:
             out[f"{metric}_{stat}"] = d.get(stat)
     if _has_reasoning(s):
         out["reasoning_tokens_p50"] = s["reasoning"]["tokens"]["p50"]
+    for metric, d in ((s.get("server_time") or {}).get("overall") or {}).items():
+        out[f"{metric}_p99"] = d.get("p99")
     if s.get("tasks"):
         t = s["tasks"]
         out.update(tasks=t["tasks"], task_attainment=t["task_attainment"], task_goodput_per_s=t["task_goodput_per_s"],

@@ -91,17 +91,18 @@ def test_trace_metadata_keys(tmp_path):
 
 @pytest.mark.slow
 def test_run_directory_block(tmp_path):
-    """The files listed are the files of a real run with --scrape and --slo (against engine-stub), and
-    run.json has every key said to be always present."""
+    """The files listed are the files of a real run with --scrape, --slo and --otlp (against engine-stub
+    exporting its spans), and run.json has every key said to be always present."""
     pytest.importorskip("torch")
-    from tests.conftest import start_engine
+    from tests.conftest import free_port, start_engine
     listed = set(re.findall(r"^runs/<id>/(\S+)", PAGE.block("runs/<id>/run.json").text, re.M))
     write_trace(tmp_path / "t.parquet", 12, gap_s=0.05, input_tokens=30, output_tokens=4)
     (tmp_path / "slo.yaml").write_text("objectives: ['error_rate <= 0.5']\n")
-    eng = start_engine()
+    otlp = free_port()
+    eng = start_engine("--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces")
     try:
         sh(f"replay run --trace t.parquet --target {eng.url} --scrape {eng.url}/metrics -o runs/x --no-progress "
-           "--slo slo.yaml",
+           f"--slo slo.yaml --otlp 127.0.0.1:{otlp}",
            tmp_path, timeout=240)
     finally:
         eng.stop()
@@ -112,6 +113,7 @@ def test_run_directory_block(tmp_path):
     info = json.loads((run / "run.json").read_text())
     assert set(re.findall(r"`(\w+)`", always)) <= set(info), set(re.findall(r"`(\w+)`", always)) - set(info)
     assert info["status"] == "completed" and "`completed`" in text
+    assert info["otlp"]["matched"] == 12 and "`otlp`" in text
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -14,6 +14,10 @@ request had been read, -2 for the response's final write (request id: `X-Request
 prompt` the prompt text, characters other than word ones and `.:-` as `_`, so a client that sends
 neither can be joined on its trace's `prompt` column). perf_counter is CLOCK_MONOTONIC on Linux.
 `--conn-log FILE` appends one line (the peer address) per accepted connection.
+`--otlp URL` posts (protobuf, batched every 0.2 s, from a thread) one vLLM-shaped `llm_request` span per
+streamed request, in the trace of its `traceparent` header (a new trace without one; `--otlp-foreign`:
+always a new one, as a server that ignores the header), with gen_ai.latency.* from its own clock
+(queue 0), plus one start-up span without request attributes.
 
 Reasoning and tool calls (chat only), as vLLM streams them: `--reasoning N` (or `X-Reasoning: N`)
 makes the first N of the `max_tokens` events reasoning deltas (`--reasoning-field reasoning_content`
@@ -119,6 +123,7 @@ class Server:
         self.log = open(args.stamp_log, "a") if args.stamp_log else None
         self.requests = open(args.request_log, "a") if args.request_log else None
         self.conn_log = open(args.conn_log, "a") if args.conn_log else None
+        self.spans = SpanPoster(args.otlp, args.otlp_foreign) if args.otlp else None
 
     def handle(self, conn: Stream, method: str, path: str, hdrs: dict, body: bytes) -> None:
         self.count += 1
@@ -173,7 +178,16 @@ class Server:
                 "tool": bool(int(hdrs.get("x-tool-call", a.tool_calls))), "report": a.report_reasoning,
                 "first": float(hdrs.get("x-first-delay", a.first_delay if a.first_delay is not None else interval)),
                 "bad": model[10:].encode() if model.startswith("bad-event:") else None}
-        conn.run(self.steps(req, path, fault, n, interval, stamps, rid, mode), stamps)
+        steps = self.steps(req, path, fault, n, interval, stamps, rid, mode)
+        if self.spans is not None and req.get("stream"):
+            steps = self.spans.traced(steps, hdrs.get("traceparent"), rid, self.prompt_tokens(req, path), n)
+        conn.run(steps, stamps)
+
+    def prompt_tokens(self, req: dict, path: str) -> int:
+        chat = path.endswith("chat/completions")
+        prompt = req.get("prompt") if not chat else " ".join(str(m.get("content", "")) for m in req.get("messages", []))
+        n = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
+        return n + (self.a.chat_template_tokens if chat else 0)
 
     def refuse(self, req: dict, model: str) -> tuple[int, bytes] | None:
         """vLLM's answers to an unknown model (--strict-model) and a request longer than the
@@ -225,9 +239,7 @@ class Server:
             return
         chat = path.endswith("chat/completions")
         model = json.dumps(str(req.get("model", self.a.model)))
-        prompt = req.get("prompt") if not chat else " ".join(str(m.get("content", "")) for m in req.get("messages", []))
-        n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt or "").split())
-        n_prompt += self.a.chat_template_tokens if chat else 0
+        n_prompt = self.prompt_tokens(req, path)
         if not req.get("stream"):
             yield from self.whole(chat, model, n, n_prompt)
             return
@@ -317,6 +329,83 @@ class Server:
         yield 0, self.head(200, "application/json", len(data)) + data, None
 
 
+class SpanPoster:
+    """vLLM's request spans (same names and types), posted as OTLP/HTTP protobuf from a thread."""
+
+    def __init__(self, url: str, foreign: bool) -> None:
+        import queue
+        import threading
+        self.url, self.foreign, self.q = url, foreign, queue.Queue()
+        now = time.time_ns()
+        self.q.put(self.span(os.urandom(16), None, "Overall Loading", now - 10**9, now, {"load.time_s": 1.0}))
+        threading.Thread(target=self.post_forever, daemon=True).start()
+
+    def traced(self, steps, traceparent: str | None, rid: str, prompt_tokens: int, n: int):
+        """`steps`, noting when each token event (index >= 0) and the final write (-2) go out: a
+        step is written after its delay (call_later fires late, never early), so the stamps are not
+        later than the writes, as vLLM's engine stamps come before its API server's writes. The
+        span goes out when the response is done."""
+        t0, wall0, first, last, end = time.perf_counter(), time.time_ns(), None, None, None
+        for step in steps:
+            t = time.perf_counter() + step[0]
+            if step[2] is not None and step[2] >= 0:
+                first, last = first or t, t
+            elif step[2] == -2:
+                end = t
+            yield step
+        end = end or time.perf_counter()
+        first, last = first or end, last or end
+        parts = (traceparent or "").split("-")
+        tid, parent = (bytes.fromhex(parts[1]), bytes.fromhex(parts[2])) if len(parts) == 4 and not self.foreign \
+            else (os.urandom(16), None)
+        self.q.put(self.span(tid, parent, "llm_request", wall0, wall0 + int((end - t0) * 1e9), {
+            "gen_ai.request.id": f"cmpl-{rid}", "gen_ai.usage.prompt_tokens": prompt_tokens,
+            "gen_ai.usage.completion_tokens": n, "gen_ai.latency.time_in_queue": 0.0,
+            "gen_ai.latency.time_to_first_token": first - t0, "gen_ai.latency.e2e": end - t0,
+            "gen_ai.latency.time_in_model_prefill": first - t0, "gen_ai.latency.time_in_model_decode": last - first,
+            "gen_ai.latency.time_in_model_inference": last - t0}))
+
+    @staticmethod
+    def span(tid: bytes, parent: bytes | None, name: str, start_ns: int, end_ns: int, attrs: dict):
+        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+        from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+        def value(v):
+            return AnyValue(string_value=v) if isinstance(v, str) else AnyValue(double_value=v) \
+                if isinstance(v, float) else AnyValue(int_value=v)
+        return Span(trace_id=tid, span_id=os.urandom(8), parent_span_id=parent or b"", name=name,
+                    kind=Span.SPAN_KIND_SERVER, start_time_unix_nano=start_ns, end_time_unix_nano=end_ns,
+                    attributes=[KeyValue(key=k, value=value(v)) for k, v in attrs.items()])
+
+    def post_forever(self) -> None:
+        import queue
+        import urllib.request
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+        from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+        from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
+        resource = Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value="sse-server"))])
+        while True:
+            batch = [self.q.get()]
+            deadline = time.monotonic() + 0.2
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    batch.append(self.q.get(timeout=left))
+                except queue.Empty:
+                    break
+            body = ExportTraceServiceRequest(resource_spans=[ResourceSpans(
+                resource=resource, scope_spans=[ScopeSpans(spans=batch)])]).SerializeToString()
+            for attempt in range(120):   # the receiver may not listen yet (start-up span): retry, then drop
+                try:
+                    urllib.request.urlopen(urllib.request.Request(
+                        self.url, data=body, headers={"Content-Type": "application/x-protobuf"}), timeout=5).read()
+                    break
+                except OSError as e:
+                    if attempt == 119:
+                        print(f"sse-server: span export to {self.url} failed: {e}", flush=True)
+                    time.sleep(0.5)
+
+
 async def serve(args) -> None:
     ctx = None
     if args.tls:
@@ -360,6 +449,8 @@ def main(argv=None) -> None:
     ap.add_argument("--strict-model", action="store_true", help="404 for a model other than --model (as vLLM)")
     ap.add_argument("--max-model-len", type=int, help="list it in /v1/models; 400 for longer requests (as vLLM)")
     ap.add_argument("--cpu", type=int, help="pin this process to one CPU (benchmarks)")
+    ap.add_argument("--otlp", metavar="URL", help="post a span per request to this OTLP/HTTP endpoint (.../v1/traces)")
+    ap.add_argument("--otlp-foreign", action="store_true", help="--otlp: ignore traceparent (spans in new traces)")
     args = ap.parse_args(argv)
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {args.cpu})
