@@ -8,6 +8,7 @@ import shutil
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -152,3 +153,25 @@ def test_json_post_and_collector_file_give_the_same_spans(traced_run, tmp_path):
     r = run_cli("replay", "report", run, "--spans", src, "--no-write")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and f"{src} line 2: not JSON" in r.stderr
+
+
+def test_real_vllm_bodies_posted_to_the_receiver(tmp_path):
+    """The bytes a real vLLM 0.32 exported (fixtures/vllm_otlp/README.md: what was sent), posted
+    over HTTP: the 4 request spans keep the trace ids sent and vLLM's values; start-up spans are
+    counted as other spans, not stored."""
+    fix = Path(__file__).parent / "fixtures" / "vllm_otlp"
+    rec = Receiver("127.0.0.1", 0)
+    for name in ("startup.pb", "llm_request.pb"):
+        req = urllib.request.Request(f"http://{rec.address}/v1/traces", data=(fix / name).read_bytes(),
+                                     headers={"Content-Type": "application/x-protobuf"}, method="POST")
+        assert urllib.request.urlopen(req, timeout=10).status == 200
+    o = rec.finish(tmp_path, 0, {"t0_wall": 1796284037.0})
+    assert (o["spans"], o["request_spans"], o["other_spans"], o["bad_posts"]) == (6, 4, 2, 0), o
+    s = pq.read_table(tmp_path / "spans.parquet").to_pandas().sort_values("trace_id")
+    assert s.trace_id.tolist() == [f"5eed0{i}00000000000000000000c0ffee" for i in range(1, 5)]
+    assert s.prompt_tokens.tolist() == [101, 181, 261, 341] and s.completion_tokens.tolist() == [24, 32, 40, 48]
+    first = s.iloc[0]
+    assert first.server_request_id == "chatcmpl-bfa7b7db145aa6e2" and first["name"] == "llm_request"
+    assert first.ttft_s == pytest.approx(0.20519328117370605, abs=1e-12)
+    assert first.start_s == pytest.approx(1796284037425012480 / 1e9 - 1796284037.0, abs=1e-6)
+    assert (s.inference_s - s.prefill_s - s.decode_s).abs().max() < 1e-6   # vLLM: inference = prefill + decode
