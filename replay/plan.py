@@ -74,7 +74,8 @@ class RunConfig:
     scrapes: dict = field(default_factory=dict)      # trace label -> its deployment's metrics URL
     scrape_interval_s: float = 1.0
     run_id: str | None = None                # this run's id (trace ids derive from it and the request id)
-    otlp: str | None = None                  # --otlp: HOST:PORT receiving the server's spans; None: untraced
+    otlp: str | None = None                  # --otlp: HOST:PORT receiving the server's spans, or "send"
+                                             # (headers only: a collector gets them); None: untraced
     otlp_wait_s: float = 10.0                # after the last response, wait this long for stragglers
     lead_s: float = 0.5                      # T0 = now + lead
     spin_s: float = 0.0                      # busy-wait (yielding) this long before each due time

@@ -65,7 +65,8 @@ def add_parser(sub) -> None:
     p.add_argument("--otlp", nargs="?", const="127.0.0.1:4318", metavar="HOST:PORT",
                    help="send a W3C traceparent per request and receive the server's OTLP spans at HOST:PORT "
                         "(default 127.0.0.1:4318; point vLLM's --otlp-traces-endpoint at http://HOST:PORT/v1/traces): "
-                        "spans.parquet, joined to the records by trace id")
+                        "spans.parquet, joined to the records by trace id; `--otlp send`: the headers only, the "
+                        "spans go to your collector (then `replay report RUN --spans FILE`)")
     p.add_argument("--otlp-wait", type=parse_duration, default=10.0, metavar="SECONDS",
                    help="--otlp: after the last response, wait up to this long for spans still to come "
                         "(default 10s: vLLM exports every 5 s)")
@@ -475,7 +476,7 @@ def run(args) -> int:
         from llm_replay import reports
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
     # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
-    receiver = _start_receiver(args.otlp) if getattr(args, "otlp", None) else None
+    receiver = _start_receiver(args.otlp) if getattr(args, "otlp", None) not in (None, "send") else None
     config, notes = build_config(args)
     run_dir = prepare_run_dir(config, notes)
     if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
