@@ -5,6 +5,7 @@ Read from YAML, TOML, or `[tool.replay.slo]` in a pyproject.toml; every error na
 """
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from dataclasses import dataclass, field
@@ -76,19 +77,28 @@ def parse_objective(text: object, where: str, src: object = None) -> Objective:
                            file=src, field=where)
     m = _OBJ.match(text)
     if not m:
+        n = len(re.findall(r"[<>]=?", text))
+        # YAML continues a plain scalar onto a deeper-indented line: two list items become one string
+        folded = (f"; it holds {n} objectives in one string: in YAML give each its own '- ' line, every "
+                  "dash at the same indentation (a deeper-indented line continues the one above)") if n > 1 else ""
         raise SloSpecError(f"cannot parse {text!r}: expected '<metric>.<stat> <op> <number>' "
                            f"(e.g. 'ttft_ms.p99 <= 800') or '<scalar> <op> <number>' "
-                           f"(e.g. 'attainment >= 0.95')", file=src, field=where)
+                           f"(e.g. 'attainment >= 0.95'){folded}", file=src, field=where)
     metric, stat, op, limit = m.group(1), m.group(2), m.group(3), float(m.group(4))
     if stat is None and metric not in SCALARS:
-        hint = f"; did you mean '{metric}.p99'?" if metric in DIST_METRICS else ""
-        raise SloSpecError(f"unknown scalar {metric!r} in {text!r} (scalars: {', '.join(SCALARS)}){hint}",
+        hint = (f"; did you mean '{metric}.p99'?" if metric in DIST_METRICS else _did_you_mean(metric, SCALARS))
+        raise SloSpecError(f"unknown scalar {metric!r} in {text!r}{hint} (scalars: {', '.join(SCALARS)})",
                            file=src, field=where)
     if stat is not None and metric not in DIST_METRICS:
-        raise SloSpecError(f"unknown metric {metric!r} in {text!r} (metrics: {', '.join(DIST_METRICS)})",
-                           file=src, field=where)
+        raise SloSpecError(f"unknown metric {metric!r} in {text!r}{_did_you_mean(metric, DIST_METRICS, '.' + stat)} "
+                           f"(metrics: {', '.join(DIST_METRICS)})", file=src, field=where)
     assert stat is None or stat in STATS
     return Objective(text.strip(), metric, stat, op, limit)
+
+
+def _did_you_mean(name: str, names, suffix: str = "") -> str:
+    near = difflib.get_close_matches(name, names, 1)
+    return f"; did you mean '{near[0]}{suffix}'?" if near else ""
 
 
 def _per_request(raw: object, where: str, src: object) -> dict[str, float]:
@@ -99,7 +109,8 @@ def _per_request(raw: object, where: str, src: object) -> dict[str, float]:
     out = {}
     for key, value in raw.items():
         if key not in PER_REQUEST:
-            raise SloSpecError(f"unknown per-request threshold {key!r} (allowed: {', '.join(PER_REQUEST)})",
+            raise SloSpecError(f"unknown per-request threshold {key!r}{_did_you_mean(str(key), PER_REQUEST)} "
+                               f"(allowed: {', '.join(PER_REQUEST)})",
                                file=src, field=f"{where}.{key}")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             raise SloSpecError(f"must be a positive number, got {value!r}", file=src, field=f"{where}.{key}")

@@ -44,11 +44,14 @@ def test_yaml_toml_and_pyproject_give_the_same_spec(tmp_path):
 @pytest.mark.parametrize("spec, field, words", [
     ({"objectives": ["ttft.p99 <= 800"]}, "objectives[0]", "unknown metric 'ttft'"),
     ({"objectives": ["ttft_ms <= 800"]}, "objectives[0]", "did you mean 'ttft_ms.p99'"),
+    ({"objectives": ["ttft_sm.p95 <= 800"]}, "objectives[0]", "did you mean 'ttft_ms.p95'?"),
+    ({"objectives": ["attainmnet >= 0.9"]}, "objectives[0]", "did you mean 'attainment'?"),
     ({"objectives": ["ttft_ms.p98 <= 800"]}, "objectives[0]", "cannot parse"),
     ({"objectives": ["ttft_ms.p99 == 800"]}, "objectives[0]", "cannot parse"),
     ({"objectives": [800]}, "objectives[0]", "is a string"),
     ({"per_request": {"ttft_ms": -1}}, "per_request.ttft_ms", "positive number"),
     ({"per_request": {"ttft": 5}}, "per_request.ttft", "unknown per-request threshold"),
+    ({"per_request": {"tpot_sm": 5}}, "per_request.tpot_sm", "did you mean 'tpot_ms'?"),
     ({"objectives": ["attainment >= 0.9"], "budget": 3}, "budget", "unknown key"),
     ({"classes": {"batch": {"per_request": {"e2e_s": "a"}}}}, "classes.batch.per_request.e2e_s", "positive"),
     ({"classes": {"batch": {"objectives": ["nope"]}}}, "classes.batch.objectives[0]", "cannot parse"),
@@ -74,3 +77,18 @@ def test_file_errors_name_the_file(tmp_path):
         load_slo(pp)
     with pytest.raises(SloSpecError, match="cannot read SLO spec"):
         load_slo(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("body", [
+    "objectives:\n  - ttft_ms.p95 <= 800\n    attainment >= 0.9\n",     # continued: one string
+    "objectives:\n  - ttft_ms.p95 <= 800\n   - attainment >= 0.9\n",    # a dash indented past the first
+    "objectives:\n  ttft_ms.p95 <= 800\n  attainment >= 0.9\n",        # no dashes
+])
+def test_a_list_folded_by_indentation_is_named(tmp_path, body):
+    """Issue 36 item 8: YAML folds mis-indented list items into one string, which was only
+    'cannot parse'; the error now says it holds two objectives and why."""
+    (tmp_path / "slo.yaml").write_text(body)
+    with pytest.raises(SloSpecError) as e:
+        load_slo(tmp_path / "slo.yaml")
+    msg = str(e.value)
+    assert "field 'objectives[0]'" in msg and "2 objectives in one string" in msg and "indent" in msg, msg
