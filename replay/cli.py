@@ -30,6 +30,11 @@ SUBCOMMAND_MODULES = (
 )
 
 
+# Other tools' names for our options (vLLM bench, genai-perf, locust, curl habits)
+SYNONYMS = {"--url": "--target", "--base-url": "--target", "--endpoint": "--target", "--host": "--target",
+            "--server": "--target", "--api-base": "--target", "--dataset": "--trace", "--slo-file": "--slo"}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but an option it does not know is named first, with the option meant: a
     `--taget URL` used to be reported as a missing --target."""
@@ -40,9 +45,19 @@ class Parser(argparse.ArgumentParser):
         if self._subparsers is None and known:     # a (sub)command's own parser
             typos = [a.split("=")[0] for a in Parser.argv if a.startswith("--") and a.split("=")[0] not in known]
             if typos:
-                near = difflib.get_close_matches(typos[0], known, 1)
-                message = f"unrecognized argument {typos[0]}" + (f" (did you mean {near[0]}?)" if near else "")
+                message = f"unrecognized argument {typos[0]}" + did_you_mean(typos[0], known)
         super().error(message)
+
+
+def did_you_mean(option: str, known) -> str:
+    """' (did you mean --target?)' or ''. Compared without the dashes: with them, `--url` was
+    nearest to `--slo` (the shared '--' made them look alike)."""
+    meant = SYNONYMS.get(option)
+    if meant not in known:
+        bare = {k.lstrip("-"): k for k in known if k.startswith("--")}
+        near = difflib.get_close_matches(option.lstrip("-"), bare, 1)
+        meant = bare[near[0]] if near else None
+    return f" (did you mean {meant}?)" if meant else ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from . import __version__, plan
+from . import __version__
 
 
 class RunError(ValueError):
@@ -211,6 +211,7 @@ def served_models(target: str, key: str | None) -> list[str]:
 
 
 def build_config(args) -> tuple[plan.RunConfig, dict]:
+    from . import plan   # numpy, pyarrow: not while `replay --help` builds the parser
     if args.speed <= 0:
         raise RunError("--speed must be > 0")
     target, targets = parse_targets(args.target if isinstance(args.target, list) else [args.target])
@@ -461,6 +462,7 @@ def _check_apis(target: str, apis: set[str], caps: dict) -> None:
 def _check_tokenizer(path: str) -> dict:
     """Load the tokenizer once here, so a bad file is an error before the run; run.json
     records which one made the prompts."""
+    from . import plan
     from .prompts import PromptError, load_tokenizer
     try:
         tok = load_tokenizer(path)
@@ -548,6 +550,7 @@ def _verdict(run_dir: Path, on_error: int | None) -> int:
 
 def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
     """Create the run directory and its run.json (config without secrets, trace hash, host...)."""
+    from . import plan
     run_dir = Path(config.run_dir)
     if (run_dir / "records.parquet").exists() or (run_dir / "records.arrows").exists():
         raise RunError(f"{run_dir} already holds a run; choose another -o")
@@ -620,6 +623,7 @@ def _run_child(run_dir: Path, nice: int | None = None, realtime: bool = False) -
     if t0_wall:
         sampler.write(run_dir, t0_wall)
     if rc not in (0, 130):  # the runner died: keep what it flushed, account for every other row
+        from . import plan
         from .recorder import salvage
         info = json.loads((run_dir / "run.json").read_text())
         config = plan.RunConfig.from_json(info["config"])

@@ -19,8 +19,6 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-
 
 PASS, FAIL, CANNOT = "pass", "fail", "cannot evaluate"
 VERDICTS = {0: PASS, 1: FAIL, 2: CANNOT}   # the SLO gate's exit codes
@@ -95,6 +93,7 @@ def native_rate(trace, rows: int | None = None) -> float:
 def knee(rates: list[float], values: list[float]) -> float | None:
     """Kneedle: the point farthest below the chord of the normalised (log rate, value) curve.
     Log rate because sweeps space their rates geometrically (doubling, geometric bisection)."""
+    import numpy as np
     pts = [(r, v) for r, v in zip(rates, values) if v is not None and math.isfinite(v) and r > 0]
     if len(pts) < 3:
         return None

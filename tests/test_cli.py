@@ -74,3 +74,34 @@ def test_a_csv_given_as_a_trace_says_how_to_import_it(tmp_path):
     junk.write_bytes(bytes(range(256)))
     p = run_cli("replay", "run", "--trace", junk, "--target", "http://127.0.0.1:9")
     assert p.returncode == 2 and "import it first" not in p.stderr, p.stderr
+
+
+HEAVY = ("numpy", "pyarrow", "pandas", "scipy", "locust", "openai")
+
+
+def _cli_in_process(*argv: str):
+    """`replay ARGV` in a child python that reports, after it, which heavy packages it imported."""
+    import subprocess
+    import sys
+
+    from tests.conftest import repo_env
+    code = ("import sys\nfrom llm_replay.replay.cli import main\n"
+            "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+            f"print('HEAVY', *[m for m in {HEAVY!r} if m in sys.modules])\nsys.exit(code)")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=repo_env(), timeout=120)
+    heavy = p.stdout.rsplit("HEAVY", 1)[1].split()
+    return p, heavy
+
+
+def test_help_and_argument_errors_import_nothing_heavy():
+    """Issue 36 item 8: `replay trace generate --preset chatt` imported numpy, pyarrow and scipy
+    (8.5 s on a busy host) before refusing the typo; `replay --help` imported numpy and pyarrow."""
+    p, heavy = _cli_in_process("--help")
+    assert p.returncode == 0 and "trace" in p.stdout and heavy == [], (heavy, p.stderr)
+    p, heavy = _cli_in_process("trace", "generate", "--preset", "chatt", "--duration", "60", "-o", "x.parquet")
+    errors = [line for line in p.stderr.splitlines() if "error:" in line]
+    assert p.returncode == 2 and len(errors) == 1 and "did you mean chat?" in errors[0], p.stderr
+    assert heavy == [] and "Traceback" not in p.stderr, (heavy, p.stderr)
+    p, heavy = _cli_in_process("run", "--url", "http://127.0.0.1:8000", "--trace", "t.parquet")
+    assert p.returncode == 2 and "unrecognized argument --url (did you mean --target?)" in p.stderr, p.stderr
+    assert heavy == [], heavy

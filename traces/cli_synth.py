@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +18,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                    "Parquet metadata: `--spec T.parquet` re-creates T bit for bit.")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--spec", type=Path, help="spec file (YAML/JSON) or a generated .parquet trace")
-    src.add_argument("--preset", help="chat, bursty, multi-model, long-context, multi-turn, diurnal, multi-lora, vision, agentic")
+    src.add_argument("--preset", type=_preset, help="chat, bursty, multi-model, long-context, multi-turn, diurnal, multi-lora, vision, agentic")
     g.add_argument("--start", type=_span, metavar="T",
                    help="with --spec: generate the window from T in the spec's own time (seconds, or 2d, 1d14h, 90m), "
                         "at that window's own rates, client mix and lengths")
@@ -51,8 +53,34 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_compare)
 
 
+def _preset(name: str) -> str:
+    """Refused while parsing: the spec modules (numpy, pyarrow) load only for a preset that exists."""
+    import difflib
+    from .presets import PRESETS
+    if name not in PRESETS:
+        near = difflib.get_close_matches(name, PRESETS, 1)
+        raise argparse.ArgumentTypeError(f"unknown preset {name!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+                                         f"presets: {', '.join(PRESETS)}")
+    return name
+
+
+_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0}
+_PART = r"(\d+(?:\.\d*)?|\.\d+)(d|h|min|m|s)"
+
+
+def parse_span(text: str) -> float:
+    """Seconds from `5400`, `90m`, `1h30m`, `2d` or `1d14h` (units d, h, m/min, s)."""
+    s = str(text).strip().replace(" ", "")
+    try:
+        return float(s) if math.isfinite(float(s)) and float(s) >= 0 else math.nan
+    except ValueError:
+        pass
+    if s and re.fullmatch(f"(?:{_PART})+", s):
+        return sum(float(v) * _UNIT[u] for v, u in re.findall(_PART, s))
+    return math.nan
+
+
 def _span(text: str) -> float:
-    from .window import parse_span
     s = parse_span(text)
     if not s >= 0:
         raise argparse.ArgumentTypeError(f"not a time: {text!r} (seconds, or with units d, h, m, s: 3600, 90m, 2d, 1d14h)")

@@ -13,29 +13,12 @@ however long the profile it came from.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from .errors import TraceError
 from .spec import parse_spec
-
-_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "min": 60.0, "s": 1.0}
-_PART = r"(\d+(?:\.\d*)?|\.\d+)(d|h|min|m|s)"
-
-
-def parse_span(text: str) -> float:
-    """Seconds from `5400`, `90m`, `1h30m`, `2d` or `1d14h` (units d, h, m/min, s)."""
-    s = str(text).strip().replace(" ", "")
-    try:
-        return float(s) if math.isfinite(float(s)) and float(s) >= 0 else math.nan
-    except ValueError:
-        pass
-    if s and re.fullmatch(f"(?:{_PART})+", s):
-        return sum(float(v) * _UNIT[u] for v, u in re.findall(_PART, s))
-    return math.nan
-
 
 def _cut(values: list[Any], j0: int, n: int, repeat: bool) -> list[Any]:
     """Entries j0 .. j0 + n - 1 of a per-window list, repeating it (a table) or holding its

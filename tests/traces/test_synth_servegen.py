@@ -12,11 +12,12 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
+from llm_replay.traces.cli_synth import parse_span
 from llm_replay.traces.errors import TraceError
 from llm_replay.traces.generate import generate
 from llm_replay.traces.servegen import import_servegen, servegen_spec
 from llm_replay.traces.spec import SpecError, parse_spec
-from llm_replay.traces.window import parse_span, slice_spec
+from llm_replay.traces.window import slice_spec
 
 SRC = Path(__file__).parent / "fixtures" / "synth" / "servegen" / "m-test"
 
