@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .bottleneck import LATE_MS
 from .breakdown import length_buckets
 from .errors import ReportError
 from .metrics import as_f64
@@ -34,24 +35,30 @@ COLORS = {"net_ms": "#7f7f7f", "queue_ms": "#d62728", "prefill_ms": "#1f77b4", "
 # Bottleneck map. DOMINANT: a part that is half of the window's TTFT (or decode half of its E2E)
 # outweighs all the others together. KV_FULL is on window means (summary.KV_FULL, 0.95, is on
 # single scrapes): a cache full most of a window, draining for a moment, averages about 0.9.
-# SLOWED: prefill, decode and the client are named only where the window is this much slower than
+# SLOWED: prefill, decode and client+network are named only where the window is this much slower than
 # the run's quiet windows (BASELINE_Q over windows): at light load TTFT is mostly prefill and the
 # TPOT is the model's own, which is physics, not a limit. NET_FLOOR_MS: below this the client's
 # part is a LAN round trip and JSON parsing whatever its share. MIN_JOINED: fewer joined spans
 # than this in a window say nothing about it. BATCH_GREW: decode-bound needs the batch (running,
 # else in flight) this many times the quiet windows' too: a TPOT that rose at the same batch is
 # noise or another tenant, not decode at high batch (seen: a light run's 6-token requests).
+# Client/host needs both: sends late in the window (LATE_WINDOW of them, at least 2, more than
+# LATE_MS late) and client+network NET_SHARE of its TTFT (one late send beside a TTFT of queue and
+# prefill is no client bottleneck); client+network dominating without late sends is the network or
+# the front end. LONG_PROMPT: prefill-bound "under long prompts" only when the window's input p50
+# is this many times the run's (a run of 300-token prompts is prefill-bound, not long-prompted).
 DOMINANT, KV_FULL, SLOWED, BASELINE_Q, NET_FLOOR_MS, MIN_JOINED, BATCH_GREW = 0.5, 0.9, 1.5, 10, 20.0, 3, 2.0
+NET_SHARE, LATE_WINDOW, LONG_PROMPT = 0.25, 0.05, 2.0
 LABELS = {"kv": "queueing behind a full KV cache", "sched": "queueing (scheduler limit, KV not full)",
-          "client": "client/host", "prefill": "prefill-bound under long prompts", "decode": "decode-bound",
+          "client": "client/host", "net": "client+network", "prefill": "prefill-bound", "decode": "decode-bound",
           "healthy": "healthy", "unknown": "too few spans"}
-LABEL_COLORS = {"kv": "#d62728", "sched": "#ff7f0e", "client": "#7f7f7f", "prefill": "#1f77b4",
+LABEL_COLORS = {"kv": "#d62728", "sched": "#ff7f0e", "client": "#7f7f7f", "net": "#b0b0b0", "prefill": "#1f77b4",
                 "decode": "#2ca02c", "healthy": "#c7e9c0", "unknown": "#eeeeee"}
 
 
 @dataclass
 class ServerTime:
-    row: np.ndarray        # per record: its span's row in `spans` (first received), -1: none
+    row: np.ndarray        # per record: its span's row in `spans` (spans.resolve), -1: none
     joined: np.ndarray     # bool per record
     spans: pa.Table        # sorted by received_s (null last), file order among equals
     counts: dict
@@ -172,100 +179,128 @@ def _window(rm, ts: dict) -> np.ndarray:
     return np.clip(k, 0, len(ts["t_s"]) - 1).astype(np.int64)
 
 
-def bottleneck_map(an, ts: dict, lag: dict | None) -> list[dict]:
-    """Per time window of the summary's time series: what limited the run, with its evidence."""
-    rm, nwin, win = an.rm, len(ts["t_s"]), _window(an.rm, ts)
+def _stats(an, codes: np.ndarray, ngroups: int) -> dict[str, np.ndarray]:
+    """Per group of requests (a window, a segment): its joined requests' mean parts and shares of
+    their mean TTFT (E2E for decode), queue p99, input and TPOT p50, and its sends and late sends."""
+    rm = an.rm
     pt, pe = parts(rm), parts(rm, "e2e")
     p = {**pt, "decode_ms": pe["decode_ms"], "ttft_ms": rm.columns["ttft_ms"], "e2e_ms": rm.columns["e2e_ms"]}
     rows = an.server.joined & rm.ok & ~np.isnan(pt["net_ms"] + pe["net_ms"])
-    n = np.bincount(win[rows], minlength=nwin)[:nwin]
+    count = lambda sel: np.bincount(codes[sel], minlength=ngroups)[:ngroups]   # noqa: E731
+    pct = lambda v, q: grouped_percentiles(np.where(rows, v, np.nan), codes, ngroups, [q])[1][:, 0]  # noqa: E731
+    n = count(rows)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = {k: np.bincount(win[rows], weights=v[rows], minlength=nwin)[:nwin] / n for k, v in p.items()}
-    _, q99 = grouped_percentiles(np.where(rows, rm.columns["queue_ms"], np.nan), win, nwin, [99])
-    _, inp = grouped_percentiles(np.where(rows, rm.input_len, np.nan), win, nwin, [50])
+        mean = {k: np.bincount(codes[rows], weights=v[rows], minlength=ngroups)[:ngroups] / n for k, v in p.items()}
+        share = {f"{x}_share": mean[f"{x}_ms"] / mean["ttft_ms"] for x in ("net", "queue", "prefill")}
+        decode = mean["decode_ms"] / mean["e2e_ms"]
+    sent = ~np.isnan(rm.sent)
+    return {"requests": n, "ttft_ms_mean": mean["ttft_ms"], "e2e_ms_mean": mean["e2e_ms"], "net_ms_mean": mean["net_ms"],
+            **share, "decode_share_e2e": decode, "queue_ms_p99": pct(rm.columns["queue_ms"], 99),
+            "input_tokens_p50": pct(rm.input_len.astype(float), 50), "tpot_ms_p50": pct(rm.columns["tpot_ms"], 50),
+            "sends": count(sent), "late_sends": count(sent & (rm.columns["lag_ms"] > LATE_MS))}
+
+
+def bottleneck_map(an, ts: dict) -> list[dict]:
+    """Per time window of the summary's time series: what limited the run, with its evidence."""
+    rm, nwin, win = an.rm, len(ts["t_s"]), _window(an.rm, ts)
+    e = _stats(an, win, nwin)
     srv = ts.get("server") or {}
     s = {k: np.array([np.nan if v is None else v for v in srv.get(k) or [None] * nwin], float)
          for k in ("kv_cache_usage", "waiting", "running", "preemptions")}
-    tpot = np.array([np.nan if v is None else v for v in ts.get("tpot_ms_p50") or [None] * nwin], float)
     batch = np.where(np.isnan(s["running"]), np.array(ts.get("inflight") or [np.nan] * nwin, float), s["running"])
-    good = n >= MIN_JOINED
-    base_ttft = np.nanpercentile(mean["ttft_ms"][good], BASELINE_Q) if good.any() else np.nan
-    base_tpot, base_batch = (np.nanpercentile(x[good], BASELINE_Q) if (good & ~np.isnan(x)).any() else np.nan
-                             for x in (tpot, batch))
-    late = [(w["start_s"] - ts["t0_s"], w["end_s"] - ts["t0_s"]) for w in (lag or {}).get("windows") or []
-            if w.get("cause") and w["cause"] != "unexplained"]
+    good = e["requests"] >= MIN_JOINED
+    base = {k: np.nanpercentile(x[good], BASELINE_Q) if (good & ~np.isnan(x)).any() else np.nan
+            for k, x in (("ttft_baseline_ms", e["ttft_ms_mean"]), ("tpot_baseline_ms", e["tpot_ms_p50"]),
+                         ("batch_baseline", batch))}
+    rows = an.server.joined & rm.ok
+    run_input = float(np.median(rm.input_len[rows])) if rows.any() else np.nan
     out = []
     for k in range(nwin):
-        a, b = ts["t_s"][k], ts["t_s"][k] + (ts.get("width_s") or [ts["window_s"]] * nwin)[k]
-        ttft = mean["ttft_ms"][k]
-        share = {x: mean[f"{x}_ms"][k] / ttft for x in ("net", "queue", "prefill")}
-        ev = {"t_s": a, "requests": int(n[k]), "ttft_ms_mean": ttft, "e2e_ms_mean": mean["e2e_ms"][k],
-              **{f"{x}_share": v for x, v in share.items()}, "decode_share_e2e": mean["decode_ms"][k] / mean["e2e_ms"][k],
-              "queue_ms_p99": q99[k, 0], "input_tokens_p50": inp[k, 0], "tpot_ms_p50": tpot[k],
-              "tpot_baseline_ms": base_tpot, "ttft_baseline_ms": base_ttft, "batch": batch[k],
-              "batch_baseline": base_batch,
-              **{x: s[x][k] for x in ("kv_cache_usage", "waiting", "running", "preemptions")},
-              "late_sends": any(lo < b and hi > a for lo, hi in late)}
-        slowed = ttft >= SLOWED * base_ttft
+        ev = {"t_s": ts["t_s"][k], **{x: v[k] for x, v in e.items()}, **base, "batch": batch[k],
+              "run_input_tokens_p50": run_input, **{x: s[x][k] for x in s}}
+        slowed = ev["ttft_ms_mean"] >= SLOWED * base["ttft_baseline_ms"]
+        late = ev["late_sends"] >= max(2, LATE_WINDOW * ev["sends"])
+        net = ev["net_ms_mean"] >= NET_FLOOR_MS
         if not good[k]:
             key = "unknown"
-        elif share["queue"] >= DOMINANT:
+        elif ev["queue_share"] >= DOMINANT:
             key = "kv" if s["kv_cache_usage"][k] >= KV_FULL or s["preemptions"][k] > 0 else "sched"
-        elif ev["late_sends"] or (share["net"] >= DOMINANT and mean["net_ms"][k] >= NET_FLOOR_MS and slowed):
+        elif late and net and ev["net_share"] >= NET_SHARE:
             key = "client"
-        elif share["prefill"] >= DOMINANT and slowed:
+        elif net and ev["net_share"] >= DOMINANT and slowed:
+            key = "net"
+        elif ev["prefill_share"] >= DOMINANT and slowed:
             key = "prefill"
-        elif ev["decode_share_e2e"] >= DOMINANT and tpot[k] >= SLOWED * base_tpot and \
-                batch[k] >= max(BATCH_GREW * base_batch, 2):
+        elif ev["decode_share_e2e"] >= DOMINANT and ev["tpot_ms_p50"] >= SLOWED * base["tpot_baseline_ms"] and \
+                batch[k] >= max(BATCH_GREW * base["batch_baseline"], 2):
             key = "decode"
         else:
             key = "healthy"
-        out.append({"key": key, "label": LABELS[key] + (f" at batch {batch[k]:.0f}" if key == "decode" else ""),
-                    "evidence": {x: (None if isinstance(v, float) and np.isnan(v) else v) for x, v in ev.items()}})
+        label = LABELS[key] + (f" at batch {batch[k]:.0f}" if key == "decode" else "")
+        if key == "prefill" and ev["input_tokens_p50"] >= LONG_PROMPT * run_input:
+            label += " under long prompts"
+        out.append({"key": key, "label": label, "evidence": {x: (None if isinstance(v, float) and np.isnan(v) else v)
+                                                              for x, v in ev.items()}})
     return out
 
 
-def _evidence_text(key: str, ws: list[dict]) -> str:
-    def top(x, f=max):
-        v = [w["evidence"][x] for w in ws if w["evidence"][x] is not None]
-        return f(v) if v else None
-    parts_ = {"kv": [("KV {:.0%}", "kv_cache_usage"), ("{:.0f} waiting", "waiting"), ("{:.0f} preemptions", "preemptions"),
-                     ("queue {:.0%} of TTFT", "queue_share")],
-              "sched": [("queue {:.0%} of TTFT", "queue_share"), ("{:.0f} waiting", "waiting"), ("KV {:.0%}", "kv_cache_usage")],
-              "client": [("client+network {:.0%} of TTFT", "net_share")],
-              "prefill": [("prefill {:.0%} of TTFT", "prefill_share"), ("input p50 {:.0f} tokens", "input_tokens_p50")],
-              "decode": [("decode {:.0%} of E2E", "decode_share_e2e"), ("TPOT p50 {:.3g} ms", "tpot_ms_p50"),
-                         ("quiet-window TPOT {:.3g} ms", "tpot_baseline_ms"),
-                         ("quiet-window batch {:.0f}", "batch_baseline")]}.get(key, [])
-    txt = [f.format(top(x)) for f, x in parts_ if top(x) is not None and not (x == "preemptions" and not top(x))]
-    if key == "client" and any(w["evidence"]["late_sends"] for w in ws):
-        txt.append("the replay sent late here")
+EVIDENCE = {"kv": ("KV {kv_cache_usage:.0%}", "{waiting:.0f} waiting", "{preemptions:.0f} preemptions",
+                   "queue {queue_share:.0%} of TTFT"),
+            "sched": ("queue {queue_share:.0%} of TTFT", "{waiting:.0f} waiting", "KV {kv_cache_usage:.0%}"),
+            "client": ("client+network {net_share:.0%} of TTFT",
+                       f"{{late_sends:.0f}} of {{sends:.0f}} sends > {LATE_MS:g} ms late"),
+            "net": ("client+network {net_share:.0%} of TTFT ({net_ms_mean:.0f} ms)",),
+            "prefill": ("prefill {prefill_share:.0%} of TTFT",
+                        "input p50 {input_tokens_p50:.0f} tokens (run p50 {run_input_tokens_p50:.0f})"),
+            "decode": ("decode {decode_share_e2e:.0%} of E2E", "TPOT p50 {tpot_ms_p50:.3g} ms",
+                       "quiet-window TPOT {tpot_baseline_ms:.3g} ms", "quiet-window batch {batch_baseline:.0f}")}
+
+
+def _evidence_text(key: str, v: dict) -> str:
+    """A segment's own values in words (a figure without its value is left out)."""
+    import string
+    txt = []
+    for t in EVIDENCE.get(key, ()):
+        names = [f for _, f, _, _ in string.Formatter().parse(t) if f]
+        if all(v.get(f) is not None for f in names) and (names != ["preemptions"] or v["preemptions"]):
+            txt.append(t.format(**v))
     return ", ".join(txt)
 
 
-def segments(wins: list[dict], config: dict | None, ts: dict) -> list[dict]:
-    """Consecutive windows of one label merged, with the evidence in words."""
+def segments(an, wins: list[dict], config: dict | None, ts: dict) -> list[dict]:
+    """Consecutive windows of one label merged; each segment's evidence is its own: its joined
+    requests' shares, percentiles and late sends, its windows' mean gauges and summed preemptions."""
     out: list[dict] = []
+    seg_of = np.empty(len(wins), np.int64)
     for k, w in enumerate(wins):
-        if out and out[-1]["label"] == w["label"]:
-            out[-1]["windows"].append(k)
-        else:
-            out.append({"key": w["key"], "label": w["label"], "windows": [k]})
+        if not (out and out[-1]["label"] == w["label"]):
+            out.append({"key": w["key"], "label": w["label"], "windows": []})
+        out[-1]["windows"].append(k)
+        seg_of[k] = len(out) - 1
+    e = _stats(an, seg_of[_window(an.rm, ts)], len(out))
     width = ts.get("width_s") or [ts["window_s"]] * len(wins)
-    for seg in out:
+    for i, seg in enumerate(out):
         ks = seg.pop("windows")
         a, b = ts["t_s"][ks[0]], ts["t_s"][ks[-1]] + width[ks[-1]]
         ev = [wins[k]["evidence"] for k in ks]
-        seg.update(start_s=a, end_s=b, requests=sum(e["requests"] for e in ev), when=_clock(config, ts["t0_s"] + a,
-                                                                                           ts["t0_s"] + b),
+
+        def over(x, f=np.mean):
+            got = [w[x] for w in ev if w[x] is not None]
+            return float(f(got)) if got else None
+        v = {x: (None if np.isnan(c[i]) else float(c[i])) for x, c in e.items()}
+        v |= {x: over(x) for x in ("kv_cache_usage", "waiting", "running", "batch")} | {"preemptions": over(
+            "preemptions", np.sum)} | {x: ev[0][x] for x in ("ttft_baseline_ms", "tpot_baseline_ms", "batch_baseline",
+                                                             "run_input_tokens_p50")}
+        base = v["ttft_baseline_ms"]
+        seg.update(start_s=a, end_s=b, requests=int(v["requests"]), when=_clock(config, ts["t0_s"] + a, ts["t0_s"] + b),
                    # TTFT its requests spent above the run's quiet windows: the headline names the worst
-                   excess_ttft_s=sum(e["requests"] * (e["ttft_ms_mean"] - e["ttft_baseline_ms"]) / 1e3 for e in ev
-                                     if e["ttft_ms_mean"] is not None and e["ttft_baseline_ms"] is not None),
-                   evidence=_evidence_text(seg["key"], [wins[k] for k in ks]))
+                   excess_ttft_s=0.0 if v["ttft_ms_mean"] is None or base is None else
+                   v["requests"] * (v["ttft_ms_mean"] - base) / 1e3,
+                   values=v, evidence=_evidence_text(seg["key"], v))
     return out
 
 
-def section(an, run, ts: dict, lag: dict | None) -> dict | None:
+def section(an, run, ts: dict) -> dict | None:
     """summary.json `server_time`: counts, component percentiles (overall, per model, per
     input-length bucket, per window), the bottleneck map and the slowest requests."""
     if an.server is None:
@@ -289,8 +324,8 @@ def section(an, run, ts: dict, lag: dict | None) -> dict | None:
             st["timeseries"] |= {f"{k}_mean": (np.bincount(win[rows], weights=v[rows],
                                                            minlength=len(ts["t_s"])) / c).tolist()
                                  for k, v in pt.items()}
-        st["map"] = bottleneck_map(an, ts, lag)
-        st["segments"] = segments(st["map"], run.config, ts)
+        st["map"] = bottleneck_map(an, ts)
+        st["segments"] = segments(an, st["map"], run.config, ts)
     ttft = np.where(m & rm.ok, rm.columns["ttft_ms"], -np.inf)
     top = np.argpartition(-ttft, min(10, rm.n) - 1)[:10] if rm.n else np.empty(0, np.int64)
     slow = [int(i) for i in top[np.argsort(-ttft[top], kind="stable")] if np.isfinite(ttft[i])]

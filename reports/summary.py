@@ -211,7 +211,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "timeseries": series,
     }
     summary["state"] = run_state(series, run.config)
-    summary["server_time"] = server_section(an, run, series, summary["dispatch_lag"])
+    summary["server_time"] = server_section(an, run, series)
     summary["warnings"] = _warnings(summary)
     return summary
 
@@ -221,8 +221,10 @@ KV_FULL = 0.95     # KV cache usage at or above this share of the pool: full
 
 def run_state(ts: dict, config: dict | None) -> dict:
     """The run's state in words, from the evidence the time series hold: the server's KV cache,
-    queue and preemptions when scraped, else whether completions kept up with the offered load.
-    `verdict`: saturated, queueing, healthy, falling_behind, kept_up or unknown; `sentence`."""
+    queue and preemptions when scraped, else what the client saw: in-flight growth, completed vs
+    offered rate, TTFT over the run (the client alone cannot see the server keep up).
+    `verdict`: saturated, queueing, healthy, falling_behind, latency_grew, not_observed or unknown;
+    `sentence`."""
     def clock(k: int) -> str:
         t = ts["t_s"][k]
         wall = (config or {}).get("t0_wall")
@@ -267,8 +269,18 @@ def run_state(ts: dict, config: dict | None) -> dict:
                 "sentence": f"falling behind: requests in flight grew from {np.nanmean(infl[:third]):.0f} to "
                             f"{np.nanmean(infl[-third:]):.0f} while {ratio:.0%} of the offered rate completed "
                             "(--scrape the server's /metrics to see its queue and KV cache)"}
-    return {"verdict": "kept_up", "sentence": "kept up with the offered load (no server metrics scraped: "
-                                              "--scrape the server's /metrics to see its queue and KV cache)"}
+    # Completions matching the offered rate do not show that the server kept up: its queue is not
+    # seen, and a TTFT that grows over the run is a queue growing. Say what the client saw.
+    ttft = np.array(ts.get("ttft_ms_p50") or [np.nan], float)
+    first, last = (float(np.nanmean(x)) if not np.isnan(x).all() else np.nan for x in (ttft[:third], ttft[-third:]))
+    ms = lambda v: f"{v / 1e3:.3g} s" if v >= 1e3 else f"{v:.0f} ms"  # noqa: E731
+    done = f"{ratio:.0%} of the offered rate completed" if ratio is not None else "nothing was offered"
+    unseen = "the server's queue was not observed (--scrape the server's /metrics to see its queue and KV cache)"
+    if len(ttft) >= 3 and last > 2 * first:
+        return {"verdict": "latency_grew",
+                "sentence": f"TTFT p50 grew from {ms(first)} to {ms(last)} over the run while {done}; {unseen}"}
+    txt = f"TTFT p50 {ms(first)} to {ms(last)} (first to last third)" if not np.isnan(first + last) else "no TTFT"
+    return {"verdict": "not_observed", "sentence": f"{done}; {txt}; {unseen}"}
 
 
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning

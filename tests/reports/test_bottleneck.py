@@ -161,3 +161,137 @@ def test_gate_cli_flags(tmp_path):
     assert g.returncode == 2 and "bias bound" in g.stdout and "straddles" in g.stdout, g.stdout
     for flag in ("--judge-as-measured", "--allow-client-bottleneck"):
         assert run_cli("replay", "gate", run, "--slo", slo, flag).returncode == 1
+
+
+# The bottleneck map's words (reports/servertime.py): requests 0.1 s apart, PER to a 5 s window,
+# each window's requests with exactly its (net, queue, prefill) ms and input tokens; every request
+# has its server span. Summaries use --window-s 5.
+PER, OTHER_MS, OUT, TPOT_MS = 50, 2.0, 16, 20.0
+QUIET = (10, 5, 40, 300)
+
+
+def spans_run(tmp_path, windows, lag_ms=None, steal_at=()):
+    """A run directory with records.parquet and spans.parquet (and cpu.parquet with steal at the
+    times in `steal_at`) from per-window (net, queue, prefill, input tokens)."""
+    from llm_replay.reports.schema import SPANS_SCHEMA
+    from tests.reports.conftest import records
+    w = np.repeat(np.array(windows, float), PER, axis=0)
+    n = len(w)
+    net, queue, prefill, inp = w.T
+    sched = 0.05 + 0.1 * np.arange(n)
+    sent = sched + (np.zeros(n) if lag_ms is None else lag_ms) / 1e3
+    ttft = (net + queue + prefill + OTHER_MS) / 1e3
+    times = ttft[:, None] + np.arange(OUT)[None, :] * TPOT_MS / 1e3
+    tid = [f"{k:032x}" for k in range(n)]
+    rec = records([{"request_id": f"r{k}", "model": "m", "status": "ok", "scheduled_s": sched[k], "sent_s": sent[k],
+                    "first_token_s": sent[k] + ttft[k], "last_token_s": sent[k] + times[k, -1],
+                    "end_s": sent[k] + times[k, -1], "token_times": times[k].tolist(), "input_tokens": int(inp[k]),
+                    "prompt_tokens": int(inp[k]), "output_tokens": OUT, "completion_tokens": OUT, "trace_id": tid[k]}
+                   for k in range(n)])
+    d = tmp_path / "run"
+    d.mkdir(parents=True)
+    pq.write_table(rec, d / "records.parquet")
+    sp = {"trace_id": tid, "name": ["llm_request"] * n, "received_s": sent + 2.0,
+          "server_request_id": [f"cmpl-{k}" for k in range(n)], "queue_s": queue / 1e3, "prefill_s": prefill / 1e3,
+          "ttft_s": ttft - net / 1e3, "decode_s": np.full(n, (OUT - 1) * TPOT_MS / 1e3)}
+    sp["e2e_s"] = sp["ttft_s"] + sp["decode_s"]
+    pq.write_table(pa.table({f.name: pa.array(sp[f.name], f.type) if f.name in sp else pa.nulls(n, f.type)
+                             for f in SPANS_SCHEMA}), d / "spans.parquet")
+    if len(steal_at):
+        t = np.arange(0.05, sched.max() + 1, 0.1)
+        steal = np.zeros(len(t))
+        for x in steal_at:
+            steal[np.abs(t - x) < 0.1] = 0.6
+        cpu = {"time_s": t, "client_cores": 0.2, "client_max_cores": 0.2, "busy_cores": 0.4, "steal_cores": steal,
+               "cpu_wait_share": 0.02}
+        pq.write_table(pa.table({k: pa.array(np.broadcast_to(v, len(t)), pa.float32()) if k != "time_s" else v
+                                 for k, v in cpu.items()}).replace_schema_metadata({"ncpu": "2", "period_s": "0.1"}),
+                       d / "cpu.parquet")
+    return d
+
+
+def server_time(d):
+    return summarize_run(d, window_s=5.0, write=False)["server_time"]
+
+
+def test_a_segments_evidence_is_its_own_value_not_its_peak_windows(tmp_path):
+    windows = [QUIET, QUIET, (10, 900, 40, 300), (10, 150, 40, 300), QUIET, QUIET]
+    st = server_time(spans_run(tmp_path, windows))
+    seg = next(s for s in st["segments"] if s["key"] == "sched")
+    assert [w["key"] for w in st["map"]][2:4] == ["sched", "sched"] and seg["requests"] == 2 * PER
+    peak = st["map"][2]["evidence"]["queue_share"]
+    own = (900 + 150) / sum(w[0] + w[1] + w[2] + OTHER_MS for w in windows[2:4])   # the segment's requests
+    assert f"{peak:.0%}" != f"{own:.0%}"
+    assert seg["evidence"].startswith(f"queue {own:.0%} of TTFT"), seg["evidence"]
+    assert seg["values"]["queue_share"] == pytest.approx(own)
+
+
+@pytest.mark.parametrize("long_input", [300, 8000])
+def test_prefill_bound_names_long_prompts_only_when_they_are_long(tmp_path, long_input):
+    windows = [QUIET] * 4 + [(10, 5, 600, long_input), QUIET]
+    st = server_time(spans_run(tmp_path, windows))
+    seg = next(s for s in st["segments"] if s["key"] == "prefill")
+    share = 600 / (10 + 5 + 600 + OTHER_MS)
+    assert f"prefill {share:.0%} of TTFT" in seg["evidence"] and f"input p50 {long_input} tokens" in seg["evidence"]
+    if long_input == 300:          # every prompt 300 tokens: prefill dominates, but no prompt is long
+        assert seg["label"] == "prefill-bound" and "long" not in st["sentence"], st["sentence"]
+    else:
+        assert seg["label"] == "prefill-bound under long prompts" and "run p50 300" in seg["evidence"]
+
+
+def test_one_late_send_is_not_a_client_bottleneck(tmp_path):
+    busy = (100, 20, 160, 300)               # client+network 35% of TTFT
+    windows = [(40, 20, 160, 300)] * 5 + [busy]     # client+network 18% of TTFT
+    lag = np.zeros(len(windows) * PER)
+    one = [PER * k + 20 for k in (1, 2, 3, 4)]        # one send 30 ms late in each of windows 1-4
+    many = list(range(PER * 5, PER * 5 + 10))         # 10 of window 5's sends
+    lag[one + many] = 30.0
+    sched = 0.05 + 0.1 * np.arange(len(lag))
+    st = server_time(spans_run(tmp_path, windows, lag, steal_at=sched[one + many]))
+    keys = [w["key"] for w in st["map"]]
+    assert keys[:5] == ["healthy"] * 5, [(w["key"], w["evidence"]["net_share"]) for w in st["map"]]
+    assert keys[5] == "client" and st["map"][5]["label"] == "client/host"
+    seg = st["segments"][-1]
+    assert seg["evidence"] == f"client+network {100 / 282:.0%} of TTFT, 10 of {PER} sends > 10 ms late"
+
+
+def test_client_only_state_does_not_say_kept_up():
+    from llm_replay.reports.summary import run_state
+    ts = {"t_s": [0, 10, 20, 30, 40, 50], "t0_s": 0.0, "offered_rps": [10] * 6, "achieved_rps": [10] * 6,
+          "inflight": [5] * 6, "server": {}, "ttft_ms_p50": [150, 150, 5000, 40000, 135000, 135000]}
+    s = run_state(ts, None)
+    assert "kept up" not in s["sentence"] and s["verdict"] == "latency_grew", s
+    assert "TTFT p50 grew from 150 ms to 135 s" in s["sentence"] and "--scrape" in s["sentence"]
+    s = run_state(dict(ts, ttft_ms_p50=[150] * 6), None)
+    assert "kept up" not in s["sentence"] and s["verdict"] == "not_observed"
+
+
+def test_report_html_leads_with_the_headline(tmp_path):
+    from html.parser import HTMLParser
+    d, _ = late_run(tmp_path, {"steal_cores": 0.6})
+    s = summarize_run(d)
+    full = s["dispatch_lag"]["warning"]
+    assert full.startswith("the host stalled") and len(full) > 400
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.items, self.ids, self.href = [], {}, None      # (tag, id, href, text) in page order
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            self.items.append([tag, a.get("id"), a.get("href"), ""])
+
+        def handle_data(self, data):
+            if self.items:
+                self.items[-1][3] += data
+    page = Page()
+    page.feed((d / "report.html").read_text())
+    texts = [i[3] for i in page.items]
+    headline = next(k for k, i in enumerate(page.items) if i[0] == "h2" and i[3].strip() == "Headline")
+    at = next(k for k, t in enumerate(texts) if full in " ".join(t.split()))
+    assert headline < at and page.items[at][1]
+    short = next(k for k, t in enumerate(texts) if t.startswith("the host stalled") and k != at)
+    assert headline < short < at and len(texts[short]) < 250
+    link = page.items[short + 1]
+    assert link[0] == "a" and link[2] == f"#{page.items[at][1]}"

@@ -85,7 +85,7 @@ def test_join_counts_decomposition_and_map(tmp_path):
     assert st["overall"]["queue_ms"]["p90"] < 1000 and st["overall"]["queue_ms"]["n"] == N - 3
     assert abs(st["overall"]["net_ms"]["p50"] - 10) < 1e-6 and 40 <= st["overall"]["queue_ms"]["p50"] <= 42
     keys = [w["key"] for w in st["map"]]
-    assert keys == ["healthy", "decode", "kv", "prefill", "sched", "client"], keys
+    assert keys == ["healthy", "decode", "kv", "prefill", "sched", "net"], keys
     assert st["map"][1]["label"] == "decode-bound at batch 64"
     kv = st["map"][2]["evidence"]
     assert kv["kv_cache_usage"] == 1.0 and kv["waiting"] == 30 and kv["queue_share"] > 0.9
