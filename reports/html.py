@@ -112,6 +112,17 @@ def headline_rows(s: dict) -> list[list[object]]:
     return rows
 
 
+def short_warning(w: str, limit: int = 200) -> str:
+    """A warning as the page's opening shows it: whole when short, else its first clause (to the
+    first ': ' when that says enough), cut at a word; the full text is further down."""
+    if len(w) <= limit:
+        return w
+    head = w.split(": ", 1)[0]
+    if not 40 <= len(head) <= limit:
+        head = w[:limit].rsplit(" ", 1)[0]
+    return head + " …"
+
+
 def _series_x(ts: dict) -> tuple[list[float], tuple[float, float]]:
     """Each window's value is drawn at its middle; the axis spans the run."""
     widths = ts.get("width_s") or [ts["window_s"]] * len(ts["t_s"])
@@ -192,7 +203,7 @@ def render_report(summary: dict, plots: dict) -> str:
         task_columns=TASK_COLUMNS, task_rows=_task_rows(s) if s.get("tasks") else [],
         depth_columns=DEPTH_COLUMNS, depth_rows=_depth_rows(s) if s.get("tasks") else [],
         config_rows=kv_rows(cfg) if cfg else None, started=iso_utc(started) if started else None,
-        window_rows=window_rows(s),
+        window_rows=window_rows(s), warnings=[(short_warning(w), w) for w in s["warnings"]],
         slo_rows=kv_rows({k: v for k, v in slo.items() if v not in (None, {}, [])}) if slo else None)
 
 
