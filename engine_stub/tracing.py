@@ -3,7 +3,10 @@ OTLP/HTTP (protobuf) by a background thread (server.parse_traceparent reads the 
 
 Attribute names, types and meanings are vLLM V1's (output_processor.do_tracing). The engine thread
 only appends the finished request to a deque; spans are built and posted here every ~0.5 s, so a
-slow or dead endpoint never delays a step: export errors are counted and reported once on stderr.
+slow or dead endpoint never delays a step: export errors are counted and reported once on stderr,
+and at exit every span is accounted for (exported, failed, or still queued). Headers come from
+OTEL_EXPORTER_OTLP_TRACES_HEADERS or OTEL_EXPORTER_OTLP_HEADERS, as for vLLM's exporter (e.g. the
+`Authorization=Bearer%20TOKEN` that `replay run --otlp-token` requires).
 """
 from __future__ import annotations
 
@@ -37,12 +40,19 @@ def traces_url(endpoint: str) -> str:
     return endpoint if u.path not in ("", "/") else endpoint.rstrip("/") + "/v1/traces"
 
 
+def env_headers() -> dict[str, str]:
+    """OTLP exporter headers from the environment: `k=v,k2=v2`, URL-encoded (the OTel spec's form)."""
+    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+    return {urllib.parse.unquote(k).strip(): urllib.parse.unquote(v).strip() for k, v in pairs}
+
+
 class SpanExporter:
     """Batches finished requests into ExportTraceServiceRequest POSTs (thread-safe `add`)."""
 
     def __init__(self, endpoint: str, interval: float = 0.5) -> None:
-        self.url, self.interval = traces_url(endpoint), interval
-        self.exported = self.dropped = 0
+        self.url, self.interval, self.headers = traces_url(endpoint), interval, env_headers()
+        self.added = self.exported = self.dropped = 0
         self._queue: deque[tuple[EngineRequest, float]] = deque()
         # perf_counter -> unix time, once: span times stay consistent with the latencies they carry
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -52,15 +62,18 @@ class SpanExporter:
 
     def add(self, req: EngineRequest, finished: float) -> None:
         """A request that has finished (or was aborted after being scheduled) at `finished`."""
+        self.added += 1
         self._queue.append((req, finished))
 
     def close(self, timeout: float = 1.0) -> None:
         """Flush what is queued (giving a dead endpoint at most `timeout` seconds) and stop."""
         self._stop.set()
         self._thread.join(timeout + 1)
-        if self.dropped:
-            print(f"engine-stub: {self.dropped} of {self.dropped + self.exported} spans were not exported "
-                  f"to {self.url}", file=sys.stderr, flush=True)
+        exported, dropped = self.exported, self.dropped
+        pending = self.added - exported - dropped   # queued, or in a post a hanging endpoint never answered
+        if dropped or pending:
+            print(f"engine-stub: {dropped + pending} of {self.added} spans were not exported to {self.url} "
+                  f"({dropped} failed, {pending} still unsent at exit)", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
         resource = Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value=SERVICE))])
@@ -79,7 +92,7 @@ class SpanExporter:
 
     def _post(self, body: bytes, n: int, timeout: float) -> None:
         request = urllib.request.Request(self.url, data=body, method="POST",
-                                         headers={"Content-Type": "application/x-protobuf"})
+                                         headers={**self.headers, "Content-Type": "application/x-protobuf"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as r:
                 r.read()

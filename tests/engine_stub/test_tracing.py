@@ -2,6 +2,8 @@
 request, received over OTLP/HTTP by a receiver in the test; the `traceparent` header is honoured;
 the latencies add up; queueing shows in time_in_queue; a dead endpoint never stops serving."""
 import json
+import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,12 +31,14 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: dict[str, tuple[Span, dict, str]] = {}   # gen_ai.request.id -> (span, attrs, service)
         self.paths: set[str] = set()
+        self.auth: set[str | None] = set()   # the Authorization headers posted
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.paths.add((self.path, self.headers["Content-Type"]))
+                outer.auth.add(self.headers.get("Authorization"))
                 msg = trace_service.ExportTraceServiceRequest.FromString(body)
                 for rs in msg.resource_spans:
                     service = {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"]
@@ -188,6 +192,43 @@ def test_dead_endpoint_never_stops_serving():
         time.sleep(0.05)
     assert sum("cannot export spans" in line for line in eng.log) == 1, eng.log
     assert any("2 of 2 spans were not exported" in line for line in eng.log), eng.log
+
+
+def test_hanging_endpoint_every_span_counted():
+    """An endpoint that takes the connection and never answers: at exit each span is exported,
+    failed or still unsent, and the counts add up to the requests served."""
+    with socket.socket() as hang:
+        hang.bind(("127.0.0.1", 0))
+        hang.listen(64)   # connections wait in its backlog, never answered
+        eng = start_engine("--model", "micro", "--otlp-traces-endpoint",
+                           f"http://127.0.0.1:{hang.getsockname()[1]}/v1/traces")
+        n = 5
+        try:
+            for _ in range(n):
+                assert chat(eng.url)[1]["completion_tokens"] == 6
+        finally:
+            eng.stop()
+        deadline = time.monotonic() + 30
+        while not any("spans were not exported" in line for line in eng.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    line = next((line for line in eng.log if "spans were not exported" in line), None)
+    m = re.search(r"(\d+) of (\d+) spans were not exported .*\((\d+) failed, (\d+) still unsent", line or "")
+    assert m, eng.log
+    assert int(m[1]) == int(m[2]) == n and int(m[3]) + int(m[4]) == n, line
+
+
+def test_exporter_headers_from_the_environment(monkeypatch):
+    """OTEL_EXPORTER_OTLP_HEADERS (as vLLM's exporter reads it) goes out with every post."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20s3cret,x-other=1")
+    receiver = Receiver()
+    eng = start_engine("--model", "micro", "--otlp-traces-endpoint", receiver.url)
+    try:
+        rid = chat(eng.url)[0]
+        receiver.wait([rid])
+    finally:
+        eng.stop()
+        receiver.server.shutdown()
+    assert receiver.auth == {"Bearer s3cret"}
 
 
 def test_endpoint_must_be_an_http_url():
