@@ -5,7 +5,8 @@ response's end. Its critical path is followed back from the row that ended last 
 step, the dependency that ended last (the one that released it); along it the time splits into
 LLM calls (sent to end), tool delays (`delay_s`), waiting for dispatch (scheduled to sent) and the
 rest (a root scheduled after the task's first row). Steps have a depth (0 for a root, else one
-more than their deepest dependency): TTFT by depth shows what later, longer-context calls cost.
+more than their deepest dependency): TTFT by depth shows what later, longer-context calls cost
+(one row per depth up to 15, then one per doubling, so a deep chain's summary stays short).
 Where the server reports prefix-cache hits (usage.prompt_tokens_details.cached_tokens), each
 depth shows the share of its prompt tokens that hit: a task's later calls should hit on their
 predecessors' prefix, and stop hitting when tool delays outlast the cache.
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 TASK_COLUMNS = ("request_id", "task_id", "depends_on", "delay_s")
+EXACT_DEPTHS = 16   # by_depth: one row per depth below this, then one per doubling (a deep chain: ~30 rows)
 
 
 @dataclass
@@ -51,48 +53,51 @@ def task_metrics(table: pa.Table, rm) -> Tasks | None:
     delay = (table.column("delay_s").to_numpy(zero_copy_only=False).astype(float)
              if "delay_s" in table.column_names else np.full(len(rid), np.nan))
     where = {r: i for i, (r, t) in enumerate(zip(rid, tid)) if t is not None}
-    rows: dict[str, list[int]] = {}
-    for i, t in enumerate(tid):
-        if t is not None:
-            rows.setdefault(t, []).append(i)
-    depth = np.full(len(rid), -1, np.int32)
+    dep = [[where[d] for d in ds if d in where] if ds and t is not None else () for ds, t in zip(deps, tid)]
+    depth = [-1] * len(rid)
     for i in where.values():           # records come in completion order: resolve depth on demand
         stack = [i]
         while stack:
             j = stack[-1]
-            ds = [where[d] for d in deps[j] or () if d in where]
-            todo = [d for d in ds if depth[d] < 0]
-            if depth[j] >= 0 or not todo:
-                if depth[j] < 0:
-                    depth[j] = 1 + max((depth[d] for d in ds), default=-1)
-                stack.pop()
-            else:
+            todo = [d for d in dep[j] if depth[d] < 0] if depth[j] < 0 else None
+            if todo:
                 stack.extend(todo)
+                continue
+            if depth[j] < 0:
+                depth[j] = 1 + max((depth[d] for d in dep[j]), default=-1)
+            stack.pop()
+    # per task at once: records grouped by task (first appearance order), ends NaN-safe
+    codes: dict[str, int] = {}
+    at = np.array([i for i, t in enumerate(tid) if t is not None], np.int64)
+    code = np.array([codes.setdefault(t, len(codes)) for t in tid if t is not None], np.int64)
+    ids, n = list(codes), len(codes)
     sched, sent, end = rm.scheduled, rm.sent, rm.end
-    ids = list(rows)
-    n = len(ids)
-    task_s, ok, steps, first = np.full(n, np.nan), np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    e = end[at]
+    # by task, then end, then first record first: a group's last ended last (the first such record)
+    order = np.lexsort((-at, np.where(np.isnan(e), -np.inf, e), code))
+    bounds = np.searchsorted(code[order], np.arange(n))
+    steps = np.diff(np.append(bounds, len(order)))
+    first = np.minimum.reduceat(at[order], bounds)
+    ok = np.logical_and.reduceat(rm.ok[at][order], bounds)
+    last = at[order][np.append(bounds[1:], len(order)) - 1]
+    start = np.fmin.reduceat(sched[at][order], bounds)
+    task_s = np.where(np.isnan(end[last]), np.nan, end[last] - start)
     parts = {k: np.full(n, np.nan) for k in ("llm_s", "tool_s", "dispatch_s", "other_s")}
-    for k, t in enumerate(ids):
-        m = np.asarray(rows[t])
-        steps[k], first[k], ok[k] = len(m), m.min(), bool(rm.ok[m].all())
-        e = end[m]
-        if np.isnan(e).all():
-            continue
-        start, last = np.nanmin(sched[m]), m[int(np.nanargmax(e))]
-        task_s[k] = np.nanmax(e) - start
+    ends, sents, scheds, delays = end.tolist(), sent.tolist(), sched.tolist(), delay.tolist()
+    for k in np.flatnonzero(~np.isnan(task_s)).tolist():
         llm = tool = disp = 0.0
-        i = last
-        while True:
-            llm += end[i] - sent[i]
-            disp += sent[i] - sched[i]
-            ds = [where[d] for d in deps[i] or () if d in where and not np.isnan(end[where[d]])]
+        i = int(last[k])
+        while True:        # back from the row that ended last, through the dependency that ended last
+            llm += ends[i] - sents[i]
+            disp += sents[i] - scheds[i]
+            ds = [j for j in dep[i] if ends[j] == ends[j]]
             if not ds:
                 break
-            tool += 0.0 if np.isnan(delay[i]) else delay[i]
-            i = max(ds, key=lambda j: end[j])
+            tool += 0.0 if delays[i] != delays[i] else delays[i]
+            i = max(ds, key=ends.__getitem__)
         parts["llm_s"][k], parts["tool_s"][k], parts["dispatch_s"][k] = llm, tool, disp
-        parts["other_s"][k] = task_s[k] - llm - tool - disp
+    parts["other_s"] = task_s - parts["llm_s"] - parts["tool_s"] - parts["dispatch_s"]
+    depth = np.array(depth, np.int32)
     cached = None
     if "cached_tokens" in table.column_names and table.column("cached_tokens").null_count < len(rid):
         cached = table.column("cached_tokens").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -120,13 +125,17 @@ def tasks_summary(tk: Tasks, rm, mask: np.ndarray, duration_s: float | None, lim
     if tk.cached is not None and (tk.cached >= 0).any():
         cached = np.where(tk.cached >= 0, tk.cached, 0)
     by_depth = []
-    for d in range(int(tk.depth.max()) + 1 if len(tk.depth) else 0):
-        at = (tk.depth == d) & mask
+    d = tk.depth
+    bins = np.where(d < EXACT_DEPTHS, d, EXACT_DEPTHS + np.log2(np.maximum(d, 1) / EXACT_DEPTHS).astype(np.int32))
+    for b in range(int(bins.max()) + 1 if len(bins) else 0):
+        at = (bins == b) & mask
+        lo = b if b < EXACT_DEPTHS else EXACT_DEPTHS << (b - EXACT_DEPTHS)
         x = ttft[at]
         x = x[~np.isnan(x)]
         ok = at & rm.ok
         prompt = float(np.nansum(rm.input_len[ok]))
-        by_depth.append({"depth": d, "requests": int(at.sum()), "ok": int(ok.sum()),
+        by_depth.append({"depth": lo, "to": lo if b < EXACT_DEPTHS else min(2 * lo - 1, int(d.max())),
+                         "requests": int(at.sum()), "ok": int(ok.sum()),
                          "ttft_ms_p50": float(np.percentile(x, 50)) if len(x) else None,
                          "ttft_ms_p90": float(np.percentile(x, 90)) if len(x) else None,
                          "cached_share": float(cached[ok].sum() / prompt) if cached is not None and prompt else None})

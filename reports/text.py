@@ -192,7 +192,8 @@ def _task_rows(s: dict) -> list[list[object]]:
 
 
 def _depth_rows(s: dict) -> list[list[object]]:
-    return [[d["depth"], d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"],
+    return [[d["depth"] if d.get("to", d["depth"]) == d["depth"] else f"{d['depth']}-{d['to']}",
+             d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"],
              "-" if d.get("cached_share") is None else f"{d['cached_share']:.0%}"] for d in s["tasks"]["by_depth"]]
 
 

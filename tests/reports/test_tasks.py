@@ -86,3 +86,25 @@ def test_task_objectives_without_tasks_cannot_evaluate():
 def test_bad_per_task_thresholds_name_the_field(spec, where):
     with pytest.raises(SloSpecError, match=where.replace(".", r"\.")):
         load_slo(spec)
+
+
+def test_a_deep_chain_has_one_depth_row_per_doubling():
+    """Issue 36: a 100k-call chain had 100k depth rows (and a report quadratic in them)."""
+    n = 3000
+    rows = [(f"s{i}", "T", [f"s{i - 1}"] if i else None, 0.1 if i else None, i * 1.0, i * 1.0, i + 0.1, i + 0.5, "ok")
+            for i in range(n)]
+    cols = list(zip(*rows))
+    t = conform_records(pa.table({
+        "request_id": cols[0], "task_id": pa.array(cols[1], pa.string()),
+        "depends_on": pa.array(cols[2], pa.list_(pa.string())), "delay_s": pa.array(cols[3], pa.float32()),
+        "scheduled_s": pa.array(cols[4], pa.float64()), "sent_s": pa.array(cols[5], pa.float64()),
+        "first_token_s": pa.array(cols[6], pa.float64()), "last_token_s": pa.array(cols[7], pa.float64()),
+        "status": cols[8]}))
+    an = analyze(t)
+    s = tasks_summary(an.tasks, an.rm, an.mask, an.duration_s, None)
+    rows = s["by_depth"]
+    assert len(rows) <= 16 + math.ceil(math.log2(n / 16)), len(rows)
+    assert [(r["depth"], r["to"]) for r in rows[:17]] == [(d, d) for d in range(16)] + [(16, 31)]
+    assert rows[-1]["to"] == n - 1 and all(b["depth"] == a["to"] + 1 for a, b in zip(rows, rows[1:]))
+    assert [r["requests"] for r in rows][15:18] == [1, 16, 32] and sum(r["requests"] for r in rows) == n
+    assert s["critical_path"]["llm_s"]["mean"] == pytest.approx(0.5 * n)
