@@ -1,9 +1,10 @@
 """Prompts of the trace's lengths, and the request bodies that carry them.
 
 - `ids` mode: token-id arrays (ids in [1000, 8000)) to /v1/completions: exact lengths, no tokenizer.
-- `text` mode: text from a built-in word corpus, `chars = (tokens - a) / b` with (a, b)
-  measured on the target by `calibrate` (two probe requests), then corrected while running
-  from the `usage.prompt_tokens` drift of each answer.
+- `text` mode: text from a built-in word corpus, `words = (tokens - a) / b` with (a, b) measured
+  on the target by `calibrate` (probes at several lengths that fit its context; the line lies on
+  or above every probe, so prompts err short), then corrected while running from the
+  `usage.prompt_tokens` drift of each answer. `a` holds the chat template's tokens.
 - `--tokenizer tokenizer.json`: text cut at an exact token boundary (needs `tokenizers`).
 
 Each `hash_ids` block is generated from (seed, hash id) alone, so equal blocks are
@@ -26,46 +27,36 @@ from . import plan
 from .images import Images
 
 ID_LOW, ID_HIGH = 1000, 8000
-_WORDS = ("time year people way day man thing woman life child world school state family student "
-          "group country problem hand part place case week company system program question work "
-          "government number night point home water room mother area money story fact month lot "
-          "right study book eye job word business issue side kind head house service friend father "
-          "power hour game line end member law car city community name president team minute idea "
-          "kid body information back parent face others level office door health person art war "
-          "history party result change morning reason research girl guy moment air teacher force "
-          "education foot boy age policy music market sense nation plan college interest death "
-          "experience effect use class control care field development role effort rate heart drug "
-          "show leader light voice wife police mind price report decision son view relationship town "
-          "road arm difference value building action model season society tax director position "
-          "player record paper space ground form event official matter center couple site project "
-          "activity star table need court oil situation cost industry figure street image phone data "
-          "picture practice piece land product doctor wall patient worker news test movie north love "
-          "support technology step baby computer type attention film tree source organization hair "
-          "window evidence population site river garden sound island bridge").split()
+# Nouns that are one token each with a leading space in engine-stub's vocabulary and in common
+# BPE vocabularies: a prompt's token count is then linear in its words, not in its characters.
+_WORDS = ("time year people way day man thing life child world school state family group country problem "
+          "hand part place case week company system program work government number night point home water "
+          "room area fact right eye word business side kind head house service power line end member law "
+          "car city name president body information back face others door war history sense nation "
+          "interest death experience use field development show light mind action model tax form matter "
+          "need data news").split()
 _WORD_ARR = np.array(_WORDS)
 
 
 def _ids(seed: int, key: int, n: int) -> list[int]:
     """n deterministic token ids from (seed, key) alone. SHAKE-128 as the stream: ~5 us per
     request, where seeding a numpy Generator per request cost ~25 us. (Text keeps numpy's
-    stream: the chat calibration is tuned to its word sequences.)"""
+    stream.)"""
     raw = hashlib.shake_128(struct.pack("<IQ", seed & 0xFFFFFFFF, key & 0xFFFFFFFFFFFFFFFF)).digest(4 * n)
     if n < 64:   # NumPy's per-call overhead outweighs a short list
         return [x % (ID_HIGH - ID_LOW) + ID_LOW for x in struct.unpack(f"<{n}I", raw)]
     return (np.frombuffer(raw, "<u4") % (ID_HIGH - ID_LOW) + ID_LOW).tolist()
 
 
-def corpus_text(seed: int, key: int, chars: int) -> str:
-    """Deterministic text of about `chars` characters (whole words, leading space)."""
-    if chars <= 0:
+def corpus_text(seed: int, key: int, words: int) -> str:
+    """Deterministic text of `words` words, each with a leading space. The words come in shuffled
+    passes over the whole corpus: should a tokenizer split a few of them, every text of n words
+    still holds them about n / len(_WORDS) times, so its token count stays linear in n."""
+    if words <= 0:
         return ""
     rng = np.random.default_rng([seed & 0xFFFFFFFF, key & 0xFFFFFFFFFFFFFFFF])
-    words = _WORD_ARR[rng.integers(0, len(_WORDS), chars // 4 + 2)]
-    text = " " + " ".join(words)
-    while len(text) < chars:  # short words: extend deterministically
-        text += text
-    cut = text.rfind(" ", 0, chars + 1)
-    return text[:cut if cut > 0 else chars]
+    passes = np.tile(np.arange(len(_WORDS)), (-(-words // len(_WORDS)), 1))
+    return " " + " ".join(_WORD_ARR[rng.permuted(passes, axis=1).ravel()[:words]])
 
 
 class PromptBuilder:
@@ -81,13 +72,13 @@ class PromptBuilder:
         self.images = Images(config.prompt_seed, config.image_url_base)
 
     # --- token ids ----------------------------------------------------------------
-    def _block(self, h: int, text_chars: int = 0):
-        key = (h, text_chars)
+    def _block(self, h: int, text_words: int = 0):
+        key = (h, text_words)
         blk = self.blocks.get(key)
         if blk is None:
             if len(self.blocks) > 8192:  # bounded cache; regenerating is deterministic
                 self.blocks.clear()
-            blk = (corpus_text(self.seed, h, text_chars) if text_chars
+            blk = (corpus_text(self.seed, h, text_words) if text_words
                    else _ids(self.seed, h, self.bs))
             self.blocks[key] = blk
         return blk
@@ -114,51 +105,54 @@ class PromptBuilder:
         key = self.cal_key(api, target)
         if self.tok is not None:   # a row's input_tokens count the chat template the server adds
             return self._exact_text(row, max(1, n - (self.c.template_tokens.get(key, 0) if tokens is None else 0)))
-        a, b = self.cal.get(key, (0.0, 0.25))
-        block_chars = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
+        a, b = self.cal.get(key, (0.0, 1.0))[:2]
+        block_words = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
+        # floor: the server's count stays at or under n (the template's tokens are in a)
+        want = max(1, int((n - a) / (b * max(1.0, self.drift.get(key, 1.0))) + 1e-6))
         parts, have = [], 0
         for h in row[plan.HASH] or ():
-            if have + self.bs > n:
+            if have + block_words > want:
                 break
-            parts.append(self._block(h, block_chars))
-            have += self.bs
-        want_chars = max(1.0, (n - a) / (b * self.drift.get(key, 1.0)))
-        tail = int(want_chars - sum(map(len, parts)))
-        if tail > 0 or not parts:
-            parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, max(tail, 2)))
+            parts.append(self._block(h, block_words))
+            have += block_words
+        if want > have:
+            parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, want - have))
         return "".join(parts)
 
-    def observe(self, api: str, chars: int, prompt_tokens: int | None, target: str | None = None) -> None:
-        """Drift correction from `usage.prompt_tokens` (text mode without a tokenizer)."""
-        if self.mode != "text" or self.tok is not None or not prompt_tokens or chars <= 0:
+    def observe(self, api: str, words: int, prompt_tokens: int | None, target: str | None = None) -> None:
+        """Drift correction from `usage.prompt_tokens` of a built prompt of `words` words (text mode
+        without a tokenizer): only ever shortens, as a longer prompt than asked can exceed the context."""
+        if self.mode != "text" or self.tok is not None or not prompt_tokens or words <= 0:
             return
         key = self.cal_key(api, target)
-        a, b = self.cal.get(key, (0.0, 0.25))
-        f = min(2.0, max(0.5, (prompt_tokens - a) / (b * chars)))
+        a, b = self.cal.get(key, (0.0, 1.0))[:2]
+        f = min(2.0, max(0.5, (prompt_tokens - a) / (b * words)))
         self.drift[key] = 0.8 * self.drift.get(key, 1.0) + 0.2 * f
 
     def _exact_text(self, row: tuple, n: int) -> str:
         """The row's blocks then its own tail, cut at the end of token n (special tokens are
-        not counted, as in the importer). 8 chars per token is enough for real tokenizers on
-        this corpus (~6); one with longer tokens gets a longer tail, never a short prompt."""
-        blocks = "".join(self._block(h, self.bs * 8) for h in (row[plan.HASH] or ()))
-        chars = n * 8 + 16
+        not counted, as in the importer). A word is at least one token; a tokenizer that merges
+        words gets a longer tail, never a short prompt."""
+        blocks = "".join(self._block(h, self.bs) for h in (row[plan.HASH] or ()))
+        words = n + 16
         for _ in range(4):
-            text = blocks + corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, chars)
+            text = blocks + corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, words)
             offsets = self.tok.encode(text, add_special_tokens=False).offsets
             if len(offsets) >= n:
                 return text[:offsets[n - 1][1]]
-            chars *= 4
+            words *= 4
         raise PromptError(f"the tokenizer makes only {len(offsets)} tokens of {len(text)} characters; "
                           f"a prompt needs {n}")
 
     # --- bodies -------------------------------------------------------------------
     def body(self, row: tuple, model: str | None, api: str, history: list[dict] | None = None,
              user_tokens: int | None = None, target: str | None = None) -> tuple[str, bytes, int, str | None]:
-        """(path, JSON body, prompt chars, user text) for one row sent to `target`."""
-        text = row[plan.PROMPT]
+        """(path, JSON body, words, user text) for one row sent to `target`; words: of a built text
+        prompt that is the whole prompt, else 0 (`observe` learns from those alone)."""
+        text, words = row[plan.PROMPT], 0
         if text is None and (api == "chat" or self.mode == "text"):
             text = self.text(row, api, user_tokens, target)
+            words = 0 if history else text.count(" ")
         req: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
         images = row[plan.IMAGES]
         if api == "chat":
@@ -180,7 +174,7 @@ class PromptBuilder:
         if images and api == "chat":    # spliced in as bytes: one copy of the images' base64
             head, tail = body.split(_IMAGES_JSON, 1)
             body = b"".join([head, *self.images.parts(images, row[plan.IMAGE_PX], row[plan.IDX]), tail])
-        return path, body, len(text or ""), text
+        return path, body, words, text
 
 
 _IMAGES = "@@llm-replay-images@@"          # where the image parts go in the JSON body
@@ -218,21 +212,38 @@ def template_tokens(post: Callable[[str, dict], dict], model: str, tok, seed: in
     return max(0, pt - n)
 
 
-def calibrate(post: Callable[[str, dict], dict], api: str, model: str, seed: int = 0) -> tuple[float, float]:
-    """Measure tokens = a + b * chars for the built-in corpus with two probe requests.
-    `post(path, json_body) -> response JSON` is a blocking HTTP call."""
-    points = []
-    for chars in (400, 4000):
-        text = corpus_text(seed, 0xCA11B + chars, chars)
-        if api == "chat":
-            body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
-            resp = post("/v1/chat/completions", body)
-        else:
-            resp = post("/v1/completions", {"model": model, "prompt": text, "max_tokens": 1})
+def calibrate(post: Callable[[str, dict], dict], api: str, model: str, seed: int = 0,
+              context: int | None = None) -> tuple[float, float, list[list[int]]]:
+    """Measure tokens = a + b * words for the built-in corpus: probes of 8, 32, 128, ... 2048 words,
+    each sent only where its predicted tokens (+1 to generate) fit `context` (the model's
+    max_model_len; a probe the server refuses ends them once two are in). b is the least-squares
+    slope, a the smallest intercept that puts every probe on or under the line, so built prompts
+    err short. `post(path, json_body) -> response JSON` is a blocking HTTP call. Returns (a, b,
+    [[words, prompt_tokens], ...])."""
+    points: list[list[int]] = []
+    words = 8
+    while words <= 2048:
+        if points and context:   # the next probe's tokens, as the probes so far say, with room to spare
+            (w0, p0), (w1, p1) = points[0], points[-1]
+            per = (p1 - p0) / (w1 - w0) if w1 > w0 else p1 / w1
+            if p1 + 1.25 * per * (words - w1) + 1 > context:
+                break
+        text = corpus_text(seed, 0xCA11B + words, words)
+        body = ({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
+        try:
+            resp = post("/v1/chat/completions" if api == "chat" else "/v1/completions",
+                        {"model": model, **body, "max_tokens": 1})
+        except Exception:   # noqa: BLE001 - a context we were not told: the probes so far serve
+            if len(points) < 2:
+                raise
+            break
         pt = (resp.get("usage") or {}).get("prompt_tokens")
         if not pt:
             raise PromptError(f"calibration: the target reported no usage.prompt_tokens for {api}")
-        points.append((len(text), pt))
-    (c1, p1), (c2, p2) = points
-    b = max(1e-3, (p2 - p1) / (c2 - c1))
-    return p1 - b * c1, b
+        points.append([words, pt])
+        words *= 4
+    if len(points) < 2:
+        raise PromptError(f"calibration: the target's context ({context} tokens) holds no {api} probe of 32 words")
+    w, p = np.array(points, dtype=float).T
+    b = max(1e-3, float(np.polyfit(w, p, 1)[0]))
+    return float(max(p - b * w)), b, points

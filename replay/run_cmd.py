@@ -284,7 +284,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
               file=sys.stderr)
     for url, caps in caps_of.items():
         _check_apis(url, rows[url]["apis"], caps)
-    notes.update(_check_served(c, rows, caps_of))
+    _check_served(c, rows, caps_of)
     reuse = _intended_reuse(c)
     if reuse:
         notes["intended_prefix_reuse"] = reuse
@@ -324,13 +324,20 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
     if text_apis and not c.tokenizer:
         from .prompts import calibrate
-        c.calibration = {}
+        c.calibration, notes["calibration"] = {}, {}
         for url, g in rows.items():   # each deployment's tokenizer: its own calibration
             key = _key(g["key_env"])
             model = c.target_model(g["labels_raw"][0]) if g["labels_raw"] else c.default_model
+            context = ((caps_of.get(url) or {}).get("max_model_len") or {}).get(model)
             for api in sorted(a for a in g["apis"] if a in text_apis):
                 name = api if url == c.target else f"{api}@{url}"
-                c.calibration[name] = calibrate(lambda p, b: http_json(url, p, b, key), api, model, c.seed)
+                a, b, probes = calibrate(lambda p, b: http_json(url, p, b, key), api, model, c.seed, context)
+                c.calibration[name] = (a, b)
+                # the probes' spread under the line: how far a prompt may stray from it (0: a word
+                # is a token, as on engine-stub and common BPE vocabularies)
+                spread = max(a + b * w - t for w, t in probes)
+                notes["calibration"][name] = {"tokens": f"{a:.2f} + {b:.4f} * words", "probes": probes,
+                                              "max_model_len": context, "max_over_tokens": int(spread + 0.999)}
     return c, notes
 
 
@@ -403,17 +410,19 @@ def _intended_reuse(c: plan.RunConfig) -> dict | None:
     return None if r is None else {k: r[k] for k in ("token_hit_ratio", "block_hit_ratio")}
 
 
-def _check_served(c: plan.RunConfig, rows: dict[str, dict], caps_of: dict[str, dict]) -> dict:
+def _check_served(c: plan.RunConfig, rows: dict[str, dict], caps_of: dict[str, dict]) -> None:
     """Before sending: every trace model goes to a model its target lists (else an error naming
-    the served ones), and rows longer than that model's context (max_model_len in /v1/models:
-    vLLM, SGLang, engine-stub) are counted in a warning with the way out."""
+    the served ones), and no row needs more than that model's context (max_model_len in
+    /v1/models: vLLM, SGLang, engine-stub): the server would refuse it, so the run stops naming
+    the rows and the way out rather than sending them to fail."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
     names = pq.read_schema(c.trace).names
-    t = pq.read_table(c.trace, columns=[n for n in ("model", "input_tokens", "output_tokens") if n in names])
+    t = pq.read_table(c.trace, columns=[n for n in ("model", "input_tokens", "output_tokens", "request_id")
+                                        if n in names])
     total = pc.add(pc.fill_null(t.column("input_tokens"), 0), pc.fill_null(t.column("output_tokens"), 0)) \
         if "output_tokens" in names else pc.fill_null(t.column("input_tokens"), 0)
-    too_long = {}
+    too_long = []
     for url, g in rows.items():
         caps = caps_of.get(url) or {}
         served, lens = caps.get("models") or [], caps.get("max_model_len") or {}
@@ -433,14 +442,17 @@ def _check_served(c: plan.RunConfig, rows: dict[str, dict], caps_of: dict[str, d
             sel = over if mine is None else pc.and_(pc.fill_null(mine, False), over)
             k = pc.sum(sel).as_py() or 0
             if k:
-                longest = pc.max(pc.filter(total, sel)).as_py()
-                too_long[name] = {"rows": k, "max_model_len": lens[name], "longest": longest}
-                print(f"replay: warning: {k} of {t.num_rows} trace rows need more than {name!r}'s context "
-                      f"(max_model_len {lens[name]}; input + output tokens up to {longest}): the server will "
-                      f"refuse them; clip them first, e.g. `replay trace transform {c.trace} --clip-input "
-                      f":{max(1, lens[name] // 2)} --clip-output :{max(1, lens[name] // 2)} -o clipped.parquet`",
-                      file=sys.stderr)
-    return {"too_long": too_long} if too_long else {}
+                idx = pc.indices_nonzero(pc.fill_null(sel, False)).slice(0, 3)
+                first = ("request ids " + ", ".join(pc.take(t.column("request_id"), idx).to_pylist())
+                         if "request_id" in names else "rows " + ", ".join(map(str, idx.to_pylist())))
+                first += ", ..." if k > 3 else ""
+                too_long.append(f"{k} of {t.num_rows} trace rows need more than {name!r}'s context (max_model_len "
+                                f"{lens[name]}; input + output tokens up to {pc.max(pc.filter(total, sel)).as_py()}"
+                                f"; {first}); the server would refuse them: clip them first, e.g. `replay "
+                                f"trace transform {c.trace} --clip-input :{max(1, lens[name] // 2)} --clip-output "
+                                f":{max(1, lens[name] // 2)} -o clipped.parquet` (--no-check sends them as they are)")
+    if too_long:
+        raise RunError("; ".join(too_long))
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}

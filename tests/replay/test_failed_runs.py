@@ -1,6 +1,6 @@
 """Issue 22 item 2: a run in which every request failed is not a success. The trace is checked
 against the target's /v1/models before anything is sent (a model it does not serve is an exit-2
-error naming the served ones; rows longer than max_model_len are counted with the way out);
+error naming the served ones, and so are rows longer than max_model_len, with the way out);
 after the run the server's own messages are on the terminal, and a run where nothing succeeded
 exits 1 with a status that says so; `--exit-code-on-error N` as in Locust."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_every_request_failed_exits_1_with_the_servers_words(tmp_path):
     assert len(records(tmp_path / "run")) == 12
 
 
-def test_rows_longer_than_the_context_are_counted_before_the_run(tmp_path):
+def test_rows_longer_than_the_context_are_named_before_the_run(tmp_path):
     import pyarrow as pa
     from llm_replay.traces.trace import Trace
     trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.01, input_tokens=20, output_tokens=6)
@@ -44,13 +44,15 @@ def test_rows_longer_than_the_context_are_counted_before_the_run(tmp_path):
     t = t.set_column(t.schema.get_field_index("input_tokens"), "input_tokens", pa.array([20] * 15 + [100] * 5, pa.int32()))
     Trace(t).write(trace)
     with sse_server("--max-model-len", "64") as url:
-        p = _run(trace, url, tmp_path / "run")
-    assert p.returncode == 0, p.stderr        # 15 of 20 succeed: a run with failures, not a failed run
-    assert "5 of 20 trace rows need more than 'sse-test''s context (max_model_len 64; input + output tokens up to 106)" \
-        in p.stderr and "--clip-input" in p.stderr, p.stderr
-    assert run_info(tmp_path / "run")["too_long"]["sse-test"]["rows"] == 5
-    df = records(tmp_path / "run")
-    assert (df.status == "http_error").sum() == 5
+        p = _run(trace, url, tmp_path / "run")      # the server would refuse 5 rows: none is sent
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip().splitlines()[-1].startswith(
+            "error: 5 of 20 trace rows need more than 'sse-test''s context (max_model_len 64; input + output tokens "
+            "up to 106; request ids 15, 16, 17, ...)") and "--clip-input" in p.stderr, p.stderr
+        assert not (tmp_path / "run" / "records.parquet").exists()
+        p = _run(trace, url, tmp_path / "sent", "--no-check", "--model-map", "*=m")   # sent as asked: refused
+    assert p.returncode == 0, p.stderr
+    assert (records(tmp_path / "sent").status == "http_error").sum() == 5
     assert "maximum context length is 64 tokens" in p.stdout
 
 

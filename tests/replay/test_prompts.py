@@ -33,15 +33,19 @@ def test_ids_exact_length_range_and_prefix_sharing():
 
 
 def test_text_blocks_are_byte_identical_and_lengths_follow_calibration():
-    b = builder(prompt_mode="text", calibration={"completions": [2.0, 0.25]})
+    b = builder(prompt_mode="text", calibration={"completions": [2.0, 0.5]})   # 2 tokens a word
     t1 = b.text(row(0, 400, [5, 6]), "completions")
     t2 = b.text(row(1, 400, [5, 6, 7]), "completions")
-    shared = corpus_text(0, 5, round(4 / 0.25)) + corpus_text(0, 6, round(4 / 0.25))
-    assert t1.startswith(shared) and t2.startswith(shared) and len(shared) > 20
+    shared = corpus_text(0, 5, round(4 / 0.5)) + corpus_text(0, 6, round(4 / 0.5))
+    assert t1.startswith(shared) and t2.startswith(shared) and shared.count(" ") == 16
     assert t1[len(shared):len(shared) + 10] != t2[len(shared):len(shared) + 10]
-    assert abs(len(t1) - (400 - 2) / 0.25) < 20
-    b.observe("completions", len(t1), 2 * 400)  # the server saw twice the tokens: shorten
-    assert len(b.text(row(2, 400), "completions")) < 0.95 * len(t1)
+    assert t1.count(" ") == (400 - 2) / 0.5   # words: on the line, never over it
+    assert b.text(row(3, 401), "completions").count(" ") == 798
+    b.observe("completions", t1.count(" "), 2 * 400)  # the server saw twice the tokens: shorten
+    assert b.text(row(2, 400), "completions").count(" ") < 0.95 * t1.count(" ")
+    b.observe("completions", t1.count(" "), 100)   # fewer: never longer than the calibration says
+    b.observe("completions", t1.count(" "), 100)
+    assert b.text(row(2, 400), "completions").count(" ") <= 796
 
 
 def test_body_forces_output_length_and_verbatim_prompt():
@@ -148,7 +152,7 @@ def test_tokenizer_text_prompts_have_exact_lengths_and_shared_block_prefixes(tmp
     # sessions pass the user turn's own token count
     assert count(b.text(row(50, 900, [1, 2]), "chat", tokens=40)) == 40
 
-    blocks = corpus_text(3, 1, 4 * 8) + corpus_text(3, 2, 4 * 8)  # blocks of bs * 8 characters
+    blocks = corpus_text(3, 1, 4) + corpus_text(3, 2, 4)  # blocks of bs words
     long_a, long_b = b.text(row(60, 1000, [1, 2, 3]), "completions"), b.text(row(61, 1000, [1, 2, 9]), "completions")
     assert long_a.startswith(blocks) and long_b.startswith(blocks) and len(blocks) > 50
     assert long_a[len(blocks):len(blocks) + 20] != long_b[len(blocks):len(blocks) + 20], "block 3 is not block 9"
