@@ -53,10 +53,16 @@ class ReplayResult:
         return result
 
     def assert_slo(self, slo: Any) -> None:
+        __tracebackhide__ = True   # a failure shows the test's line and the gate table, not this method
         result = self.gate(slo)
         if result.exit_code != 0:
-            verdict = "failed" if result.exit_code == 1 else "could not be evaluated"
-            raise AssertionError(f"SLO {verdict} for run {self.run_dir}:\n{result.table()}")
+            raise AssertionError(_verdict(self.run_dir, result))
+
+
+def _verdict(run_dir: Path, gate) -> str:
+    """The gate table (with the first errors when requests failed) under the run directory."""
+    verdict = "failed" if gate.exit_code == 1 else "could not be evaluated"
+    return f"SLO {verdict} for run {run_dir}:\n{gate.table()}"
 
 
 def _load_slo(slo: Any):
@@ -155,6 +161,7 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
     runs_dir = Path(base) / request.node.name if base else tmp_path / "runs"
 
     def run(trace: str | os.PathLike, **options: Any) -> ReplayResult:
+        __tracebackhide__ = True
         from llm_replay import reports
         from llm_replay.replay.runproc import replay_run, run_args
         path = Path(trace)
@@ -210,14 +217,15 @@ def pytest_runtest_call(item: pytest.Item):
     if mark is None or runner is None:
         return result
     slo = slo_from_marker(mark)
+    # pytrace=False: the report is the message alone, not this hook's source above it
     if not runner.runs:
-        raise AssertionError("@pytest.mark.slo: the test made no replay run to gate")
+        pytest.fail("@pytest.mark.slo: the test made no replay run to gate", pytrace=False)
     failures = []
     for run in runner.runs:
         gate = run.gate(slo)
         item.user_properties.append((f"slo.{run.run_dir.name}", "pass" if gate.exit_code == 0 else "fail"))
         if gate.exit_code != 0:
-            failures.append(f"{run.run_dir}:\n{gate.table()}")
+            failures.append(_verdict(run.run_dir, gate))
     if failures:
-        raise AssertionError("SLO not met:\n" + "\n".join(failures))
+        pytest.fail("\n".join(failures), pytrace=False)
     return result

@@ -50,9 +50,48 @@ def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):
                                             f"--junitxml={tmp_path / 'junit.xml'}", timeout=240)
     res.assert_outcomes(passed=2, failed=1)
     out = res.stdout.str()
-    assert "SLO not met" in out and "ttft_ms.p50 <= 0.000001" in out  # the gate table is shown
+    assert "SLO failed for run" in out and "ttft_ms.p50 <= 0.000001" in out  # the gate table is shown
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="replay.0.ttft_ms_p99"' in junit and 'name="slo.run-0" value="pass"' in junit
+
+
+FAILING_FILE = """
+import pytest
+
+def test_assert_slo(replay):
+    replay(TRACE, no_check=True, no_progress=True).assert_slo(["ttft_ms.p50 <= 0.000001"])
+
+@pytest.mark.slo("ttft_ms.p50 <= 0.000002")
+def test_marker(replay):
+    replay(TRACE, no_check=True, no_progress=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_gate_shows_the_table_not_the_plugin(pytester: pytest.Pytester, tmp_path, monkeypatch):
+    """Issue 36 item 7: a failed gate showed ~20 lines of the plugin's pytest_runtest_call above
+    the gate table. Now: the test's own line, then the gate table and the run directory."""
+    import inspect
+
+    from llm_replay.replay import pytest_plugin
+    trace = write_trace(tmp_path / "t.parquet", 4, gap_s=0.01)
+    pytester.makepyfile(test_gates=FAILING_FILE.replace("TRACE", repr(str(trace))))
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    with sse_server() as url:
+        res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", url, "-p", "no:cacheprovider",
+                                            "--replay-runs-dir", str(tmp_path / "runs"), timeout=240)
+    res.assert_outcomes(failed=2)
+    out = res.stdout.str()
+    ours = {line.strip() for line in inspect.getsource(pytest_plugin).splitlines() if len(line.strip()) > 12}
+    for test, objective in (("test_assert_slo", "ttft_ms.p50 <= 0.000001"), ("test_marker", "ttft_ms.p50 <= 0.000002")):
+        section = out[out.index(f"_ {test} _"):]
+        section = section[:section.index("short test summary")] if test == "test_marker" else \
+            section[:section.index("_ test_marker _")]
+        assert objective in section and "FAIL" in section, section                 # the gate table
+        assert str(tmp_path / "runs" / test / "run-0") in section, section          # the run directory
+        shown = [line for line in section.splitlines() if line.strip().lstrip(">").strip() in ours]
+        assert "pytest_plugin.py" not in section and not shown, section
 
 
 def test_plugin_rejects_a_marker_without_a_run(pytester: pytest.Pytester, monkeypatch):
