@@ -1,25 +1,32 @@
 """The run directory's writer side in the runner process: records, progress (scraping: scrape.py).
 
 `Output.recorder` receives records (from the local Job, or as batches from workers); a
-flusher greenlet hands them to `records.arrows` at least every second; `close` finalises
-`records.parquet` (and `server_metrics.parquet`) and returns the status counts.
+flusher greenlet hands them to `records.arrows`, and a thread writes those the event loop left
+longer (the loop busy with a long computation, a busy host): a record is in the file's kernel
+buffers, which outlive a kill -9, within RECORD_DELAY_S of its request's end. `close` finalises
+`records.parquet` (and `server_metrics.parquet`) and returns the status counts. A write that
+fails (a full disk) stops the run: `error` says why, and records.arrows keeps what was written.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+from collections import deque
 from pathlib import Path
 
 import gevent
 import gevent.event
 import pyarrow as pa
+from gevent import monkey
 
 from . import plan
 from .progress import Progress
 from .recorder import RECORDS_FILE, RECORDS_STREAM, IpcFile, Recorder, finalize
 
-FLUSH_EVERY_S = 0.4   # a record reaches records.arrows within two of these (< 1 s)
+FLUSH_EVERY_S = 0.4   # the event loop's flusher: a record reaches records.arrows within two of these
+RECORD_DELAY_S = 1.0  # the promise, kept by a thread whatever the event loop is doing
+WATCH_S = RECORD_DELAY_S / 4
 FLUSH_ROWS = 128      # records per batch
 
 
@@ -46,17 +53,49 @@ class Output:
         self.config = config
         self.dir = Path(config.run_dir)
         self.file = IpcFile(self.dir / RECORDS_STREAM)
-        self.recorder = Recorder(self.write)
+        self.lock = monkey.get_original("_thread", "RLock")()   # the hub and the watch thread write
+        self.recorder = Recorder(self.write, self.lock)
+        self.watch = None
         self.progress = Progress(config.rows, config.window_s)
         self.greenlets: list[gevent.Greenlet] = []
+        self.error: str | None = None      # why the records could not be written
+        self.stop = lambda now: None       # stops the run (set by the runner)
+        self.hub = gevent.get_hub()
         # its own process (parsing a /metrics page stalls an event loop), started now so that
         # its imports are done before T0; it starts sampling when run.json holds T0
         from . import scrape
         self.scraper = scrape.start(self.dir)
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self.file(batch)
-        self.progress.add(batch)
+        with self.lock:
+            if self.error:
+                return
+            try:
+                self.file(batch)
+            except OSError as e:
+                return self.failed(e, self.file.path)
+            self.progress.add(batch)
+
+    def failed(self, e: OSError, path) -> None:
+        """A write failed (ENOSPC, EFBIG, EDQUOT...): stop the run (from the hub, whichever thread
+        wrote), keep the first reason."""
+        if self.error is None:
+            self.error = (f"cannot write {path}: {os.strerror(e.errno) if e.errno else e}; the run stopped with "
+                          f"{self.progress.done:,} of {self.config.rows:,} trace rows recorded")
+            self.hub.loop.run_callback_threadsafe(gevent.spawn, self.stop, True)
+
+    def _watch(self) -> None:
+        """A native thread: every WATCH_S, write the records still buffered that were added three
+        wakes ago (so at most RECORD_DELAY_S ago). The hub's flusher leaves none in a running loop;
+        a hub held by a long computation (the rows left after a stop, a graph's read-ahead) or a
+        busy host leaves them to this thread, which gets the GIL within the switch interval."""
+        sleep = monkey.get_original("time", "sleep")
+        marks: deque[int] = deque(maxlen=round(RECORD_DELAY_S / WATCH_S))
+        while self.watch is not None:
+            sleep(WATCH_S)
+            marks.append(self.recorder.count)
+            if len(marks) == marks.maxlen:
+                self.recorder.flush_to(marks[0], FLUSH_ROWS)
 
     def start(self, t0_wall: float, t0_perf: float) -> None:
         # t0_monotonic: T0 on this host's CLOCK_MONOTONIC (perf_counter on Linux), to join the
@@ -64,13 +103,20 @@ class Output:
         update_run_json(self.dir, t0_wall=t0_wall, t0_monotonic=t0_perf)
         self.progress.t0 = t0_perf
         self.greenlets.append(gevent.spawn(flush_periodically, self.recorder))
+        self.watch = gevent.get_hub().threadpool.spawn(self._watch)
         if self.config.progress:
             self.greenlets.append(gevent.spawn(self.progress.run))
 
     def close(self) -> dict[str, int]:
         gevent.killall(self.greenlets, block=True, timeout=5)
-        self.recorder.flush()
-        self.file.close()
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.get()
+        self.recorder.flush(max_rows=32 * FLUSH_ROWS)   # oldest first, each batch soon on disk
+        try:
+            self.file.close()
+        except OSError as e:
+            self.failed(e, self.file.path)
         if self.scraper is not None:   # stdin closed: it finalises server_metrics.parquet
             self.scraper.stdin.close()
             try:
@@ -79,5 +125,10 @@ class Output:
                 self.scraper.kill()
         if self.config.progress:
             print(("\n" if sys.stderr.isatty() else "") + self.progress.line(), file=sys.stderr)
-        finalize(self.dir / RECORDS_STREAM, self.dir / RECORDS_FILE)
+        if not self.error:   # else records.arrows holds what was written, as after a kill
+            try:
+                finalize(self.dir / RECORDS_STREAM, self.dir / RECORDS_FILE)
+            except OSError as e:
+                self.failed(e, self.dir / RECORDS_FILE)
+                (self.dir / RECORDS_FILE).with_suffix(".parquet.tmp").unlink(missing_ok=True)
         return dict(sorted(self.progress.status.items()))

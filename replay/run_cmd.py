@@ -53,20 +53,28 @@ def add_parser(sub) -> None:
                    help="also wait for this many `replay worker --master HOST:PORT` processes")
     p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
                    help="master address for remote workers (default 0.0.0.0:5557)")
+    p.add_argument("--max-error-rate", type=float, default=MAX_ERROR_RATE, metavar="FRACTION",
+                   help=f"exit 1 when more than this share of the requests failed (default {MAX_ERROR_RATE:g}: "
+                        "most of them; 0: any failure); the summary's last lines state both")
     p.add_argument("--exit-code-on-error", type=int, metavar="N",
-                   help="exit N when any request failed (as Locust's option; default: exit 0 unless no request "
-                        "succeeded or a worker was lost, which exit 1)")
+                   help="exit N when any request failed (as Locust's option; default: --max-error-rate decides)")
     p.add_argument("--nice", type=int, metavar="N", help="run the runner (and, with scheduler autogroups, "
                    "this session's CPU group) at nice N while it lasts, e.g. -10; below 0 needs root or "
                    "CAP_SYS_NICE (a refusal is reported in run.json `scheduling`, not fatal)")
     p.add_argument("--realtime", action="store_true", help="run the runner under SCHED_FIFO 1 (root or "
                    "CAP_SYS_NICE): on a busy host it wakes at once instead of at the next scheduler tick "
-                   "(lag p99 ~4 -> <1 ms measured); it can then hold its core from normal tasks while saturated")
+                   "(lag p99 ~4 -> <1 ms measured); it can then hold its core from normal tasks while saturated. Not beside "
+                   "a server on the same host: vLLM's TPOT rose 34%% and 49%% with the client at SCHED_FIFO on its "
+                   "two cores (a warning says when the target is on this host)")
     p.add_argument("--otlp", nargs="?", const="127.0.0.1:4318", metavar="HOST:PORT",
                    help="send a W3C traceparent per request and receive the server's OTLP spans at HOST:PORT "
-                        "(default 127.0.0.1:4318; point vLLM's --otlp-traces-endpoint at http://HOST:PORT/v1/traces): "
-                        "spans.parquet, joined to the records by trace id; `--otlp send`: the headers only, the "
-                        "spans go to your collector (then `replay report RUN --spans FILE`)")
+                        "(default 127.0.0.1:4318; point vLLM's --otlp-traces-endpoint at http://HOST:PORT/v1/traces; "
+                        "HOST:0 picks a free port): spans.parquet, joined to the records by trace id; `--otlp send`: "
+                        "the headers only, the spans go to your collector (then `replay report RUN --spans FILE`)")
+    p.add_argument("--otlp-token", metavar="TOKEN", default=os.environ.get("REPLAY_OTLP_TOKEN"),
+                   help="--otlp: accept only posts with `Authorization: Bearer TOKEN` (default: $REPLAY_OTLP_TOKEN, "
+                        "which `ps` does not show); the server's exporter sends it with "
+                        "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%%20TOKEN; required beyond loopback")
     p.add_argument("--otlp-wait", type=parse_duration, default=10.0, metavar="SECONDS",
                    help="--otlp: after the last response, wait up to this long for spans still to come "
                         "(default 10s: vLLM exports every 5 s)")
@@ -199,13 +207,15 @@ def _snippet(raw: bytes) -> str:
     return text or "(empty body)"
 
 
-def served_models(target: str, key: str | None) -> list[str]:
+def served_models(target: str, key: str | None) -> dict:
+    """GET /v1/models: {"models": ids, "max_model_len": {id: tokens}} (the context: vLLM, SGLang, engine-stub)."""
     try:
         data = http_json(target, "/v1/models", key=key, timeout=10).get("data")
-        return [m["id"] for m in data]
+        return {"models": [m["id"] for m in data], "max_model_len": {
+            m["id"]: m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)}}
     except RunError as e:   # the hint only where the target answered: a dead one is just dead
         raise RunError(f"{e} (--model-map '*=NAME' skips the model list)" if " -> " in str(e) else str(e)) from None
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         raise RunError(f"target {target}: GET /v1/models -> not an OpenAI model list (no data[].id); "
                        "pass --model-map '*=NAME'") from None
 
@@ -246,24 +256,26 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
             raise RunError(f"--api-key-env {var}: that environment variable is not set")
     rows = _rows_per_target(c)     # {url: {"labels": [...], "apis": {...}, "rows": n}}
     notes: dict = {}
-    caps_of: dict[str, dict] = {}
-    if not args.no_check:
-        from .check import probe
-        from .otlp import traceparent
-        for url, g in rows.items():
-            caps_of[url] = probe(url, _key(g["key_env"]), headers={"traceparent": traceparent(c.run_id, "probe")[0]}
-                                 if getattr(args, "otlp", None) else None)
-        first = c.target if c.target in caps_of else next(iter(caps_of), None)
-        notes["capabilities"] = caps_of.get(first, {})
     mapping = dict(m.split("=", 1) for m in args.model_map if "=" in m)
     bad = [m for m in args.model_map if "=" not in m]
     if bad:
         raise RunError(f"--model-map expects TRACE=SERVED, got {bad[0]!r}")
     c.default_model = mapping.pop("*", None)
     c.model_map = mapping
+    # the model list before the capability probe: a model the target does not serve is refused
+    # before a single request is sent
+    listed: dict[str, dict] = {}
+    for url, g in rows.items():
+        if c.default_model is None:
+            listed[url] = served_models(url, _key(g["key_env"]))
+        elif not args.no_check:
+            try:
+                listed[url] = served_models(url, _key(g["key_env"]))
+            except RunError:   # no model list: the probe below says what the target does answer
+                pass
     if c.default_model is None:
         for url, g in rows.items():
-            served = (caps_of.get(url) or {}).get("models") or served_models(url, _key(g["key_env"]))
+            served = listed[url]["models"]
             if not served:
                 raise RunError(f"target {url} serves no models (GET /v1/models is empty)")
             c.served_defaults[url] = served[0]   # also the model text prompts are calibrated on
@@ -276,6 +288,17 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                 print(f"replay: trace models {'' if len(rows) == 1 else '(' + ', '.join(unmapped) + ') '}-> {to}; "
                       f"change with --model-map TRACE=SERVED)", file=sys.stderr)
         c.default_model = c.served_defaults.get(c.target) or next(iter(c.served_defaults.values()))
+    if not args.no_check:
+        _check_served(c, rows, listed)
+    caps_of: dict[str, dict] = {}
+    if not args.no_check:
+        from .check import probe
+        from .otlp import traceparent
+        for url, g in rows.items():
+            caps_of[url] = probe(url, _key(g["key_env"]), headers={"traceparent": traceparent(c.run_id, "probe")[0]}
+                                 if getattr(args, "otlp", None) else None)
+        first = c.target if c.target in caps_of else next(iter(caps_of), None)
+        notes["capabilities"] = caps_of.get(first, {})
     if len(rows) > 1:
         notes["targets"] = {url: {"models": g["labels"], "rows": g["rows"], "served_model": c.served_defaults.get(url),
                                   **({"capabilities": caps_of[url]} if url in caps_of else {})}
@@ -284,7 +307,6 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
               file=sys.stderr)
     for url, caps in caps_of.items():
         _check_apis(url, rows[url]["apis"], caps)
-    _check_served(c, rows, caps_of)
     reuse = _intended_reuse(c)
     if reuse:
         notes["intended_prefix_reuse"] = reuse
@@ -328,7 +350,7 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
         for url, g in rows.items():   # each deployment's tokenizer: its own calibration
             key = _key(g["key_env"])
             model = c.target_model(g["labels_raw"][0]) if g["labels_raw"] else c.default_model
-            context = ((caps_of.get(url) or {}).get("max_model_len") or {}).get(model)
+            context = ((listed.get(url) or caps_of.get(url) or {}).get("max_model_len") or {}).get(model)
             for api in sorted(a for a in g["apis"] if a in text_apis):
                 name = api if url == c.target else f"{api}@{url}"
                 a, b, probes = calibrate(lambda p, b: http_json(url, p, b, key), api, model, c.seed, context)
@@ -484,23 +506,89 @@ def _check_tokenizer(path: str) -> dict:
             "vocab_size": tok.get_vocab_size()}
 
 
+MAX_ERROR_RATE = 0.5   # --max-error-rate: above it, a completed run exits 1
+UNWRITABLE = 3         # the runner's exit code when the run directory could not be written
+
+
 def run(args) -> int:
     slo = None
     if args.slo:
         from llm_replay import reports
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
-    # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
-    receiver = _start_receiver(args.otlp) if getattr(args, "otlp", None) not in (None, "send") else None
-    config, notes = build_config(args)
-    run_dir = prepare_run_dir(config, notes)
-    if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
-        (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
-                                                     indent=1) + "\n")
-    code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False))
-    if receiver is not None:
-        _finish_receiver(receiver, run_dir, config.otlp_wait_s)
-    if code == 0:
-        code = _verdict(run_dir, getattr(args, "exit_code_on_error", None))
+    if not 0 <= args.max_error_rate <= 1:
+        raise RunError(f"--max-error-rate {args.max_error_rate:g}: a share of the requests, from 0 to 1")
+    run_dir, made = claim_run_dir(args.out)
+    args.out = str(run_dir)
+    try:
+        # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
+        receiver = _start_receiver(args.otlp, getattr(args, "otlp_token", None)) \
+            if getattr(args, "otlp", None) not in (None, "send") else None
+        config, notes = build_config(args)
+        prepare_run_dir(config, notes, claimed=True)
+    except BaseException:   # nothing was run: the directory is free again
+        (run_dir / "run.json").unlink(missing_ok=True)
+        if made:
+            run_dir.rmdir()
+        raise
+    if getattr(args, "realtime", False):
+        _warn_realtime_beside([config.target, *config.targets.values()])
+    try:
+        if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
+            (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
+                                                         indent=1) + "\n")
+        code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False))
+        if code == UNWRITABLE:   # the runner said why in one `error:` line; its run.json says failed
+            return 2
+        if receiver is not None:
+            _finish_receiver(receiver, run_dir, config.otlp_wait_s)
+        verdict = ""
+        if code == 0:
+            code, verdict = _verdict(run_dir, getattr(args, "exit_code_on_error", None), args.max_error_rate)
+        _summary_now(run_dir, slo, verdict)
+    except OSError as e:   # a full disk: one line, and run.json (where it can still be written) says so
+        raise RunError(_unwritable(run_dir, e)) from None
+    return code
+
+
+def _unwritable(run_dir: Path, e: OSError) -> str:
+    """The one-line reason of a write that failed (ENOSPC, EFBIG, EDQUOT...), also put in run.json."""
+    from .output import update_run_json
+    why = f"cannot write {e.filename or run_dir}: {os.strerror(e.errno) if e.errno else e}"
+    try:
+        update_run_json(run_dir, status="failed", error=why)
+    except OSError:
+        pass
+    return f"{why}; the run in {run_dir} did not complete"
+
+
+def _warn_realtime_beside(urls: list[str]) -> None:
+    """--realtime next to the server it measures takes CPU from that server (vLLM's TPOT +34/+49%)."""
+    import ipaddress
+    import socket
+    from urllib.parse import urlsplit
+    for url in filter(None, urls):
+        host = urlsplit(url).hostname or ""
+        try:
+            addrs = {a[4][0] for a in socket.getaddrinfo(host, None)}
+        except OSError:
+            continue
+        for addr in addrs:
+            try:
+                local = ipaddress.ip_address(addr.split("%")[0]).is_loopback
+                if not local:   # this host's own address: one a socket can bind
+                    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET) as s:
+                        s.bind((addr, 0))
+                        local = True
+            except (OSError, ValueError):
+                continue
+            if local:
+                print(f"replay: warning: --realtime with a target on this host ({host}): the runner at SCHED_FIFO "
+                      "takes CPU time from the server it measures (vLLM's TPOT rose 34% and 49% in two A/B pairs); "
+                      "pin them to different cores or leave --realtime out", file=sys.stderr)
+                return
+
+
+def _summary_now(run_dir: Path, slo, verdict: str) -> None:
     hits = []
 
     def late_ctrl_c(_sig, _frame):   # a Ctrl-C meant for the run must not cost its summary
@@ -511,22 +599,32 @@ def run(args) -> int:
     old = signal.signal(signal.SIGINT, late_ctrl_c)
     try:
         _print_summary(run_dir, slo)
+        if verdict:
+            print(verdict)
     finally:
         signal.signal(signal.SIGINT, old)
-    return code
 
 
-def _start_receiver(address: str):
-    """--otlp: the span receiver, listening before the run starts (a taken port fails here)."""
-    from .otlp import Receiver, parse_address
+def _start_receiver(address: str, token: str | None):
+    """--otlp: the span receiver, listening before the run starts. A taken port fails here: the
+    server exports to the address it was given, so another port would silently receive nothing."""
+    from .otlp import PATH, Receiver, is_loopback, parse_address
     try:
         host, port = parse_address(address)
-        return Receiver(host, port)
+        if not token and not is_loopback(host):
+            raise ValueError(f"--otlp {address}: beyond loopback anyone could post spans into this run; set a "
+                             "secret with REPLAY_OTLP_TOKEN (or --otlp-token) and the server's "
+                             "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20TOKEN")
+        rec = Receiver(host, port, token or None)
     except ValueError as e:
         raise RunError(str(e)) from None
     except OSError as e:
-        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}); "
-                       "choose a free address with --otlp HOST:PORT") from None
+        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}; another `replay run "
+                       "--otlp`?); choose a free address with --otlp HOST:PORT and point the server's traces "
+                       "endpoint there (HOST:0: any free port, printed at the start)") from None
+    print(f"replay: otlp: receiving spans at http://{rec.address}{PATH} " + ("(token required)" if token else
+          "(unauthenticated: any local process can post spans; --otlp-token sets a secret)"), file=sys.stderr)
+    return rec
 
 
 def _finish_receiver(receiver, run_dir: Path, wait_s: float) -> None:
@@ -536,15 +634,19 @@ def _finish_receiver(receiver, run_dir: Path, wait_s: float) -> None:
         print(f"replay: waiting up to {wait_s:g} s for the server's last spans (--otlp-wait)", file=sys.stderr)
     o = receiver.finish(run_dir, wait_s, info)
     update_run_json(run_dir, otlp=o)
+    odd = ", ".join(f"{o[k]} {w}" for k, w in (("rejected", "with no credible span"), ("impossible", "impossible spans"),
+                                                ("unauthorized", "posts without the token"),
+                                                ("over_limit", "spans over the limit")) if o.get(k))
     print(f"replay: otlp: {o['matched']} of {o['traced']} traced requests have a server span ({o['missing']} missing, "
-          f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts) -> "
-          f"{run_dir / 'spans.parquet'}", file=sys.stderr)
+          f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts{', ' if odd else ''}"
+          f"{odd}) -> {run_dir / 'spans.parquet'}", file=sys.stderr)
 
 
-def _verdict(run_dir: Path, on_error: int | None) -> int:
-    """A run that lost a worker, or in which no request succeeded, did not complete: its status
-    says so and the exit code is 1. `--exit-code-on-error N` (Locust's convention): N when any
-    request failed."""
+def _verdict(run_dir: Path, on_error: int | None, max_rate: float = MAX_ERROR_RATE) -> tuple[int, str]:
+    """The exit code of a run that ended, and the line that states it. A run that lost a worker,
+    or in which no request succeeded, did not complete: its status says so and the exit code is
+    1; so is a completed one in which more than `max_rate` of the requests failed.
+    `--exit-code-on-error N` (Locust's convention): N when any request failed."""
     from .output import update_run_json
     info = json.loads((run_dir / "run.json").read_text())
     counts = info.get("status_counts") or {}
@@ -553,20 +655,54 @@ def _verdict(run_dir: Path, on_error: int | None) -> int:
         update_run_json(run_dir, status="worker_lost")
         print(f"replay: worker(s) {', '.join(map(str, info['lost_workers']))} lost during the run: their rows "
               "are recorded as cancelled/not_sent", file=sys.stderr)
-        return 1
+        return 1, ""
     if counts and not counts.get("ok"):
         update_run_json(run_dir, status="all_failed")
-        return 1
-    return on_error if on_error is not None and failed else 0
+        return 1, ""
+    total = sum(counts.values())
+    if on_error is not None:
+        code, rule = (on_error if failed else 0), f"--exit-code-on-error {on_error}"
+    else:
+        code, rule = int(bool(total) and failed / total > max_rate), f"--max-error-rate {max_rate:.0%}"
+    share = f"{failed / total:.0%}" if total else "-"
+    return code, f"{failed} of {total} requests failed ({share}; {rule}): exit {code}"
 
 
-def prepare_run_dir(config: plan.RunConfig, notes: dict) -> Path:
-    """Create the run directory and its run.json (config without secrets, trace hash, host...)."""
+def claim_run_dir(out: str | None) -> tuple[Path, bool]:
+    """Make the run directory (default runs/<UTC time>, -2, -3... when taken) and create its run.json
+    exclusively, before anything is sent or written: of two runs given one -o, one gets it and the
+    other an error. Returns the directory and whether it was made here."""
+    base = out or f"runs/{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    run_dir, k = Path(base), 1
+    while out is None and run_dir.exists() and k < 100:
+        k += 1
+        run_dir = Path(f"{base}-{k}")
+    made = not run_dir.exists()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunError(f"-o {run_dir}: that is a file, not a run directory; choose another -o")
+    if any((run_dir / f).exists() for f in ("records.parquet", "records.arrows")):
+        raise RunError(f"{run_dir} already holds a run; choose another -o")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / "run.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise RunError(f"{run_dir} already holds a run (its run.json: another `replay run` with this -o?); "
+                       "choose another -o") from None
+    except OSError as e:   # a file on the way, no permission, a full disk
+        raise RunError(f"-o {run_dir}: cannot make the run directory ({e.strerror}: {e.filename}); "
+                       "choose another -o") from None
+    with os.fdopen(fd, "w") as f:
+        f.write("{}\n")
+    return run_dir, made
+
+
+def prepare_run_dir(config: plan.RunConfig, notes: dict, claimed: bool = False) -> Path:
+    """Write run.json (config without secrets, trace hash, host...) into the run directory,
+    claimed here unless `claimed` (by `claim_run_dir`)."""
     from . import plan
     run_dir = Path(config.run_dir)
-    if (run_dir / "records.parquet").exists() or (run_dir / "records.arrows").exists():
-        raise RunError(f"{run_dir} already holds a run; choose another -o")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if not claimed:
+        claim_run_dir(str(run_dir))
     from .output import update_run_json
     update_run_json(run_dir, config=config.to_json(), target=config.target,
                     trace={"path": str(Path(config.trace).resolve()), "sha256": plan.sha256_file(config.trace),
@@ -631,6 +767,8 @@ def _run_child(run_dir: Path, nice: int | None = None, realtime: bool = False) -
                 scraper.wait(15)
             except subprocess.TimeoutExpired:
                 scraper.kill()
+    if rc == UNWRITABLE:   # nothing more to write where writing failed
+        return rc
     t0_wall = json.loads((run_dir / "run.json").read_text()).get("t0_wall")
     if t0_wall:
         sampler.write(run_dir, t0_wall)

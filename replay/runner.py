@@ -36,6 +36,7 @@ from . import plan  # noqa: E402
 from .dispatcher import Dispatcher, Job  # noqa: E402
 from .master import Master  # noqa: E402
 from .output import Output, update_run_json  # noqa: E402
+from .run_cmd import UNWRITABLE  # noqa: E402
 from .worker import cpu_seconds  # noqa: E402
 
 
@@ -171,6 +172,7 @@ def run_local(config: plan.RunConfig, out: Output) -> str:
     runner = env.create_local_runner()
     job = start_local(env, config, out)
     install_stop(lambda now: stop_job(job, now))
+    out.stop = lambda now: stop_job(job, now)
     cpu0 = cpu_seconds()
     runner.start(1, spawn_rate=1)
     job.finished.wait()
@@ -234,6 +236,7 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
     cpu0 = cpu_seconds()
     master = start_master(env, config, out)
     install_stop(master.stop)
+    out.stop = master.stop
     master.finished.wait()
     # master + every worker that reported (a lost worker's CPU is unknown)
     update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0 + master.worker_cpu_s, 3))
@@ -259,16 +262,30 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path((argv or sys.argv[1:])[0])
     info = json.loads((run_dir / "run.json").read_text())
     config = plan.RunConfig.from_json(info["config"])
-    out = Output(config)
+    try:
+        out = Output(config)
+    except OSError as e:
+        print(f"error: cannot write {e.filename or run_dir}: {os.strerror(e.errno) if e.errno else e}",
+              file=sys.stderr)
+        return UNWRITABLE
     status = "failed"
     try:
         status = (run_distributed if config.workers > 1 or config.remote_workers else run_local)(config, out)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:    # run.json at T0, say, on a full disk
+        out.failed(e, e.filename or run_dir / "run.json")
     finally:
         counts = out.close()
-        update_run_json(run_dir, status=status, status_counts=counts, ended_wall=time.time())
+        try:
+            update_run_json(run_dir, status="failed" if out.error else status, status_counts=counts,
+                            ended_wall=time.time(), **({"error": out.error} if out.error else {}))
+        except OSError as e:
+            out.failed(e, run_dir / "run.json")
+    if out.error:   # the one line `replay run` shows (it exits 2)
+        print(f"error: {out.error}", file=sys.stderr)
+        return UNWRITABLE
     return 130 if status == "interrupted" else 0
 
 

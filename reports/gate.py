@@ -3,7 +3,9 @@
 Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something
 could not be evaluated (no samples, too few samples for the percentile asked, no objectives,
 or a replay behind its schedule whose bias bound straddles the limit: bias.py).
-A failure outranks a cannot-evaluate: one definite violation is the more useful signal.
+A failure outranks a cannot-evaluate: one definite violation is the more useful signal. A run
+that did not finish (killed, a full disk: `unfinished`) never passes: exit 2 whatever its rows say,
+since its requests are a fragment of the trace.
 """
 from __future__ import annotations
 
@@ -50,9 +52,12 @@ class GateResult:
     # "count"}): a gate that fails when requests failed says so
     statuses: dict[str, int] = field(default_factory=dict)
     first_errors: list[dict] = field(default_factory=list)
+    unfinished: str | None = None   # the run did not finish: why, and how many rows it recorded
 
     @property
     def exit_code(self) -> int:
+        if self.unfinished:
+            return 2
         verdicts = {r.verdict for r in self.rows}
         if "fail" in verdicts:
             return 1
@@ -74,7 +79,8 @@ class GateResult:
 
     def table(self) -> str:
         verdict = {0: "PASS", 1: "FAIL", 2: "CANNOT EVALUATE"}[self.exit_code]
-        caption = "; ".join([f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
+        caption = "; ".join([f"{self.unfinished}: not gated" if self.unfinished else "",
+                             f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
         return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", self.columns, self._rows(),
                             caption=caption) + self.errors_text()
@@ -101,7 +107,7 @@ class GateResult:
         return {"exit_code": self.exit_code, "attainment": self.attainment,
                 "goodput_rps": self.goodput_rps, "notes": self.notes,
                 "rows": [asdict(r) for r in self.rows], "statuses": self.statuses,
-                "first_errors": self.first_errors}
+                "first_errors": self.first_errors, "unfinished": self.unfinished}
 
 
 def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
@@ -121,6 +127,23 @@ def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
     groups = groups.sort_by("order_min").slice(0, FIRST_ERRORS).to_pylist()
     return statuses, [{"status": g["status"], "http_status": g["http_status"],
                        "message": (g["error"] or "")[:300], "count": g["order_count"]} for g in groups]
+
+
+FINISHED = ("completed", "all_failed")   # run.json statuses of a run that sent its whole trace
+
+
+def unfinished(config: dict | None, records: int, not_sent: int) -> str | None:
+    """Why a run directory holds a fragment of its trace (run.json still `running` after a kill,
+    `failed`, `interrupted`, `worker_lost`, or fewer records than the trace window has rows), with
+    the rows it recorded or sent; None for a finished run or records without a run.json."""
+    status = (config or {}).get("status")
+    rows = ((config or {}).get("config") or {}).get("rows") or ((config or {}).get("trace") or {}).get("rows")
+    if status is None or not rows or (status in FINISHED and records >= rows):
+        return None
+    if records < rows:
+        return f"the run did not finish (run.json status {status}): {records:,} of {rows:,} trace rows have records"
+    return (f"the run did not finish (run.json status {status}): {records - not_sent:,} of {rows:,} trace rows "
+            "were sent")
 
 
 def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
@@ -236,10 +259,10 @@ def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "",
                    None if bound is None else (float(bound[0]), float(bound[1])))
 
 
-def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False) -> GateResult:
+def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False, config: dict | None = None) -> GateResult:
     """Evaluate every objective (run-wide, then per class) on an analysed run. When the replay
     fell behind its schedule, each figure it may have moved is judged at both ends of its bias
-    bound (bias.py), unless `judge_as_measured`."""
+    bound (bias.py), unless `judge_as_measured`. `config` (run.json) tells whether the run finished."""
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
     bias = bias_of(an, an.bottleneck)
@@ -271,7 +294,9 @@ def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False) -> GateRe
     if empty:
         notes.append(f"{empty} requests counted ok streamed no token although their rows asked for output")
     sc = an.scalars()
-    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an))
+    not_sent = int(np.count_nonzero(an.rm.status_codes == STATUSES.index("not_sent")))
+    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an),
+                      unfinished(config, an.rm.n, not_sent))
 
 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
@@ -299,4 +324,4 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         if run is not None:
             from .servertime import attach
             attach(an, run)
-        return gate(an, spec, judge_as_measured)
+        return gate(an, spec, judge_as_measured, run.config if run else None)

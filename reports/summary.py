@@ -210,6 +210,9 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "breakdowns": by,
         "timeseries": series,
     }
+    from .gate import unfinished
+    summary["unfinished"] = unfinished(run.config, rm.n,
+                                       int(np.count_nonzero(rm.status_codes == STATUSES.index("not_sent"))))
     summary["state"] = run_state(series, run.config)
     summary["server_time"] = server_section(an, run, series)
     summary["warnings"] = _warnings(summary)
@@ -321,7 +324,7 @@ def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
 
 
 def _warnings(s: dict) -> list[str]:
-    w = []
+    w = [s["unfinished"]] if s.get("unfinished") else []
     if s["counts"]["measured"] == 0:
         w.append("no requests in the measured window")
     elif s["counts"]["ok"] == 0:
@@ -386,7 +389,7 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
         if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
             from .gate import gate
-            summary["gate"] = gate(an, spec).to_dict()
+            summary["gate"] = gate(an, spec, config=run.config).to_dict()
         plots = _plots(an) if write else None
     summary = jsonable(summary)
     if write:
