@@ -6,6 +6,10 @@ import gzip
 import json
 import shutil
 import socket
+import subprocess
+import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from llm_replay.replay.otlp import Receiver, traceparent
-from tests.conftest import free_port, run_cli
+from tests.conftest import free_port, repo_env, run_cli
 from tests.replay.runkit import records, replay_run, run_info, sse_server, write_trace
 
 N = 24
@@ -175,3 +179,158 @@ def test_real_vllm_bodies_posted_to_the_receiver(tmp_path):
     assert first.ttft_s == pytest.approx(0.20519328117370605, abs=1e-12)
     assert first.start_s == pytest.approx(1796284037425012480 / 1e9 - 1796284037.0, abs=1e-6)
     assert (s.inference_s - s.prefill_s - s.decode_s).abs().max() < 1e-6   # vLLM: inference = prefill + decode
+
+
+def _forged_export(run_id: str, request_ids, span_id: str = "f" * 16) -> bytes:
+    """Another process's spans with the run's trace ids (derivable from run.json's run id): queue 99 s."""
+    spans = [{"traceId": traceparent(run_id, rid)[1], "spanId": span_id, "name": "llm_request",
+              "startTimeUnixNano": "1", "endTimeUnixNano": "2",
+              "attributes": [{"key": f"gen_ai.latency.{k}", "value": {"doubleValue": v}}
+                             for k, v in (("time_in_queue", 99.0), ("time_to_first_token", 99.5), ("e2e", 100.0),
+                                          ("time_in_model_prefill", 0.4), ("time_in_model_decode", 0.5))]}
+             for rid in request_ids]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+
+
+class Forger(threading.Thread):
+    """Posts forged spans as soon as the run's run.json names its run id (before any server span)."""
+
+    def __init__(self, run_dir: Path, url: str, request_ids, headers: dict | None = None) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.url, self.ids, self.headers, self.codes = run_dir, url, request_ids, headers or {}, []
+        self.start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 60   # a bound on waiting for the run, not a judgement of time
+        while time.monotonic() < deadline:
+            try:
+                run_id = json.loads((self.run_dir / "run.json").read_text())["config"]["run_id"]
+                break
+            except (OSError, ValueError, KeyError):
+                time.sleep(0.01)
+        else:
+            return
+        for span_id in ("f" * 16, "e" * 16):
+            self.codes.append(_post(self.url, _forged_export(run_id, self.ids, span_id),
+                                    {"Content-Type": "application/json", **self.headers})[0])
+
+
+def test_forged_spans_do_not_replace_the_servers(tmp_path):
+    """No token: spans another process posts first with the run's trace ids are impossible beside
+    the client's TTFT; they are counted and never joined, and the report says so."""
+    port, n = free_port(), 8
+    ids = [f"r{i}" for i in range(n)]
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.01, request_id=ids)
+    with sse_server("--otlp", f"http://127.0.0.1:{port}/v1/traces", "--usage") as url:
+        forger = Forger(tmp_path / "run", f"http://127.0.0.1:{port}/v1/traces", ids)
+        r = replay_run(trace, url, tmp_path / "run", "--otlp", f"127.0.0.1:{port}")
+        forger.join(30)
+    assert forger.codes == [200, 200] and "unauthenticated" in r.stderr
+    o = run_info(tmp_path / "run")["otlp"]
+    assert (o["matched"], o["impossible"], o["duplicate"], o["rejected"], o["authenticated"]) == (n, 2 * n, 2 * n, 0,
+                                                                                                False), o
+    assert f"{2 * n} impossible spans" in r.stderr
+    rep = run_cli("replay", "report", tmp_path / "run", "--force")
+    assert rep.returncode == 0, rep.stderr
+    st = json.loads((tmp_path / "run" / "summary.json").read_text())["server_time"]
+    assert st["overall"]["queue_ms"]["p99"] == 0 and st["overall"]["net_ms"]["p50"] > 0
+    assert st["counts"]["impossible"] == 2 * n and f"{2 * n} impossible server spans ignored" in st["sentence"]
+
+
+def test_token_refuses_other_posters(tmp_path, monkeypatch):
+    """With a token (REPLAY_OTLP_TOKEN, and the exporter's OTEL_EXPORTER_OTLP_HEADERS on engine-stub),
+    posts without it are refused (401) and counted; the server's spans join."""
+    pytest.importorskip("torch")
+    from tests.conftest import start_engine
+    port, n = free_port(), 6
+    ids = [f"r{i}" for i in range(n)]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20s3cret")
+    monkeypatch.setenv("REPLAY_OTLP_TOKEN", "s3cret")
+    trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.01, request_id=ids)
+    eng = start_engine("--model", "micro", "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces")
+    try:
+        forger = Forger(tmp_path / "run", f"http://127.0.0.1:{port}/v1/traces", ids,
+                        {"Authorization": "Bearer guess"})
+        r = replay_run(trace, eng.url, tmp_path / "run", "--otlp", f"127.0.0.1:{port}")
+        forger.join(30)
+    finally:
+        eng.stop()
+    assert forger.codes == [401, 401] and "(token required)" in r.stderr
+    o = run_info(tmp_path / "run")["otlp"]
+    assert (o["matched"], o["unauthorized"], o["impossible"], o["authenticated"]) == (n, 2, 0, True), o
+    assert "s3cret" not in (tmp_path / "run" / "run.json").read_text()
+    spans = pq.read_table(tmp_path / "run" / "spans.parquet")
+    assert set(spans.column("service").to_pylist()) == {"engine-stub"}
+    # beyond loopback, a receiver without a token is refused before the run
+    monkeypatch.delenv("REPLAY_OTLP_TOKEN")
+    r = replay_run(trace, eng.url, tmp_path / "open", "--otlp", "0.0.0.0:0", check=False)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --otlp 0.0.0.0:0: beyond loopback")
+
+
+RECEIVER = """
+import json, resource, sys
+from llm_replay.replay.otlp import Receiver
+rec = Receiver("127.0.0.1", 0)
+print(rec.address, flush=True)
+sys.stdin.read()
+o = rec.finish(sys.argv[1], 0, {"t0_wall": 1.7e9})
+print(json.dumps({"otlp": o, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
+"""
+MAXRSS_KB = 400 << 10   # the process with pyarrow and protobuf loaded is ~150 MB; the bomb inflates to 512 MiB
+
+
+def _bomb() -> bytes:
+    """~0.5 MB of gzip (64 members) that inflates to 512 MiB."""
+    return gzip.compress(bytes(8 << 20), 9) * 64
+
+
+def test_receiver_bounds_and_hang_ups(tmp_path):
+    """A gzip bomb, a huge Content-Length, nested JSON and clients that hang up: each a counted bad
+    post answered at once (or not at all), with the receiver's memory bounded and nothing on stderr."""
+    proc = subprocess.Popen([sys.executable, "-c", RECEIVER, str(tmp_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=repo_env())
+    try:
+        address = proc.stdout.readline().strip()
+        url = f"http://{address}/v1/traces"
+        code, body = _post(url, _bomb(), {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert code == 413 and "MiB" in json.loads(body)["message"]
+        assert _post(url, b"[" * 100_000 + b"]" * 100_000, {"Content-Type": "application/json"})[0] == 400
+        host, port = address.rsplit(":", 1)
+        for raw, reset in ((b"POST /v1/traces HTTP/1.1\r\nContent-Length: 9999999999\r\n\r\n", False),  # too large
+                           (b"POST /v1/traces HTTP/1.1\r\nContent-Length: 1000\r\n\r\nonly part", False),  # hangs up
+                           (b"POST /v1/traces HTTP/1.1\r\nContent-Length: 3\r\n\r\nbad", True)):  # resets, unanswered
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(raw)
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        assert _post(url, json.dumps(EXPORT).encode(), {"Content-Type": "application/json"})[0] == 200
+        out, err = proc.communicate("", timeout=60)
+    finally:
+        proc.kill()
+    got = json.loads(out.splitlines()[-1])
+    assert err == "", err
+    # the reset post is counted when its bytes were read before the reset came (the kernel's race)
+    assert got["otlp"]["bad_posts"] in (4, 5) and got["otlp"]["request_spans"] == 1, got["otlp"]
+    assert got["maxrss_kb"] < MAXRSS_KB, got
+
+
+def test_spans_file_bounds(tmp_path):
+    """`--spans` reads a stream within bounds: a gzip bomb, /dev/zero and nested JSON are one
+    `error:` line each, in bounded memory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"t0_wall": 1.7e9}))
+    bomb, nested = tmp_path / "bomb.jsonl.gz", tmp_path / "nested.jsonl"
+    bomb.write_bytes(_bomb())
+    nested.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    for src, why in ((bomb, "line 1: longer than 32 MiB"), ("/dev/zero", "line 1: longer than 32 MiB"),
+                     (nested, "line 1: JSON nested too deeply")):
+        wrapper = ("import json, resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, "
+                   "text=True); print(json.dumps([r.returncode, r.stderr, "
+                   "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
+        r = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "llm_replay.replay", "report",
+                            str(run), "--spans", str(src), "--no-write"], capture_output=True, text=True,
+                           env=repo_env(), timeout=300)
+        code, err, maxrss = json.loads(r.stdout)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and why in err, err
+        assert err.startswith(f"error: {src} {why}") and maxrss < MAXRSS_KB, (err, maxrss)
