@@ -194,8 +194,9 @@ def _stats(an, codes: np.ndarray, ngroups: int) -> dict[str, np.ndarray]:
         share = {f"{x}_share": mean[f"{x}_ms"] / mean["ttft_ms"] for x in ("net", "queue", "prefill")}
         decode = mean["decode_ms"] / mean["e2e_ms"]
     sent = ~np.isnan(rm.sent)
-    return {"requests": n, "ttft_ms_mean": mean["ttft_ms"], "e2e_ms_mean": mean["e2e_ms"], "net_ms_mean": mean["net_ms"],
-            **share, "decode_share_e2e": decode, "queue_ms_p99": pct(rm.columns["queue_ms"], 99),
+    return {"requests": n, "ttft_ms_mean": mean["ttft_ms"], "e2e_ms_mean": mean["e2e_ms"],
+            "net_ms_mean": mean["net_ms"], **share, "decode_share_e2e": decode,
+            "queue_ms_p99": pct(rm.columns["queue_ms"], 99),
             "input_tokens_p50": pct(rm.input_len.astype(float), 50), "tpot_ms_p50": pct(rm.columns["tpot_ms"], 50),
             "sends": count(sent), "late_sends": count(sent & (rm.columns["lag_ms"] > LATE_MS))}
 
@@ -287,7 +288,7 @@ def segments(an, wins: list[dict], config: dict | None, ts: dict) -> list[dict]:
         def over(x, f=np.mean):
             got = [w[x] for w in ev if w[x] is not None]
             return float(f(got)) if got else None
-        v = {x: (None if np.isnan(c[i]) else float(c[i])) for x, c in e.items()}
+        v = {x: (None if np.isnan(c[i]) else c[i].item()) for x, c in e.items()}
         v |= {x: over(x) for x in ("kv_cache_usage", "waiting", "running", "batch")} | {"preemptions": over(
             "preemptions", np.sum)} | {x: ev[0][x] for x in ("ttft_baseline_ms", "tpot_baseline_ms", "batch_baseline",
                                                              "run_input_tokens_p50")}
