@@ -4,8 +4,10 @@ and a bottleneck map naming, per time window, what limited the run (with the evi
 
 Durations are the server's own (gen_ai.latency.*), so no clock is compared with another; the
 client's share is the rest: net_ms = ttft_ms - server_ttft_ms (client, network, HTTP front end).
-A record without its span has no decomposition: counted as missing, never guessed. Components
-are kept for successful requests only, the population of the client latencies they split.
+A record without its span has no decomposition: counted as missing, never guessed; a span that
+contradicts its record (spans.resolve: anyone who can post to the receiver can send one) is
+counted as impossible and never joined. Components are kept for successful requests only, the
+population of the client latencies they split.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from .errors import ReportError
 from .metrics import as_f64
 from .schema import SPANS_SCHEMA
 from .slo import SPAN_METRICS
-from .spans import SPANS_FILE, own_trace_ids
+from .spans import SPANS_FILE, own_trace_ids, resolve
 from .stats import PERCENTILES, grouped_percentiles
 
 # Stacked parts: TTFT = net + queue + prefill + other (server TTFT - queue - prefill: the API
@@ -87,7 +89,9 @@ def attach(an, run) -> None:
     tid = run.column("trace_id").combine_chunks()
     sp = spans.take(pc.sort_indices(spans, [("received_s", "ascending")]))
     stid = sp.column("trace_id").combine_chunks()
-    row = pc.fill_null(pc.index_in(tid, value_set=stid), -1).to_numpy(zero_copy_only=False)  # first match
+    client = {"ttft_s": rm.columns["ttft_ms"] / 1e3, "e2e_s": rm.columns["e2e_ms"] / 1e3,
+              **{k: as_f64(run.column(k)) for k in ("prompt_tokens", "completion_tokens")}}
+    row, rejected, resolved = resolve(tid, client, sp)
     traced = tid.is_valid().to_numpy(zero_copy_only=False) & ~np.isnan(rm.sent)
     joined = traced & (row >= 0)
     matched = pc.is_in(stid, value_set=tid.drop_null()).to_numpy(zero_copy_only=False)
@@ -102,11 +106,12 @@ def attach(an, run) -> None:
     def pick(name: str) -> np.ndarray:
         return np.append(as_f64(sp.column(name)), np.nan)[at]
     received = pick("received_s")
-    missing = traced & ~joined
+    missing = traced & ~joined & ~rejected
     n_match = int(matched.sum())
     counts = {"spans": sp.num_rows, "traced": int(traced.sum()), "joined": int(joined.sum()),
               "missing_ok": int((missing & rm.ok).sum()), "missing_failed": int((missing & ~rm.ok).sum()),
-              "duplicate": n_match - len(pc.unique(stid.filter(pa.array(matched)))),
+              "rejected": int((traced & rejected).sum()), "impossible": resolved["impossible"],
+              "duplicate": resolved["duplicate"],
               "unmatched": sp.num_rows - n_match - int(own.sum()), "own": int(own.sum()), "deadline_s": deadline,
               "late": int((joined & (received > deadline)).sum()) if deadline is not None else None}
     keep = joined & rm.ok
@@ -337,9 +342,10 @@ def section(an, run, ts: dict) -> dict | None:
                       "ttft_ms": ttft[i], "e2e_ms": rm.columns["e2e_ms"][i], "joined": bool(an.server.joined[i]),
                       "server_request_id": srid[int(an.server.row[i])].as_py() if an.server.joined[i] else None,
                       **{k: float(p[k][i]) for k in E2E_PARTS}} for i, rid in zip(slow, ids)]
-    st["sentence"] = sentence(st)
     c = st["counts"]
-    bad = {k: c[k] for k in ("missing_ok", "duplicate", "unmatched", "late") if c.get(k)}
+    st["sentence"] = sentence(st) + (f" ({c['impossible']:,} impossible server spans ignored: above the client's "
+                                     "TTFT or E2E, or other token counts)" if c.get("impossible") else "")
+    bad = {k: c[k] for k in ("missing_ok", "rejected", "impossible", "duplicate", "unmatched", "late") if c.get(k)}
     st["warning"] = None if not bad else (
         f"server spans: {c['joined']:,} of {c['traced']:,} traced requests joined; "
         + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in bad.items()) + " (counted, never guessed)")
@@ -351,7 +357,8 @@ def sentence(st: dict) -> str:
     t = st.get("ttft_tail")
     if not t:
         c = st["counts"]
-        return f"no server span joined ({c['traced']:,} traced, {c['missing_ok'] + c['missing_failed']:,} missing)"
+        return (f"no server span joined ({c['traced']:,} traced, {c['missing_ok'] + c['missing_failed']:,} missing"
+                + (f", {c['rejected']:,} with no credible span)" if c.get("rejected") else ")"))
     txt = (f"slowest 1% TTFT (mean {t['ttft_ms']:.0f} ms) = net {t['net_ms']:.0f} + queue {t['queue_ms']:.0f} + "
            f"prefill {t['prefill_ms']:.0f} + other {t['other_ms']:.0f} ms")
     bad = [s for s in st.get("segments") or [] if s["key"] not in ("healthy", "unknown")]
