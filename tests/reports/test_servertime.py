@@ -126,3 +126,29 @@ def test_compare_names_the_grown_component(tmp_path):
     same = compare_runs(base, build(tmp_path, "again", windows=[HEALTHY] * 6, seed=3))
     assert not same.notes and {r.verdict for r in same.rows if r.metric.startswith("queue_ms")} <= \
         {"no significant change"}
+
+
+def test_forged_spans_are_never_joined(tmp_path):
+    """Another process posted spans with the run's trace ids before the server's (queue 99 s):
+    impossible beside the client's own TTFT, they are counted and ignored whatever their order;
+    a record with two different possible spans, or only forged ones, joins none."""
+    run = build(tmp_path, "run", windows=[HEALTHY] * 6)
+    real = pq.read_table(run / "spans.parquet")
+    rows = [r for r in real.to_pylist() if r["trace_id"] != f"{200:032x}"]
+    forged = [dict(r, queue_s=99.0, ttft_s=99.5, e2e_s=100.0, received_s=0.0, span_id="f" * 16)
+              for r in real.to_pylist() if r["server_request_id"] != "stray"]
+    other = dict(next(r for r in rows if r["trace_id"] == f"{201:032x}"), received_s=0.0, span_id="e" * 16)
+    other["queue_s"] /= 2
+    pq.write_table(pa.Table.from_pylist(forged + [other] + rows, schema=real.schema), run / "spans.parquet")
+    out = subprocess.run(["replay", "report", str(run), "--window-s", "5", "--force"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    s = json.loads((run / "summary.json").read_text())
+    st, c = s["server_time"], s["server_time"]["counts"]
+    # real spans: N - 3 (missing, failed, untraced), one more (r200) removed; the queue-99 s duplicate too
+    assert c["impossible"] == len(forged) + 1 and c["rejected"] == 2, c
+    assert c["joined"] == N - 3 - 2 and c["missing_ok"] == 1
+    assert st["overall"]["queue_ms"]["p99"] < 20 and st["overall"]["net_ms"]["p50"] > 0
+    assert "impossible server spans ignored" in st["sentence"] and st["ttft_tail"]["queue_ms"] < 20
+    assert any("2 rejected" in w and "impossible" in w for w in s["warnings"]), s["warnings"]
+    res = evaluate_slo(run, {"objectives": ["queue_ms.p90 <= 200", "queue_share.p99 <= 0.5"]})
+    assert [r.verdict for r in res.rows] == ["pass", "pass"]
