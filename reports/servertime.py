@@ -218,8 +218,8 @@ def bottleneck_map(an, ts: dict) -> list[dict]:
     base = {k: np.nanpercentile(x[good], BASELINE_Q) if (good & ~np.isnan(x)).any() else np.nan
             for k, x in (("ttft_baseline_ms", e["ttft_ms_mean"]), ("tpot_baseline_ms", e["tpot_ms_p50"]),
                          ("batch_baseline", batch))}
-    rows = an.server.joined & rm.ok
-    run_input = float(np.median(rm.input_len[rows])) if rows.any() else np.nan
+    known = rm.input_len[an.server.joined & rm.ok & ~np.isnan(rm.input_len)]
+    run_input = float(np.median(known)) if len(known) else np.nan
     out = []
     for k in range(nwin):
         ev = {"t_s": ts["t_s"][k], **{x: v[k] for x, v in e.items()}, **base, "batch": batch[k],
