@@ -9,7 +9,9 @@ Each point has the gate's verdict: pass (exit 0), fail (exit 1) or cannot evalua
 few samples, figures tainted because the replay fell behind its schedule, ...). A rate that could
 not be evaluated bounds nothing: it steers the search like a failing one (the next rate tried is
 lower), but the capacity is only bracketed by a rate that failed, and the gaps it leaves between
-the highest passing rate and the lowest failing one are bisected too.
+the highest passing rate and the lowest failing one are bisected too. A rate at which every
+request failed (the target died, refused the model) measured nothing: it cannot be evaluated, and
+when such a rate lies between the capacity and the lowest failing rate, the sweep exits 2.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ class Point:
     run_dir: str
     verdict: str = ""            # pass, fail or cannot evaluate (from exit_code when not given)
     reason: str | None = None    # why it could not be evaluated (the gate rows' notes)
+    all_failed: bool = False     # every request failed: nothing about the server's capacity
 
     def __post_init__(self) -> None:
         self.verdict = self.verdict or VERDICTS.get(self.exit_code, CANNOT)
@@ -50,6 +53,8 @@ def shown(verdict: str) -> str:
 def gate_reason(gate) -> str:
     """Why a gate could not be evaluated: the distinct notes of its rows that could not be
     (the gate's own notes when it had no rows)."""
+    if gate.unfinished:
+        return gate.unfinished
     notes = [r.note or f"{r.objective}: no reason given" for r in gate.rows if r.verdict == CANNOT]
     if not gate.rows:
         notes = list(gate.notes) or ["no objectives"]
@@ -139,9 +144,13 @@ class Sweeper:
         gate = reports.evaluate_slo(run_dir, self.slo)
         summary = reports.summarize_run(run_dir)
         verdict = VERDICTS.get(gate.exit_code, CANNOT)
+        reason = gate_reason(gate) if verdict == CANNOT else None
+        dead = bool(gate.statuses) and not gate.statuses.get("ok")
+        if dead:
+            verdict, reason = CANNOT, "every request failed (" + "; ".join(
+                f"{e['status']} x{e['count']}: {e['message']}"[:200] for e in gate.first_errors) + ")"
         return Point(rate, speed, verdict == PASS, gate.exit_code, gate.attainment, gate.goodput_rps,
-                     _p99(summary, "ttft_ms"), _p99(summary, "tpot_ms"), str(run_dir), verdict,
-                     gate_reason(gate) if verdict == CANNOT else None)
+                     _p99(summary, "ttft_ms"), _p99(summary, "tpot_ms"), str(run_dir), verdict, reason, dead)
 
     def probe(self, rate: float) -> Point:
         """The point at `rate` (4 significant digits): measured once, then remembered."""
@@ -261,7 +270,11 @@ def capacity_text(result: dict, digits: int = 3) -> str:
 
 def exit_code(result: dict) -> int:
     """The gate's convention: 0 a capacity was found, 1 no tried rate meets the SLO and one
-    failed, 2 no tried rate could be judged."""
+    failed, 2 no tried rate could be judged, or one where every request failed lies where the
+    capacity could be (above the capacity, below the lowest failing rate)."""
+    dead = [p["rate"] for p in result["points"] if p.get("all_failed")]
+    if set(dead) & set(result.get("inconclusive_rps") or []):
+        return 2
     if result["capacity_rps"] is not None:
         return 0
     return 1 if any((p.get("verdict") or FAIL) == FAIL for p in result["points"]) else 2

@@ -176,3 +176,19 @@ def test_gate_reason_is_the_notes_of_the_rows_that_could_not_be_evaluated():
     assert sweep.gate_reason(GateResult(rows, 1.0, 2.0)) == f"p99 needs n >= 100; {WHY}"
     assert sweep.gate_reason(GateResult([], None, None, ["the SLO spec has no objectives to gate on"])) \
         == "the SLO spec has no objectives to gate on"
+
+
+def test_a_target_that_died_mid_sweep_gives_no_capacity_that_passed(tmp_path, monkeypatch, capsys):
+    """Issue 36 item 3: the target answered up to 5 req/s, then died: the later rates, where every
+    request failed, measured nothing; the capacity is a lower bound and the sweep exits 2."""
+    def measure(self, rate):
+        dead = rate > 5
+        return Point(rate, rate / self.native, not dead, 1 if dead else 0, 0.0 if dead else 0.99, None, None, None,
+                     str(self.out / f"rate-{rate:g}"), "cannot evaluate" if dead else "pass",
+                     "every request failed (connection_error x20: refused)" if dead else None, dead)
+    monkeypatch.setattr(Sweeper, "measure", measure)
+    code, result = sweep_cli(tmp_path, "--rates", "5,10", "--max-runs", "4")
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert result["capacity_rps"] == 5 and not result["capacity_bracketed"]
+    assert "capacity: at least 5 req/s" in out and "every request failed" in out, out
