@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -97,18 +99,16 @@ class Recorder:
     Building a batch holds the hub for ~10 us a record, so the dispatcher writes small batches
     in its quiet moments (`flush(n)` when the next send is a few ms away) and a periodic
     flusher (`flush_stale`) writes only what waited a whole period: every record reaches the
-    sink within two periods even when no quiet moment comes."""
+    sink within two periods even when no quiet moment comes. `lock` (a native lock): another
+    thread flushes too (`flush_to`), so each batch is taken and handed over under it."""
 
-    def __init__(self, sink: Callable[[pa.RecordBatch], None]) -> None:
+    def __init__(self, sink: Callable[[pa.RecordBatch], None], lock=None) -> None:
         self.sink = sink
-        self.buf: list[tuple] = []
+        self.buf: deque[tuple] = deque()   # append and popleft are atomic between threads
         self.count = 0      # records added
+        self.flushed = 0    # records handed to the sink
         self._mark = 0      # `count` at the previous flush_stale
-
-    @property
-    def flushed(self) -> int:
-        """Records handed to the sink."""
-        return self.count - len(self.buf)
+        self.lock = lock or nullcontext()
 
     def add(self, rec: tuple) -> None:
         self.buf.append(rec)
@@ -117,20 +117,25 @@ class Recorder:
     def flush(self, n: int | None = None, max_rows: int | None = None, pause=None) -> None:
         """The oldest `n` buffered records (all when None), as batches of at most `max_rows`,
         calling `pause()` between batches (the runner yields to the hub there)."""
-        left = len(self.buf) if n is None else min(n, len(self.buf))
-        while left > 0:
-            k = left if max_rows is None else min(left, max_rows)
-            batch, self.buf = self.buf[:k], self.buf[k:]
-            self.sink(to_batch(batch))
-            left -= k
-            if pause is not None and left:
+        self.flush_to(self.count if n is None else self.flushed + n, max_rows, pause)
+
+    def flush_to(self, upto: int, max_rows: int | None = None, pause=None) -> None:
+        """Every record up to the `upto`-th added that is still buffered."""
+        while True:
+            with self.lock:
+                k = min(upto - self.flushed, len(self.buf), max_rows or len(self.buf))
+                if k <= 0:
+                    return
+                batch = [self.buf.popleft() for _ in range(k)]
+                self.flushed += k
+                self.sink(to_batch(batch))
+            if pause is not None and upto > self.flushed and self.buf:
                 pause()
 
     def flush_stale(self, max_rows: int | None = None, pause=None) -> None:
         """Flush the records that were buffered already at the previous call."""
-        stale, self._mark = self._mark - self.flushed, self.count
-        if stale > 0:
-            self.flush(stale, max_rows, pause)
+        upto, self._mark = self._mark, self.count
+        self.flush_to(upto, max_rows, pause)
 
 
 class IpcFile:
