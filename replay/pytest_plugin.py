@@ -196,7 +196,8 @@ def _key_args() -> list[str]:
         return []
     if not os.environ["REPLAY_API_KEY"]:
         pytest.fail("REPLAY_API_KEY is set but empty: the key's secret is missing (a pull request from a fork "
-                    "gets no secrets); unset it for a target without a key", pytrace=False)
+                    "gets no secrets); unset it for a target without a key (examples/github/slo-gate.yml: delete its "
+                    "REPLAY_API_KEY line)", pytrace=False)
     return ["--api-key-env", "REPLAY_API_KEY"]
 
 

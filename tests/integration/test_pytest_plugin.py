@@ -182,6 +182,39 @@ def test_the_actions_recipe_runs_as_copied(pytester: pytest.Pytester, monkeypatc
                 assert res.ret != 0 and "secret" in out and " passed" not in out, out[-3000:]
 
 
+@pytest.mark.slow
+def test_the_actions_recipe_for_a_target_without_a_key(pytester: pytest.Pytester, monkeypatch):
+    """Issue 36 item 13: docs/pytest.md said LLM_API_KEY was needed only if the deployment needs one,
+    but an unset secret arrives as an empty REPLAY_API_KEY and failed every test. As the recipe and
+    the page now say: unset, the failure says to delete the line; deleted, a keyless target passes."""
+    import shlex
+    import shutil
+    import yaml
+    examples = Path(__file__).parents[2] / "examples"
+    wf = yaml.safe_load((examples / "github" / "slo-gate.yml").read_text())
+    step = next(s for s in wf["jobs"]["slo"]["steps"] if str(s.get("run", "")).startswith("pytest"))
+    (pytester.path / "tests" / "slo").mkdir(parents=True)
+    for f in ("test_slo.py", "slo.yaml"):
+        shutil.copy(examples / f, pytester.path / "tests" / "slo" / f)
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    argv = shlex.split(step["run"])[1:]
+    with sse_server() as url:
+        for deleted in (False, True):
+            for name, value in step["env"].items():
+                value = str(value).replace("${{ secrets.LLM_DEPLOYMENT_URL }}", url)
+                value = value.replace("${{ secrets.LLM_API_KEY }}", "")      # the secret is not set
+                monkeypatch.setenv(name, value)
+            if deleted:
+                monkeypatch.delenv("REPLAY_API_KEY")
+            res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", *argv, timeout=240)
+            out = res.stdout.str()
+            if deleted:
+                res.assert_outcomes(passed=2)
+            else:
+                assert res.ret != 0 and "slo-gate.yml: delete its REPLAY_API_KEY line" in out, out[-3000:]
+
+
 REFUSED_FILE = """
 import pytest
 
