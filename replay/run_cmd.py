@@ -634,9 +634,9 @@ def _finish_receiver(receiver, run_dir: Path, wait_s: float) -> None:
         print(f"replay: waiting up to {wait_s:g} s for the server's last spans (--otlp-wait)", file=sys.stderr)
     o = receiver.finish(run_dir, wait_s, info)
     update_run_json(run_dir, otlp=o)
-    odd = ", ".join(f"{o[k]} {w}" for k, w in (("rejected", "with no credible span"), ("impossible", "impossible spans"),
-                                                ("unauthorized", "posts without the token"),
-                                                ("over_limit", "spans over the limit")) if o.get(k))
+    odd = ", ".join(f"{o[k]} {w}" for k, w in (
+        ("rejected", "with no credible span"), ("impossible", "impossible spans"),
+        ("unauthorized", "posts without the token"), ("over_limit", "spans over the limit")) if o.get(k))
     print(f"replay: otlp: {o['matched']} of {o['traced']} traced requests have a server span ({o['missing']} missing, "
           f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts{', ' if odd else ''}"
           f"{odd}) -> {run_dir / 'spans.parquet'}", file=sys.stderr)
