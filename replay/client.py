@@ -5,7 +5,8 @@ CPU is what limits an open-loop replayer (docs/client.md). Here, per token:
 
 - a per-connection libev I/O watcher callback runs *in the hub*: one `recv`, one stamp taken
   before any parsing (the kernel's receive time via SO_TIMESTAMPNS where available, else
-  `perf_counter()`), one `ResponseParser.feed`;
+  `perf_counter()`), one `ResponseParser.feed`; a late read (a backlog) takes one HTTP chunk per
+  `recvmsg` instead, as TCP stamps each read with its last segment's time (`_Stream._drain`);
 - the request greenlet only connects/sends and is woken once, at the end (no greenlet switch
   per event), by a `Waiter`;
 - one deadline timer per request instead of a socket timeout per read; no failing EAGAIN
@@ -20,6 +21,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass, field
+from socket import MSG_PEEK
 
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
@@ -31,6 +33,7 @@ __all__ = ["ConnectionPool", "StreamResult", "stream_post"]
 
 perf_counter = time.perf_counter
 _timespec = struct.Struct("@qq").unpack_from
+INF, MAX_GAP = float("inf"), 0.05   # a read gap above MAX_GAP s counts as MAX_GAP (a TTFT, a pause)
 
 
 @dataclass
@@ -59,7 +62,7 @@ class _Stream:
     """One in-flight response, driven from the hub by the connection's I/O watcher."""
 
     __slots__ = ("conn", "recv", "recvmsg", "feed", "parser", "waiter", "timer", "got_bytes", "outcome",
-                 "sec0", "base", "alarm", "last_t")
+                 "sec0", "base", "alarm", "last_t", "due")
 
     def __init__(self, conn: Conn, parser: ResponseParser, timeout: float, kernel_timestamps: bool,
                  alarm) -> None:
@@ -67,6 +70,7 @@ class _Stream:
         self.recv, self.feed = conn.sock.recv, parser.feed     # bound once: the callback is hot
         self.recvmsg = conn.sock.recvmsg if kernel_timestamps else None
         self.got_bytes, self.outcome, self.last_t = False, None, None
+        self.due = 0.0 if kernel_timestamps else INF   # a read after this goes unit by unit (_drain)
         # kernel stamps are CLOCK_REALTIME: map them onto perf_counter once per request
         ns, p = time.time_ns(), perf_counter()
         self.sec0, self.base = ns // 1_000_000_000, p - (ns % 1_000_000_000) * 1e-9
@@ -96,6 +100,11 @@ class _Stream:
 
     def _on_readable(self) -> None:
         # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
+        t = perf_counter()
+        if t >= self.alarm.due:   # a send is due: it goes first, even mid-burst
+            self.alarm.wake()
+        if t > self.due:
+            return self._drain(t)
         try:
             if self.recvmsg is None:
                 data, anc = self.recv(RECV_SIZE), None
@@ -105,14 +114,42 @@ class _Stream:
             return
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
-        t = perf_counter()
-        if t >= self.alarm.due:   # a send is due: it goes first, even mid-burst
-            self.alarm.wake()
+        self._got(data, anc, t)
+
+    def _drain(self, t: float) -> None:
+        """The first read, or one later than 1.5 gaps after the last bytes: several writes may be
+        queued, and TCP gives one stamp per read, the last segment's. So read them one unit (the
+        head, then each HTTP chunk: one event) per recvmsg: each keeps its own segment's stamp,
+        where the kernel kept the segments apart (it merges a segment into the previous one once
+        the sender has let go of that one: then they share the later stamp whatever the reads)."""
+        try:
+            queued = self.recv(RECV_SIZE, MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            return self._end("connection_error", f"recv: {e.strerror or e}")
+        pos = 0
+        while True:
+            n = self.parser.unit(queued, pos)
+            try:
+                data, anc, _, _ = self.recvmsg(n or RECV_SIZE, 64)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                return self._end("connection_error", f"recv: {e.strerror or e}")
+            self._got(data, anc, t)
+            pos += len(data)
+            if not n or pos >= len(queued) or self.outcome is not None:
+                return
+
+    def _got(self, data: bytes, anc: list | None, t: float) -> None:
         if anc:   # the kernel's receive time of the last byte read; never later than now
             sec, nsec = _timespec(anc[0][2])
             kt = (sec - self.sec0) + nsec * 1e-9 + self.base
             if kt < t:
                 t = kt
+            last = self.last_t
+            self.due = t if last is None else t + 1.5 * min(t - last, MAX_GAP)
         self.last_t = t     # the response's end, once it has ended: its last bytes' receive time
         if data and self.got_bytes:
             try:

@@ -280,6 +280,30 @@ class ResponseParser:
             self._finish_sse(t)
         return self.state == COMPLETE or self.stream_error is not None
 
+    def unit(self, queued: bytes, pos: int) -> int:
+        """How many bytes of `queued` (not yet fed), from `pos`, finish what is being read now:
+        the head, or the current HTTP chunk with its CRLF; 0 when the framing does not say (the
+        chunked terminator, a Content-Length or read-until-close body, an incomplete size line).
+        A server writes one event per chunk, so a read that stops there takes one write's segments."""
+        st, held = self.state, len(self._buf)
+        if held:    # the start of a head or size line came with the last read (rare): look at both
+            queued, pos = self._buf + queued[pos:], 0
+        if st == CHUNK_SIZE:
+            i = queued.find(b"\r\n", pos, pos + 20)
+            try:
+                size = int(queued[pos:i], 16) if i > pos else 0
+            except ValueError:
+                return 0
+            return i + 4 + size - pos - held if size else 0
+        if st == CHUNK_DATA:
+            return self._left + 2
+        if st == CHUNK_CRLF:
+            return 2 - held
+        if st == HEAD:
+            i = queued.find(b"\r\n\r\n", pos)
+            return i + 4 - pos - held if i >= 0 else 0
+        return 0
+
     def _plain_chunks(self, data: bytes, t: float) -> int:
         """The common read: whole chunks each holding one token event that differs from a
         learned one (`_learn`) only in its text. Counts them without parsing; returns the offset

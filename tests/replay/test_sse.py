@@ -226,3 +226,34 @@ def test_learned_template_rejects_quotes_and_trailing_backslash():
     broken = vllm_event("zz").replace(b'"text":"zz"', b'"text":"zz\\"')
     with pytest.raises(ProtocolError):
         p.feed(chunk(broken), 3.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=900), max_size=6), st.booleans())
+def test_unit_reads_take_the_head_then_one_chunk_each(cuts, crlf):
+    """A backlog read unit by unit (the client's late reads): `unit` ends each read at the head's
+    end, then at each chunk's end (one event each), from wherever the reads before it stopped."""
+    data = stream(nl=b"\r\n" if crlf else b"\n")
+    ends, pos = [len(HEAD)], len(HEAD)
+    while data[pos:pos + 1] != b"0":
+        i = data.index(b"\r\n", pos)
+        pos = i + 4 + int(data[pos:i], 16)
+        ends.append(pos)
+    p, prev, reads, done = ResponseParser(), 0, 0, False
+    for c in sorted({c % len(data) for c in cuts if c % len(data)}):   # arbitrary reads first
+        p.feed(data[prev:c], 0.0)
+        prev = c
+    pos = prev
+    while pos < len(data):
+        n = p.unit(data, pos)
+        if n:
+            assert pos + n in ends
+        else:           # the chunked terminator: the rest
+            assert pos >= ends[-1]
+            n = len(data) - pos
+        reads += 1
+        done = p.feed(data[pos:pos + n], float(reads))
+        pos += n
+    check_full(p, done)
+    if prev <= ends[3]:     # the last two events each came by a unit read of its own
+        assert p.token_times[3] < p.token_times[4]
