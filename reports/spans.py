@@ -108,6 +108,8 @@ def _row(trace_id: str, span_id: str, name: str, service: str | None, start_ns, 
     for col, v in attrs.items():
         if v is not None:
             row[_AT[col]] = int(v) if col in _INTS else float(v) if col in _FLOATS else str(v)
+            if col in _INTS and not 0 <= row[_AT[col]] < 2**31:   # int32 in spans.parquet
+                raise ValueError(f"gen_ai.usage.{col} {v} is out of range")
     return tuple(row)
 
 
@@ -227,7 +229,7 @@ def read_collector_file(path: str | Path) -> tuple[list[pa.Table], int]:
                     continue
                 try:
                     r, o = decode_json(loads(line))
-                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as e:
                     why = f"not JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
                     raise ReportError(f"{why[:200]} (expected the OTel collector file exporter's "
                                       "OTLP/JSON lines)", file=f"{path} line {n}") from None
