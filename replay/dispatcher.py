@@ -53,6 +53,7 @@ QUIET_S, QUIET_MIN, QUIET_ROWS = 0.004, 96, 128
 # task graphs: read the feed this far (trace seconds, rows) past the next root, so a dependant is
 # registered before its dependencies complete even when the target is faster than the recording
 AHEAD_S, AHEAD_ROWS = 600.0, 100_000
+YIELD_ROWS = 256   # rows read or recorded not_sent at a stretch (~1 ms) between yields to the hub
 
 
 class Job:
@@ -101,6 +102,8 @@ class Job:
                             self._unsent(row)
                         elif self.sessions is None or self.sessions.admit(row):
                             self._dispatch(row)
+                    if self.stopping:
+                        gevent.sleep(0)   # the rest of a long trace: let responses and the flusher in
             self._drain()
         finally:
             self.finished.set()
@@ -137,19 +140,20 @@ class Job:
             else:
                 self._start_now((root, prepared))
                 root, prepared = next(roots, None), None
-        for row in itertools.chain([root] if root is not None else [], roots):
-            self._unsent(row)
-        while self.ready:
-            self._unsent(heapq.heappop(self.ready)[2][0])
+        self._unsent_all(itertools.chain([root] if root is not None else [], roots))
+        self._unsent_all(heapq.heappop(self.ready)[2][0] for _ in range(len(self.ready)))
 
     def _roots(self):
         """Task graphs: the feed's roots, in order, one at a time; dependants are taken out as they
         are read (up to AHEAD_S/AHEAD_ROWS ahead of the next root) and wait for their dependencies."""
         rows = (row for chunk in self.feed for row in chunk)
         ahead: deque = deque()
-        more = True
+        more, read = True, 0
         while True:
             while more and (not ahead or (len(ahead) < AHEAD_ROWS and ahead[-1][plan.SCHED] - ahead[0][plan.SCHED] < AHEAD_S)):
+                read += 1
+                if not read % YIELD_ROWS:
+                    gevent.sleep(0)   # a long read-ahead must not hold responses and the flusher
                 row = next(rows, None)
                 if row is None:
                     more = False
@@ -247,11 +251,9 @@ class Job:
         gevent.killall(self.idle, block=True, timeout=5)
         self.idle.clear()
         if self.sessions is not None:
-            for row in self.sessions.parked():
-                self._unsent(row)
+            self._unsent_all(self.sessions.parked())
         if self.graph is not None:
-            for row in self.graph.parked():
-                self._unsent(row)
+            self._unsent_all(self.graph.parked())
 
     def stop(self) -> None:
         """Stop dispatching now (the rest of the feed is recorded `not_sent`)."""
@@ -315,6 +317,14 @@ class Job:
         label = row[plan.MODEL]
         self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, error,
                             target=self.c.target_of(label)))
+
+    def _unsent_all(self, rows) -> None:
+        """Record rows not_sent, yielding to the hub every YIELD_ROWS: the rest of a long trace after
+        a stop must not hold the responses still arriving (their ends) for seconds."""
+        for i, row in enumerate(rows, 1):
+            self._unsent(row)
+            if not i % YIELD_ROWS:
+                gevent.sleep(0)
 
     def _fire(self, row: tuple, res: StreamResult) -> None:
         """Locust's dashboard (its histograms round; records are the data): one request event

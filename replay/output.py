@@ -24,9 +24,9 @@ from . import plan
 from .progress import Progress
 from .recorder import RECORDS_FILE, RECORDS_STREAM, IpcFile, Recorder, finalize
 
-FLUSH_EVERY_S = 0.4   # the event loop's flusher: a record reaches records.arrows within two of these
-RECORD_DELAY_S = 1.0  # the promise, kept by a thread whatever the event loop is doing
-WATCH_S = RECORD_DELAY_S / 4
+RECORD_DELAY_S = 1.0  # the promise: a record is in records.arrows this long after its request's end
+FLUSH_EVERY_S = 0.3   # the event loop's flusher: a record reaches records.arrows within two of these
+WATCH_S = 0.2         # the watch thread: within four of these, whatever the event loop is doing
 FLUSH_ROWS = 128      # records per batch
 
 
@@ -86,11 +86,11 @@ class Output:
 
     def _watch(self) -> None:
         """A native thread: every WATCH_S, write the records still buffered that were added three
-        wakes ago (so at most RECORD_DELAY_S ago). The hub's flusher leaves none in a running loop;
+        wakes ago (so at most 4 WATCH_S ago). The hub's flusher leaves none in a running loop;
         a hub held by a long computation (the rows left after a stop, a graph's read-ahead) or a
         busy host leaves them to this thread, which gets the GIL within the switch interval."""
         sleep = monkey.get_original("time", "sleep")
-        marks: deque[int] = deque(maxlen=round(RECORD_DELAY_S / WATCH_S))
+        marks: deque[int] = deque(maxlen=4)
         while self.watch is not None:
             sleep(WATCH_S)
             marks.append(self.recorder.count)
