@@ -68,6 +68,9 @@ class PromptBuilder:
         self.blocks: dict[int, object] = {}
         self.cal = dict(config.calibration or {})
         self.drift: dict[str, float] = {}
+        # a continuation turn's history holds replies the server re-tokenizes from text: the most
+        # it counted over the turn's aim so far, left free in later turns (engine-stub: up to 3)
+        self.extra: dict[str, int] = {}
         self.tok = load_tokenizer(config.tokenizer) if config.tokenizer else None
         self.images = Images(config.prompt_seed, config.image_url_base)
 
@@ -104,7 +107,7 @@ class PromptBuilder:
         n = max(1, row[plan.IN] if tokens is None else tokens)
         key = self.cal_key(api, target)
         if self.tok is not None:   # a row's input_tokens count the chat template the server adds
-            return self._exact_text(row, max(1, n - (self.c.template_tokens.get(key, 0) if tokens is None else 0)))
+            return self._exact_text(row, max(1, n - self.c.template_tokens.get(key, 0)))
         a, b = self.cal.get(key, (0.0, 1.0))[:2]
         block_words = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
         # floor: the server's count stays at or under n (the template's tokens are in a)
@@ -119,12 +122,17 @@ class PromptBuilder:
             parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, want - have))
         return "".join(parts)
 
-    def observe(self, api: str, words: int, prompt_tokens: int | None, target: str | None = None) -> None:
-        """Drift correction from `usage.prompt_tokens` of a built prompt of `words` words (text mode
-        without a tokenizer): only ever shortens, as a longer prompt than asked can exceed the context."""
+    def observe(self, api: str, sized: tuple[int, int], prompt_tokens: int | None, target: str | None = None) -> None:
+        """Corrections from `usage.prompt_tokens` of a prompt `body` built, `sized` (words, aim):
+        the calibration's drift from whole prompts of `words` words (text mode without a
+        tokenizer), the continuations' margin from the tokens a continuation aimed at. Both only
+        ever shorten: a longer prompt than asked can exceed the context."""
+        words, aim = sized
+        key = self.cal_key(api, target)
+        if aim and prompt_tokens:
+            self.extra[key] = max(self.extra.get(key, CONTINUATION_MARGIN), prompt_tokens - aim)
         if self.mode != "text" or self.tok is not None or not prompt_tokens or words <= 0:
             return
-        key = self.cal_key(api, target)
         a, b = self.cal.get(key, (0.0, 1.0))[:2]
         f = min(2.0, max(0.5, (prompt_tokens - a) / (b * words)))
         self.drift[key] = 0.8 * self.drift.get(key, 1.0) + 0.2 * f
@@ -146,13 +154,18 @@ class PromptBuilder:
 
     # --- bodies -------------------------------------------------------------------
     def body(self, row: tuple, model: str | None, api: str, history: list[dict] | None = None,
-             user_tokens: int | None = None, target: str | None = None) -> tuple[str, bytes, int, str | None]:
-        """(path, JSON body, words, user text) for one row sent to `target`; words: of a built text
-        prompt that is the whole prompt, else 0 (`observe` learns from those alone)."""
-        text, words = row[plan.PROMPT], 0
+             user_tokens: int | None = None, target: str | None = None) -> tuple[str, bytes, tuple, str | None]:
+        """(path, JSON body, sized, user text) for one row sent to `target`; sized, for `observe`:
+        (words of a built whole prompt, else 0; the tokens a built continuation aimed at, else 0)."""
+        text, sized = row[plan.PROMPT], (0, 0)
         if text is None and (api == "chat" or self.mode == "text"):
-            text = self.text(row, api, user_tokens, target)
-            words = 0 if history else text.count(" ")
+            if history and user_tokens is not None and user_tokens < row[plan.IN]:  # history + turn = input_tokens
+                margin = self.extra.get(self.cal_key(api, target), CONTINUATION_MARGIN)
+                text = self.text(row, api, user_tokens - margin, target)
+                sized = (0, row[plan.IN] - margin)
+            else:
+                text = self.text(row, api, user_tokens, target)
+                sized = (0, 0) if history else (text.count(" "), 0)
         req: dict = {"model": model, "stream": True, "stream_options": {"include_usage": True}}
         images = row[plan.IMAGES]
         if api == "chat":
@@ -174,9 +187,10 @@ class PromptBuilder:
         if images and api == "chat":    # spliced in as bytes: one copy of the images' base64
             head, tail = body.split(_IMAGES_JSON, 1)
             body = b"".join([head, *self.images.parts(images, row[plan.IMAGE_PX], row[plan.IDX]), tail])
-        return path, body, words, text
+        return path, body, sized, text
 
 
+CONTINUATION_MARGIN = 4   # tokens a continuation leaves free before any was measured
 _IMAGES = "@@llm-replay-images@@"          # where the image parts go in the JSON body
 _IMAGES_JSON = json.dumps(_IMAGES).encode()
 

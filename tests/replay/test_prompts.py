@@ -41,11 +41,27 @@ def test_text_blocks_are_byte_identical_and_lengths_follow_calibration():
     assert t1[len(shared):len(shared) + 10] != t2[len(shared):len(shared) + 10]
     assert t1.count(" ") == (400 - 2) / 0.5   # words: on the line, never over it
     assert b.text(row(3, 401), "completions").count(" ") == 798
-    b.observe("completions", t1.count(" "), 2 * 400)  # the server saw twice the tokens: shorten
+    b.observe("completions", (t1.count(" "), 0), 2 * 400)  # the server saw twice the tokens: shorten
     assert b.text(row(2, 400), "completions").count(" ") < 0.95 * t1.count(" ")
-    b.observe("completions", t1.count(" "), 100)   # fewer: never longer than the calibration says
-    b.observe("completions", t1.count(" "), 100)
+    b.observe("completions", (t1.count(" "), 0), 100)   # fewer: never longer than the calibration says
+    b.observe("completions", (t1.count(" "), 0), 100)
     assert b.text(row(2, 400), "completions").count(" ") <= 796
+
+
+def test_continuations_leave_room_for_the_replies_the_server_retokenizes():
+    """A continuation's history holds replies the server counts anew from their text: the new
+    turn leaves 4 tokens free, then the most the server counted over its aim."""
+    b = builder(prompt_mode="text", calibration={"chat": [12.0, 1.0]})
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    _, body, sized, text = b.body(row(0, 1000), "m", "chat", history, 300)   # 700 tokens of history
+    assert text.count(" ") == 300 - 12 - 4 and sized == (0, 996)
+    assert len(json.loads(body)["messages"]) == 3
+    b.observe("chat", sized, 996 + 7)    # 7 over its aim
+    assert b.body(row(1, 1000), "m", "chat", history, 300)[3].count(" ") == 300 - 12 - 7
+    b.observe("chat", (0, 993), 993)     # on its aim: the margin stays
+    assert b.body(row(2, 1000), "m", "chat", history, 300)[2] == (0, 993)
+    _, _, sized, text = b.body(row(3, 50), "m", "chat", [], 50)   # a session's first turn: whole
+    assert sized == (text.count(" "), 0) and text.count(" ") == 38
 
 
 def test_body_forces_output_length_and_verbatim_prompt():
@@ -193,7 +209,7 @@ def test_replay_run_with_tokenizer_sends_exact_text_prompts(tmp_path):
     assert (df.prompt_tokens == df.input_tokens)[~short_chat].all(), df[df.prompt_tokens != df.input_tokens]
     assert (df.prompt_tokens[short_chat] == 17).all()     # one token of text: the least a message can be
     info = run_info(tmp_path / "run")
-    assert info["tokenizer"]["path"] == path and info["tokenizer"]["vocab_size"] > 200
+    assert info["tokenizer"]["path"] == path and info["tokenizer"]["vocab_size"] > 50
     assert info["config"]["prompt_mode"] == "text" and not info["config"]["calibration"]  # no calibration
     assert info["config"]["template_tokens"] == {"chat": 16}   # measured once: chat rows are not 16 over
     assert f"exact token counts with {path}" in proc.stderr
