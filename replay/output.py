@@ -39,13 +39,22 @@ def flush_periodically(recorder: Recorder, until: gevent.event.Event | None = No
 
 
 def update_run_json(run_dir: str | Path, **fields) -> None:
-    """Merge `fields` into run.json atomically (a reader never sees half a file)."""
+    """Merge `fields` into run.json atomically (a reader never sees half a file); on a full disk,
+    in place: the blocks run.json already holds usually take the few bytes a status adds."""
     path = Path(run_dir) / "run.json"
     info = json.loads(path.read_text()) if path.exists() else {}
     info.update(fields)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(plan.dumps(info))
-    os.replace(tmp, path)
+    tmp, text = path.with_suffix(".json.tmp"), plan.dumps(info)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        if not path.exists():
+            raise
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
 
 
 class Output:

@@ -555,8 +555,10 @@ def _unwritable(run_dir: Path, e: OSError) -> str:
     from .output import update_run_json
     why = f"cannot write {e.filename or run_dir}: {os.strerror(e.errno) if e.errno else e}"
     try:
+        if json.loads((run_dir / "run.json").read_text()).get("status") not in (None, "running"):
+            return f"{why}; the run itself ended and its records are kept: `replay report {run_dir}` when there is room"
         update_run_json(run_dir, status="failed", error=why)
-    except OSError:
+    except (OSError, ValueError):
         pass
     return f"{why}; the run in {run_dir} did not complete"
 
