@@ -527,7 +527,7 @@ def run(args) -> int:
         prepare_run_dir(config, notes, claimed=True)
     except BaseException:   # nothing was run: the directory is free again
         (run_dir / "run.json").unlink(missing_ok=True)
-        if made:
+        if made and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
     if getattr(args, "realtime", False):
