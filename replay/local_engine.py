@@ -59,10 +59,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def start_engine(*args: str, timeout: float = 90) -> LocalEngine:
-    """Start `python -m llm_replay.engine_stub serve --port 0 ARGS` and wait for `engine-stub ready: URL`."""
+def start_engine(*args: str, timeout: float = 90, new_session: bool = False) -> LocalEngine:
+    """Start `python -m llm_replay.engine_stub serve --port 0 ARGS` and wait for `engine-stub ready: URL`.
+    `new_session`: its own session (and scheduler autogroup), as a server started from its own terminal;
+    it then gets no SIGINT or SIGHUP from ours, so only a caller that always stops it should ask."""
     cmd = [sys.executable, "-m", "llm_replay.engine_stub", "serve", "--port", "0", *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                            start_new_session=new_session)
     log: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:

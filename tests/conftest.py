@@ -1,10 +1,27 @@
-"""Shared test helpers: run our CLIs as real subprocesses against this checkout."""
+"""Shared test helpers: run our CLIs as real subprocesses against this checkout.
+
+Waits scale with the host. SLOWDOWN is how many times slower than a quiet host this test session's CPU
+work runs now: measured once, when the first pytest process imports this file (the controller, before
+xdist starts its workers), by forking one child per usable core that spins for 0.2 s; their CPU time
+over the wall time is the share of the cores this session gets (a quiet host: all; at load 8 on 2 cores
+beside 3 spinners in their own sessions: a quarter, as Linux autogroups give each session an equal
+share). Clamped to 1..10 and passed to the workers and every subprocess as $REPLAY_TEST_SLOWDOWN (set it
+to override the measurement). `wait_s(base)` is a quiet host's `base` seconds times SLOWDOWN; run_cli
+and start_engine scale their timeouts with it.
+
+The servers and CLIs the tests start run in their own sessions (start_new_session), each its own
+autogroup, as when a user starts the engine in one terminal and `replay run` in another: a busy host
+then slows them as much as it would slow those, not by the share of one session split among every
+worker and child of the test run. Tests that judge the client's own timing are marked `timing` and
+run alone.
+"""
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +29,38 @@ import pytest
 from llm_replay.replay.local_engine import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def measure_slowdown(seconds: float = 0.2) -> float:
+    """Quiet-host CPU over the CPU this session gets: one forked spinner per usable core for `seconds`."""
+    if not hasattr(os, "fork"):
+        return 1.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    start = time.monotonic()
+    end = start + seconds
+    pids = []
+    for _ in range(cores):
+        pid = os.fork()
+        if pid == 0:
+            while time.monotonic() < end:
+                pass
+            os._exit(0)
+        pids.append(pid)
+    cpu = 0.0
+    for pid in pids:
+        usage = os.wait4(pid, 0)[2]
+        cpu += usage.ru_utime + usage.ru_stime
+    return cores * (time.monotonic() - start) / max(cpu, 1e-3)
+
+
+if "REPLAY_TEST_SLOWDOWN" not in os.environ:
+    os.environ["REPLAY_TEST_SLOWDOWN"] = f"{min(10.0, max(1.0, measure_slowdown())):.2f}"
+SLOWDOWN = min(10.0, max(1.0, float(os.environ["REPLAY_TEST_SLOWDOWN"])))
+
+
+def wait_s(base: float) -> float:
+    """A wait of `base` seconds on a quiet host, scaled by this host's SLOWDOWN (module docstring)."""
+    return base * SLOWDOWN
 
 
 def repo_env(**extra: str) -> dict[str, str]:
@@ -25,11 +74,13 @@ def repo_env(**extra: str) -> dict[str, str]:
 
 def run_cli(module: str, *args: str, timeout: float = 120, check: bool = False,
             **kw) -> subprocess.CompletedProcess:
-    """Run `python -m <module> args...` (e.g. module='replay', one of llm_replay's packages)."""
+    """Run `python -m <module> args...` (e.g. module='replay', one of llm_replay's packages) in its own
+    session; `timeout` is a quiet host's, scaled by wait_s."""
     if module.split(".")[0] in ("replay", "engine_stub", "traces", "reports"):
         module = "llm_replay." + module
+    kw.setdefault("start_new_session", True)
     proc = subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, env=repo_env(), timeout=timeout, **kw)
+                          text=True, env=repo_env(), timeout=wait_s(timeout), **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {' '.join(map(str, args))} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
@@ -49,9 +100,10 @@ def replay_cli():
 
 
 def start_engine(*args: str, timeout: float = 90):
-    """Start engine-stub on a free port (see replay.local_engine); `.url`, `.stop()`."""
+    """Start engine-stub on a free port in its own session (see replay.local_engine); `.url`, `.stop()`.
+    `timeout` is a quiet host's, scaled by wait_s."""
     from llm_replay.replay.local_engine import start_engine as _start
-    return _start(*args, timeout=timeout)
+    return _start(*args, timeout=wait_s(timeout), new_session=True)
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +128,7 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
             "multi-host and realism fits (~10 more minutes on 2 cores): python3 -m pytest -q -m slow\n"
             "  marker `timing`: they judge this host's own CPU timing (signal delivery, dispatch lag, "
             "nice/realtime), which parallel workers and busy hosts disturb; alone: python3 -m pytest -q -m timing -n 0")
+
+
+def pytest_report_header(config) -> str:
+    return f"host slowdown: {SLOWDOWN:.2f}x (waits scale with it; REPLAY_TEST_SLOWDOWN overrides)"

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.conftest import repo_env, run_cli
+from tests.conftest import repo_env, run_cli, wait_s
 from llm_replay.traces.trace import Trace
 
 
@@ -38,9 +38,11 @@ def sse_server(*args: str, port: int = 0):
 
 
 def start_sse(*args: str, port: int = 0) -> subprocess.Popen:
+    """The SSE test server in its own session, as a server is (tests/conftest.py)."""
     proc = subprocess.Popen([sys.executable, "-m", "tests.replay.sse_server", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=repo_env())
-    deadline = time.monotonic() + 20
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=repo_env(),
+                            start_new_session=True)
+    deadline = time.monotonic() + wait_s(20)
     while time.monotonic() < deadline:
         r, _, _ = select.select([proc.stdout], [], [], 0.5)
         if r:
@@ -92,15 +94,20 @@ def assert_well_formed(df) -> None:
     assert df[df.status == "not_sent"].sent_s.isna().all()
 
 
-def wait_t0(run_dir: Path, timeout: float = 120) -> float:
-    """Wait until the runner has fixed T0; return it (wall clock)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_t0(run_dir: Path, timeout: float = 120, proc: subprocess.Popen | None = None) -> float:
+    """Wait until the runner has fixed T0 (`timeout`: a quiet host's; no longer once `proc` has
+    exited); return it (wall clock)."""
+    deadline = time.monotonic() + wait_s(timeout)
+    while True:
+        ended = proc is not None and proc.poll() is not None
         try:
             t0 = run_info(run_dir).get("t0_wall")
             if t0:
                 return t0
         except (OSError, ValueError):
             pass
+        if ended or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
-    raise AssertionError("the run never reached T0")
+    raise AssertionError("the run never reached T0" + (f": it exited {proc.returncode}\n{proc.stderr.read()[-3000:]}"
+                                                       if ended else ""))
