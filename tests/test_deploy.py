@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.conftest import wait_s
 
 kubernetes_client = pytest.importorskip(
     "kubernetes.client", reason="the `kubernetes` package (test extra) holds the API models the manifests are checked against")
@@ -644,7 +645,7 @@ def test_other_replica_counts_stay_in_sync(tmp_path):
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not on PATH (the kustomize build is checked where it is)")
 def test_kubectl_kustomize_builds_and_its_output_checks():
-    p = subprocess.run(["kubectl", "kustomize", str(KDIR)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(["kubectl", "kustomize", str(KDIR)], capture_output=True, text=True, timeout=wait_s(60))
     assert p.returncode == 0, p.stderr
     docs = [d for d in yaml.safe_load_all(p.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO, repo_env
+from tests.conftest import REPO, repo_env, wait_s
 
 PER_ENTRY = int(os.environ.get("FUZZ_CAMPAIGN_PER_ENTRY", 4))
 SEED = int(os.environ.get("FUZZ_CAMPAIGN_SEED", 0))
@@ -23,7 +23,7 @@ MAX_RSS_MB = 1024
 @pytest.mark.slow
 def test_hostile_inputs_give_results_or_one_line_errors():
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fuzz_campaign.py"), "--per-entry", str(PER_ENTRY),
-                        "--seed", str(SEED), "--json"], capture_output=True, text=True, env=repo_env(), timeout=900)
+                        "--seed", str(SEED), "--json"], capture_output=True, text=True, env=repo_env(), timeout=wait_s(900))
     assert p.returncode == 0, p.stderr[-3000:]
     results = json.loads(p.stdout.strip().splitlines()[-1])
     assert len(results) >= 6 and all(r["inputs"] == PER_ENTRY for r in results)

@@ -17,7 +17,7 @@ import subprocess
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_s
 from tests.replay.runkit import sse_server
 from tests.docs.mdblocks import (FIX, Page, background, commands, env, same_shape, serve, sh, shown_run_output,
                                  stop, substitute)
@@ -82,7 +82,7 @@ def demo(work):
     output once it has finished, and its run directory."""
     pytest.importorskip("torch")
     proc = _demo[work]
-    proc.wait(timeout=420)
+    proc.wait(timeout=wait_s(420))
     out, err = (work / "demo.out").read_text(), (work / "demo.err").read_text()
     assert proc.returncode == 0, f"replay demo exited {proc.returncode}:\n{(out + err)[-4000:]}"
     assert "Traceback" not in out + err, err[-4000:]

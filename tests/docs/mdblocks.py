@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_s
 
 DOCS = REPO / "docs"
 FIX = REPO / "tests" / "traces" / "fixtures"
@@ -95,8 +95,9 @@ def env() -> dict[str, str]:
 
 
 def sh(cmd: str, cwd: Path, timeout: float = 240, ok=(0,)) -> subprocess.CompletedProcess:
+    """Run a block's command as from a terminal of its own; `timeout`: a quiet host's (wait_s)."""
     p = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env(), capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=wait_s(timeout), start_new_session=True)
     out = p.stdout + p.stderr
     assert p.returncode in ok, f"`{cmd}` exited {p.returncode} (expected {ok}):\n{out[-4000:]}"
     assert "Traceback" not in out, f"`{cmd}`:\n{out[-4000:]}"
@@ -120,7 +121,7 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> None:
 
 
 def wait_http(url: str, timeout: float = 120, proc: subprocess.Popen | None = None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + wait_s(timeout)
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"exited {proc.returncode}:\n{log.read_text()[-3000:] if log else ''}")
@@ -129,7 +130,7 @@ def wait_http(url: str, timeout: float = 120, proc: subprocess.Popen | None = No
                 return r.read()
         except OSError:
             time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer in {timeout} s:\n{log.read_text()[-3000:] if log else ''}")
+    raise AssertionError(f"{url} did not answer in {wait_s(timeout):.0f} s:\n{log.read_text()[-3000:] if log else ''}")
 
 
 def serve(line: str, cwd: Path, log: Path) -> tuple[subprocess.Popen, str]:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_s
 from tests.docs.mdblocks import DOCS, Page, commands, env, serve, sh, stop, substitute
 
 PAGE = Page(DOCS / "capacity.md", {"engine-stub serve --port 8000 &": "test_sweep_block"})
@@ -35,7 +35,7 @@ def test_sweep_block(tmp_path):
                 for cmd, cwd in ((substitute(with_target, {"http://127.0.0.1:8000": url}), tmp_path),
                                  (no_target, other))]
         for cmd, p in runs:
-            out = p.communicate(timeout=500)[0]
+            out = p.communicate(timeout=wait_s(500))[0]
             assert p.returncode == 0 and "Traceback" not in out, f"`{cmd}`:\n{out[-4000:]}"
             assert "capacity" in out, out[-3000:]
     finally:

@@ -13,7 +13,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_s
 from tests.docs.mdblocks import DOCS, Page, background, commands, sh, stop, substitute
 from tests.replay.runkit import sse_server
 
@@ -46,8 +46,8 @@ def distributed_run(work):
         time.sleep(2)
         w = background(worker, work, work / "worker.log")
         try:
-            assert m.wait(240) == 0, (work / "master.log").read_text()[-3000:]
-            assert w.wait(60) == 0, (work / "worker.log").read_text()[-3000:]
+            assert m.wait(wait_s(240)) == 0, (work / "master.log").read_text()[-3000:]
+            assert w.wait(wait_s(60)) == 0, (work / "worker.log").read_text()[-3000:]
         finally:
             stop(m), stop(w)
     return work / "runs" / "d"

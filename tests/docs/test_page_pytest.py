@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_s
 from tests.docs.mdblocks import DOCS, Page, commands, env, sh, substitute
 from tests.replay.runkit import sse_server
 
@@ -46,7 +46,7 @@ def test_pytest_blocks(tmp_path):
         procs = [_pytest(substitute(with_target, {"https://my-deployment.example/": url}), tmp_path),
                  _pytest(no_target, other)]
         for p, _ in procs:
-            p.wait(timeout=420)
+            p.wait(timeout=wait_s(420))
     for p, log in procs:
         out = log.read_text()
         assert p.returncode == 0 and "2 passed" in out, out[-4000:]
@@ -71,13 +71,13 @@ def test_actions_recipe(tmp_path):
                 if "pip install" in str(s.get("run", "")))
     assert step["env"] == {"LLM_REPLAY_GIT": "${{ vars.LLM_REPLAY_GIT }}"}
     missing = subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"]], env={**env(), "LLM_REPLAY_GIT": ""},
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=wait_s(60))
     assert missing.returncode == 1 and "set the repository variable LLM_REPLAY_GIT" in missing.stdout
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("no git repository to install from here")
     run = substitute(step["run"], {"pip install": f"{sys.executable} -m pip install --dry-run --no-deps "
                                                   "--no-build-isolation --quiet --report -"})
     p = subprocess.run(["bash", "-eo", "pipefail", "-c", run], env={**env(), "LLM_REPLAY_GIT": f"file://localhost{REPO}"},
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=wait_s(240))
     assert p.returncode == 0, p.stderr[-3000:]
     assert [i["metadata"]["name"] for i in json.loads(p.stdout)["install"]] == ["llm-replay"], p.stdout[-3000:]

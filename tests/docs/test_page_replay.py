@@ -7,7 +7,7 @@ import signal
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_s
 from tests.docs.mdblocks import (DOCS, Page, background, commands, serve, sh, shown_run_output, stop, substitute,
                                  wait_http)
 from tests.replay.runkit import sse_server
@@ -85,7 +85,7 @@ def test_locust_block(work, engine, first_run):
     m = background(master, work, work / "locust-master.log")
     ws = [background(worker, work, work / f"locust-worker{i}.log") for i in range(2)]  # "twice"
     try:
-        assert m.wait(240) == 0, (work / "locust-master.log").read_text()[-3000:]
+        assert m.wait(wait_s(240)) == 0, (work / "locust-master.log").read_text()[-3000:]
     finally:
         for p in (m, *ws):
             stop(p)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_s
 from tests.docs.mdblocks import DOCS, Page, commands, env, sh
 from tests.replay.runkit import sse_server, write_trace
 
@@ -98,6 +98,6 @@ def test_python_api_block(work, demo_run):
     if not (work / "pyproject.toml").exists():     # the page's [tool.replay.slo] block, as a project's
         (work / "pyproject.toml").write_text(block("[tool.replay.slo]").text + "\n")
     code = block("from llm_replay import reports").text + "\nprint('verdict', gate.exit_code, cmp.exit_code)\n"
-    p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-c", code], cwd=work, env=env(), capture_output=True, text=True, timeout=wait_s(120))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "verdict" in p.stdout

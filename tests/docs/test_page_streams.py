@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_s
 from tests.docs.mdblocks import DOCS, Page, commands, env, sh, substitute
 from tests.replay.runkit import sse_server, write_trace
 
@@ -66,7 +66,7 @@ def test_client_python_block(tmp_path):
         script = prelude + substitute(code, {"http://127.0.0.1:8000": url}) + \
             "\nprint('status', res.status, len(res.token_times))\n"
         p = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                           timeout=60)
+                           timeout=wait_s(60))
     assert p.returncode == 0, p.stderr[-3000:]
     assert "status ok 5" in p.stdout, p.stdout
 

@@ -18,7 +18,7 @@ import pytest
 from llm_replay.engine_stub.images import (FIRST_PLACEHOLDER, MAX_SIDE, VISION_END, VISION_START, ImageError, chat_images,
                                 decode_data_url, image_size, image_token_ids, image_tokens, load_image, part_url)
 from llm_replay.engine_stub.tokenizer import SPECIALS, Tokenizer
-from tests.conftest import repo_env, start_engine
+from tests.conftest import repo_env, start_engine, wait_s
 
 TOK = Tokenizer(8192)
 
@@ -261,7 +261,7 @@ def test_chat_prompt_puts_image_ids_at_their_place():
 
 def test_images_module_imports_neither_torch_nor_fastapi():
     code = "import sys, engine_stub.images; assert not {'torch', 'fastapi', 'pydantic'} & set(sys.modules)"
-    subprocess.run([sys.executable, "-c", code], check=True, env=repo_env(), timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, env=repo_env(), timeout=wait_s(60))
 
 
 # ---- against a real engine subprocess ----
@@ -275,7 +275,7 @@ def image_part(data: bytes, mime="image/png", string_form=False) -> dict:
     return {"type": "image_url", "image_url": url if string_form else {"url": url, "detail": "auto"}}
 
 
-HTTP = httpx.Client(timeout=60)     # one connection pool: a fresh client per request costs ~50 ms
+HTTP = httpx.Client(timeout=wait_s(60))     # one connection pool: a fresh client per request costs ~50 ms
 
 
 def post(url, body):
@@ -384,7 +384,7 @@ def test_malformed_images_are_400_with_the_envelope(url):
 
 def test_streaming_with_images(url):
     import openai
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=wait_s(30))
     messages = [{"role": "user", "content": [{"type": "text", "text": "Compare"}, image_part(A64[0]),
                                              {"type": "text", "text": " and"}, image_part(B100[3])]}]
     chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, stream=True,

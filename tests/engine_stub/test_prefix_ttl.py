@@ -11,7 +11,7 @@ import pytest
 from llm_replay.engine_stub.block_manager import BlockManager
 from llm_replay.engine_stub.cli import main
 from llm_replay.engine_stub.request import EngineRequest, SamplingParams
-from tests.conftest import start_engine
+from tests.conftest import start_engine, wait_s
 
 pytest.importorskip("torch")
 RNG = random.Random(7)
@@ -29,7 +29,7 @@ def call(url: str, prompt: list[int]) -> dict:
     """One streamed completion; returns the final usage chunk's usage."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=wait_s(30)) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert r.status_code == 200 and events[-1]["choices"] == []
     return events[-1]["usage"]

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_replay.engine_stub.tokenizer import Tokenizer
-from tests.conftest import start_engine
+from tests.conftest import start_engine, wait_s
 
 pytest.importorskip("torch")
 TOK = Tokenizer(8192)
@@ -27,7 +27,7 @@ def url():
 
 @pytest.fixture(scope="module")
 def client(url):
-    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=wait_s(30))
 
 
 def scrape(url) -> dict:
@@ -178,7 +178,7 @@ def test_metrics_names_types_labels(url, client):
 
 
 def wait_idle(url, timeout=30):
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + wait_s(timeout)
     while time.monotonic() < deadline:
         if metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:kv_cache_usage_perc") == 0:
             return True
@@ -189,7 +189,7 @@ def wait_idle(url, timeout=30):
 def test_stream_disconnect_aborts_and_frees_blocks(url):
     aborted = metric(url, "vllm:request_success_total", finished_reason="abort")
     body = {"model": "tiny", "prompt": IDS * 10, "max_tokens": 1500, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=wait_s(30)) as r:
         lines = r.iter_lines()
         events = []
         for ln in lines:
@@ -209,7 +209,7 @@ def test_non_stream_disconnect_aborts_and_frees_blocks(url):
     s = socket.create_connection((host, int(port)))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
               b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + wait_s(20)
     while metric(url, "vllm:num_requests_running") == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     s.close()
@@ -218,7 +218,7 @@ def test_non_stream_disconnect_aborts_and_frees_blocks(url):
 
 
 def post_raw(url, body: bytes, path="/v1/completions", ctype: str | None = "application/json"):
-    return httpx.post(url + path, content=body, headers={"content-type": ctype} if ctype else {}, timeout=60)
+    return httpx.post(url + path, content=body, headers={"content-type": ctype} if ctype else {}, timeout=wait_s(60))
 
 
 def envelope(r, status=400) -> dict:
@@ -265,7 +265,7 @@ def test_hostile_bodies_are_400_and_the_server_still_serves(url, client):
                  b'{"prompt": [1000], "x": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"]:
         assert "valid JSON" in envelope(post_raw(url, body))["message"]
     # 10,000 token lists: refused before anything is tokenized or generated (vLLM has no cap; engine-stub 256)
-    r = httpx.post(url + "/v1/completions", json={"prompt": [IDS[:2]] * 10_000, "max_tokens": 1}, timeout=60)
+    r = httpx.post(url + "/v1/completions", json={"prompt": [IDS[:2]] * 10_000, "max_tokens": 1}, timeout=wait_s(60))
     assert envelope(r)["param"] == "prompt" and "256" in r.json()["error"]["message"]
     ok = json.dumps({"prompt": IDS[:3], "max_tokens": 1}).encode()
     for ctype in ["text/plain", "application/x-www-form-urlencoded", None]:   # vLLM: 400, not 415
@@ -277,11 +277,11 @@ def test_hostile_bodies_are_400_and_the_server_still_serves(url, client):
     # the edges that stay accepted, as vLLM: seed -1 (= no seed) and the int64 range, top_k -1 / 0 / vocab
     for extra in [{"seed": -1}, {"seed": 2**63 - 1}, {"seed": -2**63}, {"top_k": -1}, {"top_k": 8192},
                   {"stop": ["x" * 1024] * 64, "stop_token_ids": [0, 8191, 8191]}, {"prompt": [IDS[:2]] * 256}]:
-        r = httpx.post(url + "/v1/completions", json={"prompt": IDS[:3], "max_tokens": 1, **extra}, timeout=60)
+        r = httpx.post(url + "/v1/completions", json={"prompt": IDS[:3], "max_tokens": 1, **extra}, timeout=wait_s(60))
         assert r.status_code == 200, (extra, r.text)
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
                                        tools=[{"type": "function", "function": {"name": "f"}}], tool_choice="auto",
                                        extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
     body = {**CHAT, "tools": [{"function": {"name": "f", "parameters": {"required": 5}}}], "tool_choice": "required"}
-    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 200  # schemas: unchecked
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=wait_s(60)).status_code == 200  # schemas: unchecked

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Engine, free_port, repo_env, run_cli, start_engine
+from tests.conftest import Engine, free_port, repo_env, run_cli, start_engine, wait_s
 
 pytest.importorskip("torch")
 KEY = "s3cret"
@@ -31,7 +31,7 @@ def url(tmp_path_factory):
 
 
 def post(url, body, headers=AUTH, **kw):
-    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60, **kw)
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=wait_s(60), **kw)
 
 
 def metric_value(url, name, model="tiny"):
@@ -92,12 +92,12 @@ def test_full_waiting_queue_is_429_with_retry_after(url):
         # two running (max-num-seqs 2), two waiting (max-waiting 2): the fifth is refused
         for _ in range(4):
             r = stack.enter_context(httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH,
-                                                 timeout=60))
+                                                 timeout=wait_s(60)))
             assert r.status_code == 200
         r = post(url, {"prompt": IDS, "max_tokens": 1})
         assert r.status_code == 429 and r.headers["Retry-After"] == "1"
         assert r.json()["error"]["type"] == "RateLimitError"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + wait_s(30)
     while metric_value(url, "vllm:kv_cache_usage_perc") > 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert metric_value(url, "vllm:kv_cache_usage_perc") == 0
@@ -111,7 +111,7 @@ def test_faults_are_observable():
     try:
         for _ in range(30):
             body = {"prompt": IDS, "max_tokens": 6, "ignore_eos": True, "stream": True}
-            with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=30) as r:
+            with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=wait_s(30)) as r:
                 if r.status_code != 200:
                     seen[str(r.status_code)] += 1
                     assert r.status_code == 429 or r.read() and r.json()["error"]["code"] == 500
@@ -177,10 +177,10 @@ def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "llm_replay.engine_stub", "serve", "--port", str(port), "--engine-process",
                              "--model", "m=micro"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=repo_env())
+                            env=repo_env(), start_new_session=True)
     eng = Engine(proc, f"http://127.0.0.1:{port}")
     try:
-        statuses, deadline = [], time.monotonic() + 90
+        statuses, deadline = [], time.monotonic() + wait_s(90)
         while time.monotonic() < deadline and 200 not in statuses:
             try:
                 r = httpx.get(eng.url + "/v1/models", timeout=5)
@@ -200,9 +200,9 @@ def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
                                                 extra_body={"ignore_eos": True}))
         assert len(chunks) == 6 and chunks[-1].usage.completion_tokens == 5
         body = {"model": "m", "prompt": IDS, "max_tokens": 600, "ignore_eos": True, "stream": True}
-        with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", eng.url + "/v1/completions", json=body, timeout=wait_s(30)) as r:
             next(r.iter_lines())
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s(30)
         while metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") == 0

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from llm_replay.replay.recorder import read_stream
-from tests.conftest import REPO, repo_env
+from tests.conftest import REPO, repo_env, wait_s
 from tests.replay.runkit import assert_well_formed, records, run_info, wait_t0, write_trace
 
 NET = "10.231.0"        # the test hosts' subnet: only inside the namespaces built here
@@ -51,7 +51,7 @@ class Hosts:
 
     @staticmethod
     def ip(*args: str) -> None:
-        p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
+        p = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=wait_s(20))
         if p.returncode != 0:
             raise SetupRefused(f"`ip {' '.join(args)}` failed ({p.returncode}): {p.stderr.strip()}")
 
@@ -59,7 +59,7 @@ class Hosts:
         hub = self.ns("hub")
         for role in ("hub", *ADDR):
             # a namespace of this name is a leftover of an earlier run of ours with the same pid
-            subprocess.run(["ip", "netns", "del", self.ns(role)], capture_output=True, timeout=20)
+            subprocess.run(["ip", "netns", "del", self.ns(role)], capture_output=True, timeout=wait_s(20))
             self.ip("netns", "add", self.ns(role))
             self.made.append(self.ns(role))
         self.ip("-n", hub, "link", "set", "lo", "up")
@@ -86,7 +86,7 @@ class Hosts:
         return p
 
     def pids(self, role: str) -> list[int]:
-        p = subprocess.run(["ip", "netns", "pids", self.ns(role)], capture_output=True, text=True, timeout=20)
+        p = subprocess.run(["ip", "netns", "pids", self.ns(role)], capture_output=True, text=True, timeout=wait_s(20))
         return [int(x) for x in p.stdout.split()]
 
     def kill(self, role: str) -> list[int]:
@@ -120,7 +120,7 @@ class Hosts:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=wait_s(20))
         self.made.clear()
         for f in self.files.values():
             f.close()
@@ -151,7 +151,7 @@ def start_target(h: Hosts) -> tuple[str, Path]:
     p = h.start("target", "target", ["-m", "tests.replay.sse_server", "--host", ADDR["target"],
                                      "--port", str(TARGET_PORT), "--interval", "0.01",
                                      "--conn-log", str(conn_log)], stdout=subprocess.PIPE)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + wait_s(30)
     while time.monotonic() < deadline and p.poll() is None:
         if select.select([p.stdout], [], [], 0.5)[0]:
             line = p.stdout.readline()

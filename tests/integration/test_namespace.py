@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.replay.runkit import sse_server, write_trace
+from tests.conftest import wait_s
 
 pytest_plugins = ["pytester"]
 
@@ -35,7 +36,7 @@ def test_plugin_beside_user_packages_named_like_ours(pytester: pytest.Pytester, 
     # as a user runs it: no PYTHONPATH pointing at this checkout, the project's folder first
     monkeypatch.delenv("PYTHONPATH", raising=False)
     with sse_server() as url:
-        res = pytester.runpytest_subprocess("--replay-target", url, "-p", "no:cacheprovider", timeout=240)
+        res = pytester.runpytest_subprocess("--replay-target", url, "-p", "no:cacheprovider", timeout=wait_s(240))
     assert "ModuleNotFoundError" not in res.stdout.str()
     res.assert_outcomes(passed=1)
 
@@ -46,6 +47,6 @@ def test_installed_names_do_not_leak_top_level(tmp_path):
             " if importlib.util.find_spec(m) is not None])")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=60)
+                         timeout=wait_s(60))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

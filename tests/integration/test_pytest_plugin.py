@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import repo_env
+from tests.conftest import repo_env, wait_s
 from tests.replay.runkit import sse_server, write_trace
 
 pytest_plugins = ["pytester"]
@@ -47,7 +47,7 @@ def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     with sse_server() as url:
         res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", url, "-p", "no:cacheprovider",
-                                            f"--junitxml={tmp_path / 'junit.xml'}", timeout=240)
+                                            f"--junitxml={tmp_path / 'junit.xml'}", timeout=wait_s(240))
     res.assert_outcomes(passed=2, failed=1)
     out = res.stdout.str()
     assert "SLO failed for run" in out and "ttft_ms.p50 <= 0.000001" in out  # the gate table is shown
@@ -104,7 +104,7 @@ def test_no_run(replay):
     for k, v in repo_env().items():
         monkeypatch.setenv(k, v)
     res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", "http://127.0.0.1:9",
-                                        "-p", "no:cacheprovider", timeout=120)
+                                        "-p", "no:cacheprovider", timeout=wait_s(120))
     res.assert_outcomes(failed=1)
     assert "made no replay run to gate" in res.stdout.str()
 
@@ -117,7 +117,7 @@ def test_typo(replay):
     for k, v in repo_env().items():
         monkeypatch.setenv(k, v)
     res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", "http://127.0.0.1:9",
-                                        "-p", "no:cacheprovider", timeout=120)
+                                        "-p", "no:cacheprovider", timeout=wait_s(120))
     res.assert_outcomes(failed=1)
     out = res.stdout.str()
     assert "'traces/prod.parquett'): no such trace file" in out and "unknown preset 'traces" not in out
@@ -139,14 +139,14 @@ def test_keyed(replay):
     args = (*_plugin_args(), "-p", "no:cacheprovider")
     with sse_server("--api-key", "sk-test") as url:
         monkeypatch.setenv("REPLAY_API_KEY", "sk-test")
-        pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=120).assert_outcomes(passed=1)
+        pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=wait_s(120)).assert_outcomes(passed=1)
         monkeypatch.setenv("REPLAY_API_KEY", "")
-        res = pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=120)
+        res = pytester.runpytest_subprocess(*args, "--replay-target", url, timeout=wait_s(120))
     res.assert_outcomes(failed=1)
     assert "REPLAY_API_KEY is set but empty" in res.stdout.str()
     monkeypatch.delenv("REPLAY_API_KEY")
     monkeypatch.setenv("REPLAY_REQUIRE_TARGET", "1")
-    res = pytester.runpytest_subprocess(*args, timeout=120)
+    res = pytester.runpytest_subprocess(*args, timeout=wait_s(120))
     assert res.ret != 0 and "no target: --replay-target and REPLAY_TARGET are empty" in res.stdout.str()
 
 
@@ -174,7 +174,7 @@ def test_the_actions_recipe_runs_as_copied(pytester: pytest.Pytester, monkeypatc
                 for secret, real in secrets.items():
                     value = str(value).replace("${{ secrets.%s }}" % secret, real)
                 monkeypatch.setenv(name, value)
-            res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", *argv, timeout=240)
+            res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", *argv, timeout=wait_s(240))
             out = res.stdout.str()
             if ok:
                 res.assert_outcomes(passed=2)
@@ -238,7 +238,7 @@ def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path,
     for k, v in repo_env().items():
         monkeypatch.setenv(k, v)
     res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-engine-arg=--max-model-len",
-                                        "--replay-engine-arg=256", "-p", "no:cacheprovider", timeout=240)
+                                        "--replay-engine-arg=256", "-p", "no:cacheprovider", timeout=wait_s(240))
     res.assert_outcomes(failed=2)
     out = res.stdout.str()
     for test in ("test_assert_slo", "test_marker"):
@@ -257,6 +257,6 @@ def test_examples_pass_against_the_default_engine(pytester: pytest.Pytester, mon
         monkeypatch.setenv(k, v)
     example = Path(__file__).resolve().parents[2] / "examples" / "test_slo.py"
     res = pytester.runpytest_subprocess(*_plugin_args(), str(example),
-                                        "-p", "no:cacheprovider", timeout=400)
+                                        "-p", "no:cacheprovider", timeout=wait_s(400))
     assert res.ret == 0, res.stdout.str()[-6000:]
     res.assert_outcomes(passed=2)

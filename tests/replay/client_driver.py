@@ -9,6 +9,7 @@ from gevent import monkey
 monkey.patch_all()
 
 import json  # noqa: E402
+import os  # noqa: E402
 import socket  # noqa: E402
 import ssl  # noqa: E402
 import sys  # noqa: E402
@@ -20,6 +21,9 @@ from gevent.monkey import get_original  # noqa: E402
 
 from llm_replay.replay.client import ConnectionPool, StreamResult, stream_post  # noqa: E402
 
+# waits scale with the host like the tests' (tests/conftest.py wait_s); a timeout a scenario
+# expects to expire still expires
+SLOW = float(os.environ.get("REPLAY_TEST_SLOWDOWN", "1"))
 STREAM_FAULTS = ("done_early", "trailers", "split", "coalesce", "crlf", "comments", "identity", "no_done")
 
 
@@ -47,7 +51,7 @@ def summary(r: StreamResult, pool: ConnectionPool | None = None) -> dict:
 
 
 def post(pool, path="/v1/completions", data=None, timeout=3.0, **kw) -> dict:
-    return summary(stream_post(pool, path, data or body(), timeout=timeout, **kw), pool)
+    return summary(stream_post(pool, path, data or body(), timeout=timeout * SLOW, **kw), pool)
 
 
 def busy_client(url: str, kernel_timestamps: bool) -> dict:
@@ -99,7 +103,7 @@ def no_threads_no_fd_growth(url: str) -> dict:
     p = ConnectionPool(url.replace("127.0.0.1", "localhost"), max_connections=1000)
     size = fdsize()
     gs = [gevent.spawn(post, p, data=body(3), timeout=10) for _ in range(200)]
-    gevent.joinall(gs, timeout=20)
+    gevent.joinall(gs, timeout=20 * SLOW)
     return {"threads_added": tasks() - before, "fdsize_at_init": size, "fdsize_after": fdsize(),
             "ok": sum(g.value is not None and g.value["status"] == "ok" for g in gs), "opened": p.opened}
 
@@ -168,11 +172,11 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     p = ConnectionPool(url, headers={"X-Interval": "0.005"})
     for wave in ("concurrent", "concurrent_reused"):
         gs = [gevent.spawn(post, p, data=body(3 + k % 29)) for k in range(200)]
-        gevent.joinall(gs, timeout=30)
+        gevent.joinall(gs, timeout=30 * SLOW)
         out[wave] = [dict(g.value, asked=3 + k % 29) if g.value else None for k, g in enumerate(gs)]
     p = ConnectionPool(url, max_connections=2, headers={"X-Interval": "0.005"})
     gs = [gevent.spawn(post, p, data=body(5)) for _ in range(6)]
-    gevent.joinall(gs, timeout=30)
+    gevent.joinall(gs, timeout=30 * SLOW)
     out["capped"] = [g.value for g in gs]
 
     # preconnect: parked connections are reused by the next requests (no connect_s on them)
@@ -180,7 +184,7 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
     t = time.perf_counter()
     opened, err = p.preconnect(5, concurrency=2)
     gs = [gevent.spawn(post, p, data=body(3)) for _ in range(5)]
-    gevent.joinall(gs, timeout=10)
+    gevent.joinall(gs, timeout=10 * SLOW)
     out["preconnect"] = {"opened": opened, "error": err, "took": time.perf_counter() - t,
                          "results": [g.value for g in gs]}
     t = time.perf_counter()
@@ -194,7 +198,7 @@ def scenarios(url: str, tls_url: str | None, cafile: str | None) -> dict:
         opened, err = p.preconnect(2)
         gevent.sleep(0.2)   # a TLS 1.3 server's session tickets reach the parked connections
         gs = [gevent.spawn(post, p) for _ in range(2)]    # both parked connections at once
-        gevent.joinall(gs, timeout=10)
+        gevent.joinall(gs, timeout=10 * SLOW)
         out["tls_preconnect"] = {"opened": opened, "error": err, "results": [g.value for g in gs],
                                  "total_opened": p.opened}
     if tls_url:

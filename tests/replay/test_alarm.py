@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import repo_env
+from tests.conftest import repo_env, wait_s
 
 CHILD = r"""
 import json, time
@@ -46,7 +46,7 @@ print(json.dumps(out))
 
 
 def test_alarm_never_early_and_ring_wakes():
-    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=repo_env(), timeout=60)
+    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=repo_env(), timeout=wait_s(60))
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["timerfd"] == sys.platform.startswith("linux")

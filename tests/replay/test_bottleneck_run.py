@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import repo_env, run_cli
+from tests.conftest import repo_env, run_cli, wait_s
 from tests.replay.runkit import records, sse_server, write_trace
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not Path("/proc/pressure/cpu").exists(),
@@ -26,7 +26,7 @@ except PermissionError:
     print("no-rt", flush=True)
     sys.exit(0)
 print("ready", flush=True)
-end = time.monotonic() + 60
+end = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < end:
     busy = time.perf_counter() + 0.03
     while time.perf_counter() < busy:
@@ -39,15 +39,15 @@ def test_a_starved_client_is_a_host_stall_not_a_client_bottleneck(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", 300, gap_s=0.01, output_tokens=4)
     out = tmp_path / "run"
     cpu = sorted(os.sched_getaffinity(0))[0]
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(cpu)], stdout=subprocess.PIPE, text=True)
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(cpu), str(wait_s(60))], stdout=subprocess.PIPE, text=True)
     try:
         if hog.stdout.readline().strip() != "ready":
             pytest.skip("real-time scheduling is not permitted here")
         with sse_server("--interval", "0.002") as url:
             p = subprocess.run([sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), "--target", url,
                                 "-o", str(out), "--no-check", "--no-progress", "--model-map", "*=m"],
-                               capture_output=True, text=True, env=repo_env(), timeout=120,
-                               preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+                               capture_output=True, text=True, env=repo_env(), timeout=wait_s(120),
+                               start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
     finally:
         hog.kill()
         hog.wait()

@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from tests.conftest import free_port, repo_env
+from tests.conftest import free_port, repo_env, wait_s
 
 from tests.replay.runkit import (run_info, assert_well_formed, popen_run, records, replay_run, sse_server,
                                  wait_t0, write_trace)
@@ -34,7 +34,7 @@ def test_two_workers_same_record_set_as_local(tmp_path):
         try:
             replay_run(trace, url, tmp_path / "dist", "--model-map", "*=m", "--workers", "1",
                        "--remote-workers", "1", "--master-bind", f"127.0.0.1:{port}")
-            said = remote.communicate(timeout=30)[0]
+            said = remote.communicate(timeout=wait_s(30))[0]
             assert remote.returncode == 0, said  # the remote worker leaves when the master quits
         finally:
             if remote.poll() is None:
@@ -68,13 +68,13 @@ def test_lost_worker_rows_are_recorded(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.02, output_tokens=4)
     with sse_server("--interval", "0.002") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--workers", "2")
-        t0 = wait_t0(tmp_path / "run")
+        t0 = wait_t0(tmp_path / "run", proc=run)
         runner = psutil.Process(run.pid).children()[0]
         time.sleep(max(0.0, t0 + 1.0 - time.time()))
         workers = runner.children()
         assert len(workers) == 2
         os.kill(workers[1].pid, signal.SIGKILL)
-        out, err = run.communicate(timeout=90)
+        out, err = run.communicate(timeout=wait_s(90))
     assert run.returncode == 1, err                       # a run that lost a worker did not complete
     assert "went missing" in err and "lost during the run" in err
     assert run_info(tmp_path / "run")["status"] == "worker_lost" and "status: worker_lost" in out

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from tests.replay.runkit import assert_well_formed, records, replay_run, run_info, sse_server
+from tests.conftest import wait_s
 from llm_replay.traces.trace import Trace
 
 TASKS, GAP = 8, 0.25
@@ -153,10 +154,10 @@ def test_ctrl_c_mid_task_records_every_row_once(tmp_path, workers="1"):
     trace = graph_trace(tmp_path / "g.parquet", tasks=12)
     with sse_server("--interval", "0.05") as url:      # 6 tokens: 0.3 s a call
         run = popen_run(trace, url, tmp_path / "run", "--api", "chat", "--grace", "0.2", "--workers", workers)
-        t0 = wait_t0(tmp_path / "run")
+        t0 = wait_t0(tmp_path / "run", proc=run)
         time.sleep(max(0.0, t0 + 1.5 - time.time()))
         run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=wait_s(60))
     assert run.returncode == 130, err
     df = records(tmp_path / "run")
     assert len(df) == 12 * len(STEPS) and df.request_id.is_unique

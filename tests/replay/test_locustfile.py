@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import free_port, repo_env, run_cli
+from tests.conftest import free_port, repo_env, run_cli, wait_s
 from tests.replay.runkit import assert_well_formed, records, run_info, sse_server, write_trace
 
 LOCUSTFILE = str(Path(__file__).resolve().parents[2] / "replay" / "locustfile.py")
@@ -76,8 +76,8 @@ def test_locust_cli_distributed_master_and_one_worker(tmp_path, worker):
             procs.append(_locust(tmp_path / "worker.log", "--worker", "--master-host", "127.0.0.1",
                                  "--master-port", port, locustfile=worker_file))
             master, worker = procs
-            assert master.wait(60) == 0, (tmp_path / "master.log").read_text()[-3000:]
-            assert worker.wait(30) == 0, (tmp_path / "worker.log").read_text()[-3000:]  # it leaves with the master
+            assert master.wait(wait_s(60)) == 0, (tmp_path / "master.log").read_text()[-3000:]
+            assert worker.wait(wait_s(30)) == 0, (tmp_path / "worker.log").read_text()[-3000:]  # it leaves with the master
     finally:
         for p in procs:
             if p.poll() is None:
@@ -119,7 +119,7 @@ def test_web_ui_binds_loopback_stops_on_ctrl_c_and_a_dead_target_is_one_line(tmp
     ui = _locust(tmp_path / "ui.log", "--host", "http://127.0.0.1:9", "--trace", trace, "--run-dir", tmp_path / "ui",
                  "--web-port", port, "--no-check", "--model-map", "*=m")
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + wait_s(60)
         while not [c for c in psutil.Process(ui.pid).net_connections("tcp") if c.status == "LISTEN"
                    and c.laddr.port == port]:
             assert time.monotonic() < deadline and ui.poll() is None, (tmp_path / "ui.log").read_text()
@@ -127,12 +127,12 @@ def test_web_ui_binds_loopback_stops_on_ctrl_c_and_a_dead_target_is_one_line(tmp
         bound = {c.laddr.ip for c in psutil.Process(ui.pid).net_connections("tcp") if c.laddr.port == port}
         assert bound == {"127.0.0.1"}, bound
         ui.send_signal(signal.SIGINT)
-        assert ui.wait(30) == 0
+        assert ui.wait(wait_s(30)) == 0
     finally:
         if ui.poll() is None:
             ui.kill()
     dead = subprocess.run([sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host",
                           f"http://127.0.0.1:{free_port()}", "--trace", str(trace), "-t", "5s"],
-                         env=repo_env(), capture_output=True, text=True, timeout=120)
+                         env=repo_env(), capture_output=True, text=True, timeout=wait_s(120))
     assert dead.returncode == 2 and "Traceback" not in dead.stderr, dead.stderr
     assert dead.stderr.strip().splitlines()[-1].startswith("error: target http://127.0.0.1:"), dead.stderr

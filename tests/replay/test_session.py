@@ -12,11 +12,12 @@ import pytest
 
 from llm_replay.replay.priority import autogroup, autogroups_on
 from tests.replay.runkit import popen_run, records, run_info, sse_server, wait_t0, write_trace
+from tests.conftest import wait_s
 
 
 def _processes(run) -> tuple[psutil.Process, list[psutil.Process]]:
     """The runner and the scraper (replay run's children), once both are up."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + wait_s(120)
     while time.monotonic() < deadline:
         kids = psutil.Process(run.pid).children()
         runner = [p for p in kids if "llm_replay.replay.runner" in " ".join(p.cmdline())]
@@ -33,13 +34,13 @@ def test_runner_in_the_callers_session_and_group_scraper_niced_apart(tmp_path):
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m",
                         "--scrape", f"{url}/metrics", "--scrape-interval", "200ms")
         runner, scraper = _processes(run)
-        wait_t0(tmp_path / "run")
+        wait_t0(tmp_path / "run", proc=run)
         assert os.getsid(runner.pid) == os.getsid(run.pid) == os.getsid(0)     # the old code: a new session
         assert os.getpgid(runner.pid) == runner.pid != os.getpgid(run.pid)     # its own group: signals
         if autogroups_on():
             assert autogroup(runner.pid) == autogroup(run.pid) == autogroup(os.getpid())
         assert len(scraper) == 1 and scraper[0].nice() >= 5 > runner.nice()
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=wait_s(60))
     assert run.returncode == 0, err
     sched = run_info(tmp_path / "run")["scheduling"]
     assert sched["session"] == "caller" and sched["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
@@ -55,12 +56,12 @@ def test_nice_raises_the_runner_and_its_group_for_the_run_only(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", 30, gap_s=0.05, output_tokens=4)
     with sse_server("--interval", "0.005") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--nice", "-5")
-        wait_t0(tmp_path / "run")
+        wait_t0(tmp_path / "run", proc=run)
         runner = [p for p in psutil.Process(run.pid).children() if "replay.runner" in " ".join(p.cmdline())][0]
         assert runner.nice() == -5
         if before is not None and autogroups_on():
             assert autogroup(os.getpid())[1] == -5                 # the session's CPU group, meanwhile
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=wait_s(60))
     assert run.returncode == 0, err
     assert autogroup(os.getpid()) == before                        # restored after the run
     sched = run_info(tmp_path / "run")["scheduling"]
@@ -72,11 +73,11 @@ def test_realtime_runs_the_runner_under_sched_fifo(tmp_path):
     trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.05, output_tokens=4)
     with sse_server("--interval", "0.005") as url:
         run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--realtime")
-        wait_t0(tmp_path / "run")
+        wait_t0(tmp_path / "run", proc=run)
         runner = [p for p in psutil.Process(run.pid).children() if "replay.runner" in " ".join(p.cmdline())][0]
         assert os.sched_getscheduler(runner.pid) == os.SCHED_FIFO
         assert os.sched_getscheduler(run.pid) != os.SCHED_FIFO      # only the runner
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=wait_s(60))
     assert run.returncode == 0, err
     sched = run_info(tmp_path / "run")["scheduling"]
     assert sched["policy"] == "fifo" and not sched["errors"]

@@ -13,6 +13,7 @@ import pytest
 from llm_replay.reports import summarize_run
 from tests.reports.synth import synth_records
 from tests.reports.test_summary import _server_metrics
+from tests.conftest import wait_s
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium on PATH "
@@ -25,7 +26,7 @@ def _shoot(page, png, profile, size="1300,4200") -> str:
                            "--disable-background-networking", "--disable-extensions", "--no-first-run",
                            "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={size}",
                            f"--screenshot={png}", "--enable-logging=stderr", "--v=0", page.as_uri()],
-                          capture_output=True, text=True, timeout=90)
+                          capture_output=True, text=True, timeout=wait_s(90))
     assert png.exists(), proc.stderr[-2000:]
     return "\n".join(line for line in proc.stderr.splitlines() if ":CONSOLE" in line)
 
