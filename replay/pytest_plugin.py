@@ -155,7 +155,7 @@ def replay_target(request: pytest.FixtureRequest):
 def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: Path):
     """Call `replay(trace, **run_options)`: replays a trace file or a preset name and returns
     a ReplayResult. Options become `replay run` flags (`max_requests=50` -> `--max-requests 50`);
-    for a preset, `duration`, `rate` and `seed` shape the generated trace."""
+    for a preset, `duration`, `rate`, `seed` and `length_scale` shape the generated trace."""
     runs: list[ReplayResult] = []
     base = request.config.getoption("--replay-runs-dir")
     runs_dir = Path(base) / request.node.name if base else tmp_path / "runs"
@@ -204,7 +204,8 @@ def _key_args() -> list[str]:
 def _preset_trace(name: str, options: dict, tmp_path: Path) -> Path:
     from llm_replay.traces.generate import generate
     from llm_replay.traces.presets import preset_spec
-    spec = preset_spec(name, duration=options.pop("duration", 30), rate=options.pop("rate", None))
+    spec = preset_spec(name, duration=options.pop("duration", 30), rate=options.pop("rate", None),
+                       length_scale=options.pop("length_scale", None))
     path = tmp_path / f"{name}.parquet"
     generate(spec, seed=options.pop("seed", 0)).write(path)
     return path
