@@ -250,6 +250,9 @@ def build_config(args) -> tuple[plan.RunConfig, dict]:
                        run_id=secrets.token_hex(8), otlp=getattr(args, "otlp", None),
                        otlp_wait_s=max(0.0, getattr(args, "otlp_wait", 10.0)))
     c.rows, c.window_s = plan.scan(c)
+    from llm_replay.traces.validate import timing_warnings
+    for w in timing_warnings(c.trace, c.max_delay_s):   # a gap or delay that would keep the run waiting
+        print(f"replay: warning: {w}", file=sys.stderr)
     c.block_size = plan.trace_block_size(c.trace)
     for var in {key_env, *key_envs.values()} - {None}:
         if not os.environ.get(var):

@@ -134,9 +134,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import validate_file
+    from .validate import timing_warnings, validate_file
     v = validate_file(args.trace, sort=args.sort)
     print(f"ok: {args.trace}: {v['rows']} requests over {v['duration_s']:.3f} s; columns: {', '.join(v['columns'])}")
+    for w in timing_warnings(args.trace):
+        print(f"replay: warning: {w}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,7 @@
 """Rules beyond the column types that `conform` checks: prefix blocks vs prompt length, and
 the image columns (a count a request can carry, a size a person meant); `validate_file`, the
-whole check of a trace file in bounded memory (`replay trace validate`, `replay run`)."""
+whole check of a trace file in bounded memory (`replay trace validate`, `replay run`);
+`timing_warnings`, a gap or a delay that would keep a replay waiting for ever."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -153,3 +154,62 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
                     pa.chunked_array(graph["depends_on"], pa.list_(pa.string())), file=file)
     return {"rows": rows, "duration_s": (hi - lo) / 1e9,
             "columns": schema_for(sorted({*names, "request_id"})).names}
+
+
+WAIT_WARN_S = 3600.0   # a gap between arrivals or a delay_s at least this long, that dwarfs the rest
+
+
+def _long(s: float) -> str:
+    for unit, size in (("years", 31_557_600), ("days", 86_400), ("hours", 3_600)):
+        if s >= size:
+            return f"{s:.4g} s ({s / size:.3g} {unit})"
+    return f"{s:.4g} s"
+
+
+def timing_warnings(path: str | Path, max_delay_s: float | None = None) -> list[str]:
+    """One line each, naming the row (0-based, as errors do), when a replay of the (valid) trace
+    would wait absurdly long: the longest gap between consecutive arrivals when it is at least
+    WAIT_WARN_S and ten times the rest of the span (a last arrival at int64 max); the longest
+    delay_s when it is at least WAIT_WARN_S and longer than the whole span (saying whether
+    `max_delay_s`, a run's --max-delay, caps it). Reads arrival_ns and delay_s only."""
+    from .trace import Trace
+    path = Path(path)
+    if path.suffix.lower() in (".csv", ".jsonl", ".json", ".ndjson"):
+        batches = Trace.read(path).table.to_batches()
+    else:
+        cols = [c for c in ("arrival_ns", "delay_s") if c in pq.read_schema(path).names]
+        batches = pq.ParquetFile(path).iter_batches(batch_size=1 << 16, columns=cols)
+    row, prev, lo, hi = 0, None, None, None
+    gap, gap_row, delay, delay_row, capped, ordered = 0, None, -1.0, None, 0, True
+    for b in batches:
+        a = b.column("arrival_ns").cast(pa.int64()).to_numpy()
+        if not len(a):
+            continue
+        d = np.diff(a, prepend=a[0] if prev is None else prev)   # int64: exact at int64 max
+        k = int(np.argmax(d))
+        ordered = ordered and bool((d >= 0).all())   # gaps of an unsorted file (--sort) mean nothing
+        if d[k] > gap:
+            gap, gap_row = int(d[k]), row + k
+        lo, hi = min(lo, int(a.min())) if lo is not None else int(a.min()), max(hi or 0, int(a.max()))
+        prev = a[-1]
+        if "delay_s" in b.schema.names:
+            x = b.column("delay_s").cast(pa.float64()).fill_null(-1.0).to_numpy()
+            k = int(np.argmax(x))
+            if x[k] > delay:
+                delay, delay_row = float(x[k]), row + k
+            if max_delay_s is not None:
+                capped += int((x > max_delay_s).sum())
+        row += len(a)
+    out = []
+    span, gap_s = ((hi - lo) / 1e9, gap / 1e9) if lo is not None else (0.0, 0.0)
+    rest = span - gap_s
+    if ordered and gap_s >= WAIT_WARN_S and gap_s > 10 * rest:
+        out.append(f"{path}: row {gap_row} arrives {_long(gap_s)} after the row before it, against "
+                   f"{_long(rest)} for the rest of the trace: a replay waits that long (--duration ends it sooner)")
+    if delay >= WAIT_WARN_S and delay > span:
+        cap = (f"--max-delay {max_delay_s:g} s caps it ({capped} row{'s' if capped > 1 else ''} over that)"
+               if max_delay_s is not None and delay > max_delay_s else
+               "it is sent that long after its dependencies end (replay run --max-delay S caps delays)")
+        out.append(f"{path}: row {delay_row} has delay_s {_long(delay)}, longer than the whole trace "
+                   f"({_long(span)}): {cap}")
+    return out

@@ -183,3 +183,42 @@ def test_import_errors_escape_binary_bytes(tmp_path):
     assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in line), repr(line)
     assert "\\x00\\x1b[2J\\x07" in line and len(line) < 800
     assert str(TraceError("bad \udcff\u2028", file="a\nb")) == "a\\nb: bad \\udcff\\u2028"
+
+
+def test_a_gap_or_delay_that_dwarfs_the_trace_is_named(tmp_path):
+    """Issue 36 item 3: validate accepted a last arrival at int64 max or a delay_s of 1e12 and a run
+    then waited for ever: one warning line each, naming the row; an ordinary night-long gap, an
+    unsorted file (validate --sort) and ordinary delays are no warning."""
+    from llm_replay.traces.validate import timing_warnings
+    p = run_cli("replay", "trace", "validate", _trace(tmp_path / "max.parquet", [0, 1000, 2**63 - 1]))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 0 and p.stdout.startswith("ok:") and len(lines) == 1, p.stderr
+    assert lines[0].startswith("replay: warning: ") and "row 2 arrives" in lines[0] and "292 years" in lines[0]
+    chain = tmp_path / "chain.parquet"
+    pq.write_table(pa.table({"arrival_ns": pa.array([0, 10**9, 2 * 10**9], pa.int64()), "input_tokens": [9] * 3,
+                             "output_tokens": [4] * 3, "request_id": ["a", "b", "c"], "task_id": ["t"] * 3,
+                             "depends_on": pa.array([None, ["a"], ["b"]], pa.list_(pa.string())),
+                             "delay_s": [None, 1e12, 0.5]}), chain)
+    p = run_cli("replay", "trace", "validate", chain)
+    assert p.returncode == 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "row 1 has delay_s 1e+12 s" in p.stderr and "--max-delay" in p.stderr
+    assert "--max-delay 60 s caps it (1 row over that)" in timing_warnings(chain, 60.0)[0]
+    night = _trace(tmp_path / "night.parquet", [i * 10**12 for i in range(40)] + [40 * 10**12 + 8 * 3600 * 10**9])
+    assert not timing_warnings(night) and not timing_warnings(tmp_path / "max.parquet", None)[1:]
+    unsorted = _trace(tmp_path / "unsorted.parquet", [2**62, 0, 5])
+    assert run_cli("replay", "trace", "validate", unsorted, "--sort").stderr == ""
+
+
+def test_replay_run_names_the_delay_its_max_delay_caps(tmp_path):
+    from tests.replay.runkit import records, sse_server
+    chain = tmp_path / "chain.parquet"
+    pq.write_table(pa.table({"arrival_ns": pa.array([0, 10**8, 2 * 10**8], pa.int64()), "input_tokens": [9] * 3,
+                             "output_tokens": [4] * 3, "request_id": ["a", "b", "c"], "task_id": ["t"] * 3,
+                             "depends_on": pa.array([None, ["a"], ["b"]], pa.list_(pa.string())),
+                             "delay_s": [None, 1e12, 0.05]}), chain)
+    with sse_server("--interval", "0.001") as url:
+        p = run_cli("replay", "run", "--trace", chain, "--target", url, "-o", tmp_path / "run", "--no-check",
+                    "--no-progress", "--model-map", "*=m", "--max-delay", "0.1", check=True)
+    warned = [ln for ln in p.stderr.splitlines() if ln.startswith("replay: warning: ")]
+    assert len(warned) == 1 and "row 1 has delay_s 1e+12 s" in warned[0] and "--max-delay 0.1 s caps it" in warned[0]
+    assert (records(tmp_path / "run").status == "ok").all()
