@@ -120,7 +120,11 @@ DEFAULT_MARKEXPR = "not timing and not slow"   # pyproject.toml addopts
 
 
 def pytest_terminal_summary(terminalreporter, config) -> None:
-    """Say which tests the default `-m 'not timing and not slow'` left out, why, and how to run them."""
+    """Say how busy the host was and which tests the default `-m 'not timing and not slow'` left out,
+    why, and how to run them."""
+    if not hasattr(config, "workerinput"):
+        terminalreporter.write_line(f"host slowdown {SLOWDOWN:.2f}x at the start: each wait in the tests was that many "
+                                    "times a quiet host's (REPLAY_TEST_SLOWDOWN sets it)")
     if config.getoption("markexpr", "") == DEFAULT_MARKEXPR and not hasattr(config, "workerinput"):
         terminalreporter.write_line(
             "not run by default (.ci/run runs both after this):\n"
@@ -128,7 +132,3 @@ def pytest_terminal_summary(terminalreporter, config) -> None:
             "multi-host and realism fits (~10 more minutes on 2 cores): python3 -m pytest -q -m slow\n"
             "  marker `timing`: they judge this host's own CPU timing (signal delivery, dispatch lag, "
             "nice/realtime), which parallel workers and busy hosts disturb; alone: python3 -m pytest -q -m timing -n 0")
-
-
-def pytest_report_header(config) -> str:
-    return f"host slowdown: {SLOWDOWN:.2f}x (waits scale with it; REPLAY_TEST_SLOWDOWN overrides)"
