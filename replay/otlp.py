@@ -61,6 +61,7 @@ class Receiver:
                 pass
         self.token = token
         self.lock = threading.Lock()
+        self.slots = threading.BoundedSemaphore(4)   # posts inflated and decoded at once (memory)
         self.rows: list[tuple] = []
         self.parts: list = []        # pyarrow tables of earlier rows
         self.trace_ids: set[str] = set()
@@ -179,22 +180,27 @@ def _handler(rec: Receiver):
                 self.close_connection = True   # the body is never read
                 why = rec.bad(f"Content-Length {size[:20]}: at most {MAX_BODY >> 20} MiB, chunked bodies unsupported")
                 return self._reply(413 if size.isdigit() else 400, ctype, why)
-            body = self.rfile.read(int(size))
-            if len(body) < int(size):    # the client hung up mid-post: nobody to answer
-                rec.bad("the client hung up before its body was sent")
-                self.close_connection = True
-                return
-            if self.path.split("?")[0] != PATH:
-                return self._reply(404, ctype, f"no such path {self.path}; spans go to {PATH}")
-            if rec.token is not None and not hmac.compare_digest(
-                    (self.headers.get("Authorization") or "").encode(), f"Bearer {rec.token}".encode()):
+            size = int(size)
+            authorized = rec.token is None or hmac.compare_digest(
+                (self.headers.get("Authorization") or "").encode(), f"Bearer {rec.token}".encode())
+            if self.path.split("?")[0] != PATH or not authorized:   # its body is dropped unkept
+                while size > 0 and (chunk := self.rfile.read(min(size, 1 << 16))):
+                    size -= len(chunk)
+                if authorized:
+                    return self._reply(404, ctype, f"no such path {self.path}; spans go to {PATH}")
                 with rec.lock:
                     rec.unauthorized += 1
                 return self._reply(401, ctype, "Authorization: Bearer TOKEN required (replay run --otlp-token)")
+            body = self.rfile.read(size)
+            if len(body) < size:    # the client hung up mid-post: no one to answer
+                rec.bad("the client hung up before its body was sent")
+                self.close_connection = True
+                return
             try:
-                if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
-                    body = gunzip(body)
-                rec.add(body, ctype)
+                with rec.slots:
+                    if (self.headers.get("Content-Encoding") or "").lower() == "gzip":
+                        body = gunzip(body)
+                    rec.add(body, ctype)
             except TooLarge as e:
                 return self._reply(413, ctype, rec.bad(str(e)))
             except Exception as e:  # noqa: BLE001 - a bad post is counted and answered, never fatal
