@@ -85,3 +85,26 @@ def test_flush_policy_oldest_first_and_every_record_within_two_periods():
     assert out == [str(i) for i in range(10)] and len(pauses) == 3
     rec.flush_stale()
     assert out == [str(i) for i in range(15)] and not rec.buf and rec.flushed == rec.count == 15
+
+
+def test_a_second_thread_flushes_while_records_are_added():
+    """The runner's watch thread flushes while the hub adds: every record reaches the sink once, in order."""
+    import threading
+    out: list[str] = []
+    rec = Recorder(lambda b: out.extend(b.column("request_id").to_pylist()), threading.RLock())
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            rec.flush_to(rec.count, max_rows=7)
+    t = threading.Thread(target=watch)
+    t.start()
+    rows = [unsent(_row(i), "m", 0) for i in range(20_000)]
+    for i, r in enumerate(rows):
+        rec.add(r)
+        if i % 1000 == 0:
+            rec.flush_stale(max_rows=50)
+    done.set()
+    t.join()
+    rec.flush()
+    assert out == [str(i) for i in range(20_000)] and rec.flushed == rec.count and not rec.buf
