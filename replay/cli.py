@@ -78,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """The input files a command names (its parser's `inputs` default: {argument: message}) exist:
+    said before the command imports numpy, pyarrow or scipy, which takes seconds on a busy host."""
+    from llm_replay.traces.errors import TraceError
+    for name, why in getattr(args, "inputs", {}).items():
+        value = getattr(args, name, None)
+        try:
+            if value is not None and not Path(value).exists():
+                raise TraceError(why, file=str(value))
+        except OSError as e:   # a name too long for the file system, a directory without x
+            raise TraceError(e.strerror or str(e), file=str(value)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     Parser.argv = list(sys.argv[1:] if argv is None else argv)
@@ -87,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        check_inputs(args)
         code = int(func(args) or 0)
         sys.stdout.flush()   # here, where a closed pipe is caught, not at exit
         return code

@@ -80,7 +80,7 @@ def add_parser(sub) -> None:
                         "(default 10s: vLLM exports every 5 s)")
     p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
 def add_target_argument(p, required: bool = False) -> None:

@@ -84,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "e.g. --engine-arg=--max-num-seqs --engine-arg=8)")
     p.add_argument("run_args", nargs=argparse.REMAINDER,
                    help="after `--`: extra arguments for every `replay run`")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
 def native_rate(trace, rows: int | None = None) -> float:

@@ -110,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "summary.json, summary.md and report.html (default: beside them, named after the options, "
                         "e.g. summary.warmup-30s.json)")
     _window_args(p)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, inputs={"run": "no such file or run directory"})
 
     p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 cannot evaluate)",
                        description="Evaluate every objective of an SLO spec on a run. Exit 0: all hold; "
@@ -123,7 +123,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "may have moved it (default: judged at both ends of its bias bound; exit 2 only when "
                         "the bound straddles the limit)")
     _window_args(p)
-    p.set_defaults(func=cmd_gate)
+    p.set_defaults(func=cmd_gate, inputs={"run": "no such file or run directory"})
 
     p = sub.add_parser("compare", help="compare two runs: per-metric deltas with CIs, rank tests, a verdict",
                        description="Compare a candidate run with a base run. Exit 0, or 1 with "
@@ -138,7 +138,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--slo", help="SLO spec whose per-request thresholds define attainment")
     p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
     _window_args(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, inputs={"base": "no such file or run directory", "cand": "no such file or run directory"})
 
     p = sub.add_parser("import-results", help="convert another tool's per-request results into a run directory",
                        description="Convert vLLM `bench serve --save-detailed` JSON or AIPerf "

@@ -105,3 +105,9 @@ def test_help_and_argument_errors_import_nothing_heavy():
     p, heavy = _cli_in_process("run", "--url", "http://127.0.0.1:8000", "--trace", "t.parquet")
     assert p.returncode == 2 and "unrecognized argument --url (did you mean --target?)" in p.stderr, p.stderr
     assert heavy == [], heavy
+    for argv, said in ((["trace", "describe", "nosuch.parquet"], "error: nosuch.parquet: file not found"),
+                       (["run", "--trace", "nosuch.parquet", "--target", "http://127.0.0.1:9"], "file not found"),
+                       (["report", "nosuch"], "error: nosuch: no such file or run directory")):
+        p, heavy = _cli_in_process(*argv)     # a missing input file is said before the analysis imports
+        assert p.returncode == 2 and said in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert heavy == [], (argv, heavy)

@@ -11,7 +11,8 @@ import sys
 IMPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "servegen", "vidur", "sharegpt",
                   "aibrix", "csv", "jsonl", "weka", "sglang-agentic")
 EXPORT_FORMATS = ("azure", "burstgpt", "mooncake", "qwen-bailian", "vidur", "aibrix", "csv", "jsonl")
-
+# checked by `replay` before a command runs (replay/cli.py check_inputs)
+TRACE_IN = {"trace": "file not found"}
 
 TRANSFORMS = (
     ("--speed", "X", "replay X times faster (arrival / X)"),
@@ -74,24 +75,24 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="with --rate: the synthesized process, poisson (default), gamma:CV or weibull:CV")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthesized arrivals (default 0)")
     p.add_argument("--limit", type=int, help="sharegpt, sglang-agentic: at most this many conversations; weka: traces")
-    p.set_defaults(func=_user_errors(cmd_import))
+    p.set_defaults(func=_user_errors(cmd_import), inputs={"src": "file not found"})
 
     p = sub.add_parser("validate", help="check a trace file against the schema and rules (exit 0 ok, 2 invalid)")
     p.add_argument("trace", help="trace file (.parquet, canonical .csv or .jsonl)")
     p.add_argument("--sort", action="store_true", help="accept unsorted arrivals (they are sorted on read)")
-    p.set_defaults(func=_user_errors(cmd_validate))
+    p.set_defaults(func=_user_errors(cmd_validate), inputs=TRACE_IN)
 
     p = sub.add_parser("export", help="write a canonical trace in a source format (or canonical csv/jsonl)")
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--format", choices=EXPORT_FORMATS, help="default: the format the trace was imported from")
-    p.set_defaults(func=_user_errors(cmd_export))
+    p.set_defaults(func=_user_errors(cmd_export), inputs=TRACE_IN)
 
     p = sub.add_parser("describe", help="statistics of a trace: rate, burstiness, lengths, model mix, prefix reuse, images")
     p.add_argument("trace")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.add_argument("--windows", default="1,10,60", help="index-of-dispersion windows in seconds (default 1,10,60)")
-    p.set_defaults(func=_user_errors(cmd_describe))
+    p.set_defaults(func=_user_errors(cmd_describe), inputs=TRACE_IN)
 
     p = sub.add_parser("transform", help="speed up, rescale, slice, sample, filter, remap, merge, clip a trace",
                        description="Apply transforms in the order given on the command line; "
@@ -102,7 +103,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for --sample")
     for flag, metavar, text in TRANSFORMS:
         p.add_argument(flag, metavar=metavar, dest="ops", action=_Op, help=text)
-    p.set_defaults(func=_user_errors(cmd_transform), ops=[])
+    p.set_defaults(func=_user_errors(cmd_transform), ops=[], inputs=TRACE_IN)
 
 
 def cmd_import(args: argparse.Namespace) -> int:

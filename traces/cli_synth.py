@@ -33,7 +33,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-output-tokens", type=int, help="cap output lengths")
     g.add_argument("--dump-spec", action="store_true", help="print the resolved spec as YAML and exit")
     g.add_argument("-o", "--output", type=Path, help="output trace (.parquet, .csv or .jsonl)")
-    g.set_defaults(func=_generate)
+    g.set_defaults(func=_generate, inputs={"spec": "spec file not found"})
 
     f = sub.add_parser("fit", help="fit a generator spec to a trace",
                        description="Learn a generator spec (rate function, arrival process, lengths, "
@@ -41,7 +41,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     f.add_argument("trace", type=Path)
     f.add_argument("-o", "--output", type=Path, required=True, help="spec file to write (.yaml or .json)")
     f.add_argument("--window", type=float, help="seconds per rate/mix window (default: automatic)")
-    f.set_defaults(func=_fit)
+    f.set_defaults(func=_fit, inputs={"trace": "file not found"})
 
     c = sub.add_parser("compare", help="compare the realism statistics of two traces",
                        description="Realism metrics side by side with a verdict per metric; exits 1 "
@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     c.add_argument("b", type=Path)
     c.add_argument("--json", action="store_true", help="print the comparison as JSON")
     c.add_argument("--html", type=Path, metavar="OUT", help="also write an HTML page (table and inter-arrival QQ plot)")
-    c.set_defaults(func=_compare)
+    c.set_defaults(func=_compare, inputs={"a": "file not found", "b": "file not found"})
 
 
 def _preset(name: str) -> str:
