@@ -51,6 +51,9 @@ def test_agentic_block(work):
     rows = pq.read_metadata(work / "agents.parquet").num_rows
     recs = pq.read_table(work / "runs" / "agents" / "records.parquet").to_pandas()
     assert len(recs) == rows and recs.task_id.notna().all()
+    # histories cut exactly at the context (8192) fit: no prompt is counted over its input_tokens
+    assert (recs.status == "ok").all(), recs.error.dropna().value_counts().head()
+    assert (recs.prompt_tokens <= recs.input_tokens).all()
     assert "Agentic tasks" in out and "task_s.p90 <= 120" in out
     s = json.loads((work / "runs" / "agents" / "summary.json").read_text())
     assert s["tasks"]["tasks"] >= 2 and s["tasks"]["by_depth"][1]["requests"] > 0
