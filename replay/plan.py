@@ -65,7 +65,7 @@ class RunConfig:
     max_delay_s: float | None = None         # cap on a dependant's delay_s (idle gaps); None: as recorded
     prompt_mode: str = "ids"                 # ids | text
     tokenizer: str | None = None
-    calibration: dict | None = None          # text mode: tokens = a + b * chars (per api)
+    calibration: dict | None = None          # text mode: tokens = a + b * words (per api)
     template_tokens: dict = field(default_factory=dict)   # --tokenizer: chat template tokens per api@target
     force_output_len: bool = True            # send min_tokens + ignore_eos
     ask_reasoning: bool = True               # send a chat row's reasoning_tokens (engine-stub's field)
