@@ -34,7 +34,7 @@ def test_engine_fault_flags(tmp_path):
     try:
         n = 60
         trace = write_trace(tmp_path / "t.parquet", n, gap_s=0.02, input_tokens=16, output_tokens=6)
-        replay_run(trace, eng.url, tmp_path / "run", timeout=120)
+        replay_run(trace, eng.url, tmp_path / "run", "--max-error-rate", "1", timeout=120)   # failures on purpose
     finally:
         eng.stop()
     df = records(tmp_path / "run")
