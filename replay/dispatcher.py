@@ -53,7 +53,7 @@ QUIET_S, QUIET_MIN, QUIET_ROWS = 0.004, 96, 128
 # task graphs: read the feed this far (trace seconds, rows) past the next root, so a dependant is
 # registered before its dependencies complete even when the target is faster than the recording
 AHEAD_S, AHEAD_ROWS = 600.0, 100_000
-YIELD_ROWS = 256   # rows read or recorded not_sent at a stretch (~1 ms) between yields to the hub
+BREATHE_S = 0.02   # a long computation in the hub (the rows left after a stop, a read-ahead) lets the loop poll this often
 
 
 class Job:
@@ -74,6 +74,7 @@ class Job:
         self.seq = itertools.count()
         self.poke = Event()            # a release (or the end of one) while the dispatcher idles
         self.stopping = False
+        self.breath = 0.0              # perf_counter when _breathe yields next
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
         self.lags: deque = deque(maxlen=4096)
@@ -103,7 +104,7 @@ class Job:
                         elif self.sessions is None or self.sessions.admit(row):
                             self._dispatch(row)
                     if self.stopping:
-                        gevent.sleep(0)   # the rest of a long trace: let responses and the flusher in
+                        self._breathe()   # the rest of a long trace: let responses and the flusher in
             self._drain()
         finally:
             self.finished.set()
@@ -148,12 +149,12 @@ class Job:
         are read (up to AHEAD_S/AHEAD_ROWS ahead of the next root) and wait for their dependencies."""
         rows = (row for chunk in self.feed for row in chunk)
         ahead: deque = deque()
-        more, read = True, 0
+        more = True
         while True:
+            if not self.stopping:   # a read-ahead of a few rows between sends never yields
+                self.breath = time.perf_counter() + BREATHE_S
             while more and (not ahead or (len(ahead) < AHEAD_ROWS and ahead[-1][plan.SCHED] - ahead[0][plan.SCHED] < AHEAD_S)):
-                read += 1
-                if not read % YIELD_ROWS:
-                    gevent.sleep(0)   # a long read-ahead must not hold responses and the flusher
+                self._breathe()
                 row = next(rows, None)
                 if row is None:
                     more = False
@@ -319,12 +320,17 @@ class Job:
                             target=self.c.target_of(label)))
 
     def _unsent_all(self, rows) -> None:
-        """Record rows not_sent, yielding to the hub every YIELD_ROWS: the rest of a long trace after
-        a stop must not hold the responses still arriving (their ends) for seconds."""
-        for i, row in enumerate(rows, 1):
+        for row in rows:
             self._unsent(row)
-            if not i % YIELD_ROWS:
-                gevent.sleep(0)
+            self._breathe()
+
+    def _breathe(self) -> None:
+        """In a long computation in the hub: every BREATHE_S let the loop poll its sockets (the
+        responses still arriving, whose ends their records carry) and run its flusher. A timer, as
+        sleep(0) resumes this greenlet among the loop's callbacks, up to 50 of them before a poll."""
+        if time.perf_counter() >= self.breath:
+            gevent.sleep(0.001)
+            self.breath = time.perf_counter() + BREATHE_S
 
     def _fire(self, row: tuple, res: StreamResult) -> None:
         """Locust's dashboard (its histograms round; records are the data): one request event
