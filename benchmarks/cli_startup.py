@@ -27,6 +27,7 @@ COMMANDS = {
     "replay run --url x": ["-m", "llm_replay.replay", "run", "--url", "x", "--trace", "t.parquet"],
     "replay gate (no --slo)": ["-m", "llm_replay.replay", "gate", "run"],
     "replay trace import nosuch": ["-m", "llm_replay.replay", "trace", "import", "nosuch", "a", "-o", "b"],
+    "replay trace describe missing.parquet": ["-m", "llm_replay.replay", "trace", "describe", "missing.parquet"],
 }
 
 

@@ -13,7 +13,6 @@ import difflib
 import importlib
 import os
 import sys
-import traceback
 from pathlib import Path
 
 from . import __version__
@@ -117,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             # a bug, not the input's fault: still one line and exit 2 (exit 1 means "an SLO
             # failed" to a CI gate); LLM_REPLAY_TRACEBACK=1 shows where
+            import traceback
             where = traceback.extract_tb(e.__traceback__)[-1]
             print(f"error: unexpected {type(e).__name__}: {str(e)[:300]} (in {Path(where.filename).name}:"
                   f"{where.lineno}; a bug: please report it with the command; LLM_REPLAY_TRACEBACK=1 shows "

@@ -17,8 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from . import __version__
@@ -180,6 +178,8 @@ def http_json(target: str, path: str, body: dict | None = None, key: str | None 
               timeout: float = 30.0) -> dict:
     """One blocking JSON call to the target; any failure (HTTP error, refused, timeout, a body
     that is not a JSON object) is a RunError naming the target, the method, the path and why."""
+    import urllib.error
+    import urllib.request   # http.client: not while `replay --help` builds the parser
     method = "GET" if body is None else "POST"
     where = f"target {target}: {method} {path}"
     req = urllib.request.Request(target.rstrip("/") + path, method=method,
