@@ -40,11 +40,11 @@ def _run(trace, url, out, *args):
 
 
 def test_text_prompts_fit_the_context_and_never_exceed_input_tokens(tmp_path, engine):
-    """Lengths from 20 to 1020 tokens, half of them cut exactly at the context (input + output =
+    """Lengths from 20 to 1020 tokens, the 4 longest cut exactly at the context (input + output =
     1024, output forced): every request succeeds and the server counts at most input_tokens
     (the stated bound: 0 over), at most 2 under, for chat and for text completions."""
     lengths = [20, 33, 64, 100, 257, 500, 777, 1000, 1016, 1020] * 2
-    outputs = [CONTEXT - k if i % 2 else 4 for i, k in enumerate(lengths)]
+    outputs = ([4] * 6 + [CONTEXT - k for k in lengths[6:10]]) * 2
     apis = ["chat"] * 10 + ["completions"] * 10
     trace = _trace(tmp_path / "t.parquet", lengths, outputs, apis)
     p = _run(trace, engine.url, tmp_path / "run", "--prompt-mode", "text")
