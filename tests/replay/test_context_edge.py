@@ -71,3 +71,17 @@ def test_rows_longer_than_the_context_are_named_before_sending(tmp_path, engine)
                            "input + output tokens up to 2008; request ids r6, r7, r8, ...)"), last
     assert "replay trace transform" in last and "--clip-input" in last and "--no-check" in last, last
     assert not (tmp_path / "run" / "records.parquet").exists()
+
+
+def test_calibration_stops_where_a_context_it_was_not_told_refuses(tmp_path):
+    """--no-check with --model-map: no model list, so no max_model_len; the first probe the server
+    refuses (128 words > 64 tokens) ends the calibration, which the probes before it serve."""
+    from tests.replay.runkit import sse_server
+    trace = _trace(tmp_path / "t.parquet", [10, 30, 56], [4, 4, 8], ["chat"] * 3)
+    with sse_server("--max-model-len", "64") as url:
+        p = _run(trace, url, tmp_path / "run", "--no-check", "--model-map", "*=sse-test", "--api", "chat")
+    assert p.returncode == 0, p.stderr
+    df = records(tmp_path / "run")
+    assert (df.status == "ok").all() and (df.prompt_tokens == df.input_tokens).all(), df
+    cal = run_info(tmp_path / "run")["calibration"]["chat"]
+    assert cal["probes"] == [[8, 8], [32, 32]] and cal["max_model_len"] is None
