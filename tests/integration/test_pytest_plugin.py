@@ -220,18 +220,19 @@ REFUSED_FILE = """
 import pytest
 
 def test_assert_slo(replay):
-    replay(TRACE, no_progress=True).assert_slo({"objectives": ["error_rate <= 0.01"]})
+    replay(TRACE, no_progress=True, no_check=True).assert_slo({"objectives": ["error_rate <= 0.01"]})
 
 @pytest.mark.slo("error_rate <= 0.01")
 def test_marker(replay):
-    replay(TRACE, no_progress=True)
+    replay(TRACE, no_progress=True, no_check=True)
 """
 
 
 @pytest.mark.slow
 @needs_torch
 def test_a_gate_failed_by_errors_shows_them(pytester: pytest.Pytester, tmp_path, monkeypatch):
-    # the session's engine-stub has a 256-token context: 5 of the 20 rows are refused (HTTP 400)
+    # the session's engine-stub has a 256-token context: 5 of the 20 rows are refused (HTTP 400); --no-check
+    # sends them (without it, replay run names them and sends nothing)
     import numpy as np
     trace = write_trace(tmp_path / "t.parquet", 20, gap_s=0.02,
                         input_tokens=np.where(np.arange(20) % 4 == 3, 300, 40).astype("int32"))
