@@ -1,5 +1,5 @@
 """The `replay` command itself: help works, bad usage exits 2 without a traceback."""
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_s
 
 
 def test_help_lists_trace_group():
@@ -41,7 +41,7 @@ def test_a_reader_that_leaves_early_and_bad_slo_files_give_no_traceback(tmp_path
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=repo_env())
     p.stdout.close()                       # the reader is gone before the first line
     err = p.stderr.read().decode()
-    assert p.wait(60) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err
+    assert p.wait(wait_s(60)) in (0, 141) and "Traceback" not in err and "BrokenPipe" not in err, err
     run = tmp_path / "run"
     run.mkdir()
     for name, body in (("bin.yaml", b"objectives: ['error_rate <= 0.1']\n\xff\xfe\x00"),
@@ -88,7 +88,7 @@ def _cli_in_process(*argv: str):
     code = ("import sys\nfrom llm_replay.replay.cli import main\n"
             "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             f"print('HEAVY', *[m for m in {HEAVY!r} if m in sys.modules])\nsys.exit(code)")
-    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=repo_env(), timeout=120)
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=repo_env(), timeout=wait_s(120))
     heavy = p.stdout.rsplit("HEAVY", 1)[1].split()
     return p, heavy
 

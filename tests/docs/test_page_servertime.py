@@ -20,7 +20,7 @@ import yaml
 
 from llm_replay.reports.spans import own_trace_ids
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_s
 from tests.docs.mdblocks import DOCS, Page, background, commands, sh, stop, substitute, wait_http
 
 PAGE = Page(DOCS / "servertime.md", {
@@ -194,7 +194,7 @@ def test_collector_blocks(work, traced):
         p = sh(substitute(run, {"http://vllm:8000": url}), work, timeout=300)
         assert "replay: otlp:" not in p.stdout + p.stderr   # no receiver: nothing to count at the run's end
         rows = pq.read_metadata(work / "trace.parquet").num_rows
-        deadline = time.monotonic() + 30                    # engine-stub exports every 0.5 s
+        deadline = time.monotonic() + wait_s(30)                    # engine-stub exports every 0.5 s
         while time.monotonic() < deadline and not (out.exists() and out.read_text().count('"llm_request"') >= rows):
             time.sleep(0.3)
     finally:

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from tests.conftest import free_port, run_cli, start_engine
+from tests.conftest import free_port, run_cli, start_engine, wait_s
 
 pytest.importorskip("torch")
 trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
@@ -61,7 +61,7 @@ class Receiver:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def wait(self, ids, timeout=30.0) -> dict:
+    def wait(self, ids, timeout=wait_s(30.0)) -> dict:
         deadline = time.monotonic() + timeout   # a deadline for waiting, not an assertion on time
         while not set(ids) <= set(self.spans) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -86,7 +86,7 @@ def chat(url, headers=None, max_tokens=6):
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     rid = usage = None
     before = time.time_ns()
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, headers=headers, timeout=wait_s(60)) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -146,7 +146,7 @@ def test_queueing_shows_in_time_in_queue(traced):
     after another, so each later one is scheduled only after the previous one finished."""
     url, receiver = traced
     prompts = [[1000 + i + j for j in range(20)] for i in range(3)]
-    r = httpx.post(url + "/v1/completions", timeout=60, headers={"traceparent": f"00-{'12' * 16}-{'34' * 8}-01"},
+    r = httpx.post(url + "/v1/completions", timeout=wait_s(60), headers={"traceparent": f"00-{'12' * 16}-{'34' * 8}-01"},
                    json={"model": "micro", "prompt": prompts, "max_tokens": 24, "ignore_eos": True})
     assert r.status_code == 200
     rid = r.json()["id"]
@@ -170,7 +170,7 @@ def test_queueing_shows_in_time_in_queue(traced):
 def test_client_abort_is_traced(traced):
     url, receiver = traced
     body = {"model": "micro", "prompt": "abort me", "max_tokens": 4000, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=wait_s(60)) as r:
         rid = json.loads(next(line for line in r.iter_lines() if line.startswith("data: {"))[6:])["id"]
     span, attrs, _ = receiver.wait([rid + "-0"])[rid + "-0"]
     assert attrs["gen_ai.response.finish_reasons"][1] == '["abort"]'
@@ -181,13 +181,13 @@ def test_dead_endpoint_never_stops_serving():
     eng = start_engine("--model", "micro", "--otlp-traces-endpoint", f"http://127.0.0.1:{free_port()}/v1/traces")
     try:
         assert chat(eng.url)[1]["completion_tokens"] == 6
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s(30)
         while not any("cannot export spans" in line for line in eng.log) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert chat(eng.url)[1]["completion_tokens"] == 6   # after a failed export, still serving
     finally:
         eng.stop()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + wait_s(10)
     while not any("spans were not exported" in line for line in eng.log) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sum("cannot export spans" in line for line in eng.log) == 1, eng.log
@@ -208,7 +208,7 @@ def test_hanging_endpoint_every_span_counted():
                 assert chat(eng.url)[1]["completion_tokens"] == 6
         finally:
             eng.stop()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s(30)
         while not any("spans were not exported" in line for line in eng.log) and time.monotonic() < deadline:
             time.sleep(0.05)
     line = next((line for line in eng.log if "spans were not exported" in line), None)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import free_port, run_cli
+from tests.conftest import free_port, run_cli, wait_s
 from tests.replay.runkit import popen_run, records, replay_run, run_info, sse_server, wait_t0, write_trace
 
 SLO = "objectives: ['error_rate <= 0.5', 'ttft_ms.p50 <= 60000']\n"
@@ -45,7 +45,7 @@ def test_two_runs_with_one_directory_one_runs_the_other_is_refused(tmp_path):
         for trial in range(2):   # one trial showed the race on the old code (both exit 0, or one crashed)
             out = tmp_path / f"run{trial}"
             procs = [popen_run(trace, url, out, "--model-map", "*=m") for _ in range(2)]
-            done = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
+            done = [p.communicate(timeout=wait_s(120)) + (p.returncode,) for p in procs]
             codes = sorted(d[2] for d in done)
             assert codes == [0, 2], done
             loser = next(d for d in done if d[2] == 2)
@@ -110,17 +110,17 @@ def test_a_killed_run_reports_that_it_did_not_finish(tmp_path):
         proc = popen_run(trace, url, run, "--model-map", "*=m")
         try:
             t0 = wait_t0(run)
-            deadline = time.monotonic() + 120   # until some records are flushed, far from the end
+            deadline = time.monotonic() + wait_s(120)   # until some records are flushed, far from the end
             while time.monotonic() < deadline and (not (run / "records.arrows").exists()
                                                    or (run / "records.arrows").stat().st_size < 20_000):
                 time.sleep(0.05)
             assert time.time() - t0 < n * 0.005 * 0.8, "the trace was nearly done before any record was flushed"
             proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=60)
+            proc.communicate(timeout=wait_s(60))
         finally:
             if proc.poll() is None:
                 proc.kill()
-        deadline = time.monotonic() + 60   # the runner dies with its parent
+        deadline = time.monotonic() + wait_s(60)   # the runner dies with its parent
         while time.monotonic() < deadline and _runner_alive(run):
             time.sleep(0.1)
     assert run_info(run)["status"] == "running"

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from llm_replay.replay.otlp import Receiver, traceparent
-from tests.conftest import free_port, repo_env, run_cli
+from tests.conftest import free_port, repo_env, run_cli, wait_s
 from tests.replay.runkit import records, replay_run, run_info, sse_server, write_trace
 
 N = 24
@@ -112,7 +112,7 @@ EXPORT = {"resourceSpans": [{
 
 def _post(url: str, body: bytes, headers: dict) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=wait_s(10)) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -169,7 +169,7 @@ def test_real_vllm_bodies_posted_to_the_receiver(tmp_path):
     for name in ("startup.pb", "llm_request.pb"):
         req = urllib.request.Request(f"http://{rec.address}/v1/traces", data=(fix / name).read_bytes(),
                                      headers={"Content-Type": "application/x-protobuf"}, method="POST")
-        assert urllib.request.urlopen(req, timeout=10).status == 200
+        assert urllib.request.urlopen(req, timeout=wait_s(10)).status == 200
     o = rec.finish(tmp_path, 0, {"t0_wall": 1796284037.0})
     assert (o["spans"], o["request_spans"], o["other_spans"], o["bad_posts"]) == (6, 4, 2, 0), o
     s = pq.read_table(tmp_path / "spans.parquet").to_pandas().sort_values("trace_id")
@@ -202,7 +202,7 @@ class Forger(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        deadline = time.monotonic() + 60   # a bound on waiting for the run, not a judgement of time
+        deadline = time.monotonic() + wait_s(60)   # a bound on waiting for the run, not a judgement of time
         while time.monotonic() < deadline:
             try:
                 run_id = json.loads((self.run_dir / "run.json").read_text())["config"]["run_id"]
@@ -302,12 +302,12 @@ def test_receiver_bounds_and_hang_ups(tmp_path):
         for raw, reset in ((b"POST /v1/traces HTTP/1.1\r\nContent-Length: 9999999999\r\n\r\n", False),  # too large
                            (b"POST /v1/traces HTTP/1.1\r\nContent-Length: 1000\r\n\r\nonly part", False),  # hangs up
                            (b"POST /v1/traces HTTP/1.1\r\nContent-Length: 3\r\n\r\nbad", True)):  # resets, unanswered
-            with socket.create_connection((host, int(port)), timeout=30) as s:
+            with socket.create_connection((host, int(port)), timeout=wait_s(30)) as s:
                 s.sendall(raw)
                 if reset:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         assert _post(url, json.dumps(EXPORT).encode(), {"Content-Type": "application/json"})[0] == 200
-        out, err = proc.communicate("", timeout=60)
+        out, err = proc.communicate("", timeout=wait_s(60))
     finally:
         proc.kill()
     got = json.loads(out.splitlines()[-1])
@@ -333,7 +333,7 @@ def test_spans_file_bounds(tmp_path):
                    "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
         r = subprocess.run([sys.executable, "-c", wrapper, sys.executable, "-m", "llm_replay.replay", "report",
                             str(run), "--spans", str(src), "--no-write"], capture_output=True, text=True,
-                           env=repo_env(), timeout=300)
+                           env=repo_env(), timeout=wait_s(300))
         code, err, maxrss = json.loads(r.stdout)
         assert code == 2 and len(err.strip().splitlines()) == 1 and why in err, err
         assert err.startswith(f"error: {src} {why}") and maxrss < MAXRSS_KB, (err, maxrss)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import repo_env, run_cli
+from tests.conftest import repo_env, run_cli, wait_s
 from llm_replay.traces import Trace, TraceError, stats
 from llm_replay.traces.schema import MAX_TOKENS
 from llm_replay.traces.validate import validate_file
@@ -56,7 +56,7 @@ def _measured(tmp_path: Path, *args, limit: int = GIB):
     `limit` it is killed, so the old code cannot eat the machine (its peak then shows it)."""
     rss = tmp_path / "rss.txt"
     p = subprocess.run([sys.executable, "-c", LAUNCHER, rss, str(limit), sys.executable, "-m", "llm_replay.replay",
-                        *map(str, args)], capture_output=True, text=True, env=repo_env(), timeout=400)
+                        *map(str, args)], capture_output=True, text=True, env=repo_env(), timeout=wait_s(400))
     return p.returncode, p.stdout, p.stderr, int(rss.read_text())
 
 
