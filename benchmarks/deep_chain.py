@@ -1,7 +1,7 @@
 """A deep agentic chain: the report's cost per call stays flat, and Ctrl-C ends `replay run` promptly.
 
     python3 benchmarks/deep_chain.py [--small 10000] [--large 100000] [--stop-calls 100000]
-                                     [--stop-after 10] [--grace 1] [--keep DIR]
+                                     [--stop-rows 300000] [--stop-after 10] [--grace 1] [--keep DIR]
 
 Report: records of one task whose calls form a single chain (each depends on the previous), of
 --small and of --large calls, are written as run directories and `reports.summarize_run` (summary.json,
@@ -9,7 +9,8 @@ summary.md, report.html) is timed on each in this one process; printed: ms per c
 their ratio (large / small; 1.0 is linear, the issue-36 code was quadratic in the depth).
 Stop: a chain trace of --stop-calls calls (0.01 s tool delays) is replayed against the SSE test
 server on 127.0.0.1, SIGINT comes --stop-after s after T0, and the seconds until `replay run` exits
-are printed beside --grace (target: grace plus a few seconds). Every process it starts is ended by
+are printed beside --grace (target: grace plus a few seconds); likewise for a plain trace of 300
+rows 10 ms apart followed by --stop-rows rows an hour later (the unsent remainder). Every process it starts is ended by
 its PID; each run has a deadline.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,12 +52,19 @@ def report_cost(n: int, base: Path) -> float:
     return (time.perf_counter() - t) / n
 
 
-def stop_time(n: int, after: float, grace: float, base: Path) -> tuple[float, int]:
-    """(seconds from SIGINT to the exit of `replay run`, its exit code) on an n-call chain."""
+def chain_trace(n: int, base: Path) -> Path:
     ids = [f"c{i}" for i in range(n)]
-    trace = write_trace(base / "chain.parquet", n, gap_s=0.0, output_tokens=4, request_id=ids, task_id=["T"] * n,
-                        depends_on=[None] + [[x] for x in ids[:-1]],
-                        delay_s=[None] + [0.01] * (n - 1))
+    return write_trace(base / "chain.parquet", n, gap_s=0.0, output_tokens=4, request_id=ids, task_id=["T"] * n,
+                       depends_on=[None] + [[x] for x in ids[:-1]], delay_s=[None] + [0.01] * (n - 1))
+
+
+def remainder_trace(n: int, base: Path, head: int = 300) -> Path:
+    at = np.concatenate([np.arange(head) * 0.01, 3600 + np.arange(n) * 1e-3])
+    return write_trace(base / "rest.parquet", head + n, output_tokens=4, arrival_ns=(at * 1e9).astype("int64"))
+
+
+def stop_time(trace: Path, after: float, grace: float, base: Path) -> tuple[float, int]:
+    """(seconds from SIGINT to the exit of `replay run`, its exit code) on `trace`."""
     with sse_server("--interval", "0.001") as url:
         run = popen_run(trace, url, base / "stop", "--model-map", "*=m", "--grace", str(grace))
         try:
@@ -76,6 +85,7 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=10_000)
     ap.add_argument("--large", type=int, default=100_000)
     ap.add_argument("--stop-calls", type=int, default=100_000, help="0: skip the stop measurement")
+    ap.add_argument("--stop-rows", type=int, default=300_000, help="0: skip the plain-trace stop measurement")
     ap.add_argument("--stop-after", type=float, default=10.0)
     ap.add_argument("--grace", type=float, default=1.0)
     ap.add_argument("--keep", help="keep the run directories here")
@@ -88,9 +98,13 @@ def main() -> None:
         print(f"report of a chain: {a.small:,} calls {small * 1e3:.3f} ms/call, {a.large:,} calls "
               f"{large * 1e3:.3f} ms/call, ratio {large / small:.2f} (1.0 = linear)")
         if a.stop_calls:
-            took, rc = stop_time(a.stop_calls, a.stop_after, a.grace, base)
+            took, rc = stop_time(chain_trace(a.stop_calls, base), a.stop_after, a.grace, base)
             print(f"Ctrl-C on a {a.stop_calls:,}-call chain {a.stop_after:g} s after T0: replay run exited "
                   f"{took:.1f} s later (exit {rc}; --grace {a.grace:g} s)")
+        if a.stop_rows:
+            took, rc = stop_time(remainder_trace(a.stop_rows, base), min(a.stop_after, 2.0), a.grace, base)
+            print(f"Ctrl-C with {a.stop_rows:,} plain rows unsent {min(a.stop_after, 2.0):g} s after T0: replay run "
+                  f"exited {took:.1f} s later (exit {rc}; --grace {a.grace:g} s)")
 
 
 if __name__ == "__main__":

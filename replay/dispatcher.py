@@ -35,7 +35,7 @@ from . import plan
 from .alarm import NEVER, Alarm
 from .client import ConnectionPool, StreamResult, stream_post
 from .prompts import PromptBuilder
-from .recorder import Recorder, record, unsent
+from .recorder import Recorder, record, unsent, unsent_batch
 from .graph import Graph
 from .otlp import header as trace_header
 from .sessions import Sessions
@@ -53,6 +53,7 @@ QUIET_S, QUIET_MIN, QUIET_ROWS = 0.004, 96, 128
 # task graphs: read the feed this far (trace seconds, rows) past the next root, so a dependant is
 # registered before its dependencies complete even when the target is faster than the recording
 AHEAD_S, AHEAD_ROWS = 600.0, 100_000
+UNSENT_ROWS = 16384   # rows of a bulk not_sent batch
 BREATHE_S = 0.02   # a long computation in the hub (the rows left after a stop, a read-ahead) lets the loop poll this often
 
 
@@ -104,7 +105,7 @@ class Job:
                         elif self.sessions is None or self.sessions.admit(row):
                             self._dispatch(row)
                     if self.stopping:
-                        self._breathe()   # the rest of a long trace: let responses and the flusher in
+                        self._unsent_rest()
             self._drain()
         finally:
             self.finished.set()
@@ -141,6 +142,7 @@ class Job:
             else:
                 self._start_now((root, prepared))
                 root, prepared = next(roots, None), None
+        self._unsent_rest()
         self._unsent_all(itertools.chain([root] if root is not None else [], roots))
         self._unsent_all(heapq.heappop(self.ready)[2][0] for _ in range(len(self.ready)))
 
@@ -160,6 +162,7 @@ class Job:
                     more = False
                 elif self.stopping:
                     self._unsent(row)
+                    self._unsent_rest()
                 elif row[plan.DEPS]:
                     self._released(self.graph.read(row))
                 else:
@@ -319,9 +322,20 @@ class Job:
         self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, error,
                             target=self.c.target_of(label)))
 
+    def _unsent_rest(self) -> None:
+        self._unsent_tables(getattr(self.feed, "rest", tuple)())
+
     def _unsent_all(self, rows) -> None:
-        for row in rows:
-            self._unsent(row)
+        rows = iter(rows)
+        self._unsent_tables(plan.table_of(c) for c in iter(lambda: list(itertools.islice(rows, UNSENT_ROWS)), []))
+
+    def _unsent_tables(self, tables) -> None:
+        """Rows left at a stop (the feed's unread remainder, a graph's read-ahead, parked turns):
+        not_sent, column-wise in batches of thousands, the loop polled between them (the responses
+        still arriving, the flusher)."""
+        for t in tables:
+            self.rec.write(unsent_batch(t, self.c, self.worker))
+            self.breath = 0.0
             self._breathe()
 
     def _breathe(self) -> None:

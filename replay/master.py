@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import sys
 import time
+import zlib
 from collections import deque
 
 import gevent
 import pyarrow as pa
+import pyarrow.compute as pc
 from gevent.event import Event
 from locust.runners import STATE_MISSING
 
 from . import plan
-from .recorder import unsent
+from .recorder import by_value, unsent, unsent_batch
 
 CHUNK = 2048
 
@@ -33,7 +35,8 @@ class Master:
         self.queues = [deque() for _ in self.ids]
         self.outstanding: list[dict] = [{} for _ in self.ids]
         self.stats = [[0, 0] for _ in self.ids]
-        self.rows = plan.TraceWindow(config).rows()
+        self.window = plan.TraceWindow(config)
+        self.rows = self.window.rows()
         self.exhausted = self.stopping = False
         self.counter = 0
         self.done: set[int] = set()
@@ -118,11 +121,11 @@ class Master:
         now = time.perf_counter() - self.t0
         print(f"replay: worker {k} {why}: its {len(self.outstanding[k])} unfinished rows are "
               "recorded as cancelled/not_sent", file=sys.stderr)
-        for row in self.outstanding[k].values():
-            self._unsent(row, k, "cancelled" if row[plan.SCHED] <= now else "not_sent")
+        rows = list(self.outstanding[k].values())
+        self._unsent_rows([r for r in rows if r[plan.SCHED] <= now], k, "cancelled")
+        self._unsent_rows([r for r in rows if r[plan.SCHED] > now] + list(self.queues[k]), k, "not_sent")
         self.outstanding[k].clear()
-        while self.queues[k]:
-            self._unsent(self.queues[k].popleft(), k, "not_sent")
+        self.queues[k].clear()
         self.stats[k] = [self.stats[k][0], 0]
         self._check_finished()
 
@@ -130,6 +133,11 @@ class Master:
         err = f"worker {k} lost" if k in self.lost else None
         label = row[plan.MODEL]
         self.out.recorder.add(unsent(row, self.c.target_model(label), k, status, err, self.c.target_of(label)))
+
+    def _unsent_rows(self, rows: list[tuple], k: int, status: str) -> None:
+        if rows:
+            err = f"worker {k} lost" if k in self.lost else None
+            self.out.recorder.write(unsent_batch(plan.table_of(rows), self.c, k, status, err))
 
     def stop(self, now: bool = False) -> None:
         """Ctrl-C: workers stop dispatching; rows not yet shipped are recorded not_sent."""
@@ -151,13 +159,19 @@ class Master:
                 self._lose(k, "did not finish after stop")
 
     def _drain(self) -> None:
-        for k, q in enumerate(self.queues):
-            while q:
-                self._unsent(q.popleft(), k, "not_sent")
-        for chunk in self.rows:
-            for row in chunk:
-                self._unsent(row, plan.shard_of(row, max(1, self.n), 0), "not_sent")
+        """Rows shipped to no worker: not_sent, the unread trace column-wise (`worker`: the one
+        `shard_of` gives the row), a pause for the loop after each batch."""
         self.exhausted = True
+        for k, q in enumerate(self.queues):
+            self._unsent_rows(list(q), k, "not_sent")
+            q.clear()
+        n = max(1, self.n)
+        for t in self.window.rest():
+            keys = [t.column(c) for c in ("task_id", "session_id") if c in t.column_names]
+            worker = by_value(pc.coalesce(*keys) if keys else None, t.num_rows,
+                              lambda v: 0 if v is None else zlib.crc32(v.encode()) % n, pa.int32())
+            self.out.recorder.write(unsent_batch(t, self.c, worker))
+            gevent.sleep(0.001)
 
     def _check_finished(self) -> None:
         if len(self.done | self.lost) == self.n and not self.finished.is_set():

@@ -7,7 +7,6 @@ their schedule already computed. `scan` validates the window once before the run
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import zlib
 from collections.abc import Iterator
@@ -148,6 +147,9 @@ class TraceWindow:
         self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
         self._ndep: np.ndarray | None = None
         self.conv: dict[int, str] = {}
+        self._src: Iterator | None = None   # the window's batches, shared by rows() and rest()
+        self._ahead: list = []              # a batch read before it was asked for (prefetch)
+        self._left = config.max_requests
 
     def dependants(self) -> np.ndarray | None:
         """Per window row, how many rows of the window wait for it; None: no row waits for any.
@@ -231,19 +233,37 @@ class TraceWindow:
                 yield offset + first, b.slice(first, int(keep.sum()))
             offset += b.num_rows
 
+    def _next(self) -> tuple[int, pa.RecordBatch] | None:
+        """The next unread (file row offset, batch) of the window (bounded by `max_requests`)."""
+        if self._ahead:
+            return self._ahead.pop()
+        if self._src is None:
+            self._src = self.batches(use_threads=False)
+        nxt = next(self._src, None) if self._left is None or self._left > 0 else None
+        if nxt is not None and self._left is not None:
+            nxt = nxt[0], nxt[1].slice(0, self._left)
+            self._left -= nxt[1].num_rows
+        return nxt
+
+    def prefetch(self) -> "TraceWindow":
+        """Read the graph and the first batch now (before T0), not when the first row is due."""
+        self.dependants()
+        nxt = self._next()
+        if nxt is not None:
+            self._ahead.append(nxt)
+        return self
+
+    def __iter__(self) -> Iterator[list[tuple]]:
+        return self.rows()
+
     def rows(self) -> Iterator[list[tuple]]:
-        """Lists of row tuples (bounded by `max_requests`). Decoded in the calling thread: this
-        feeds a dispatcher mid-run, where waking an Arrow pool thread on the dispatcher's CPU let
-        it run (and fault in fresh huge pages) for ~6 ms while a send was due."""
-        left = self.config.max_requests
+        """Lists of row tuples. Decoded in the calling thread: this feeds a dispatcher mid-run,
+        where waking an Arrow pool thread on the dispatcher's CPU let it run (and fault in fresh
+        huge pages) for ~6 ms while a send was due."""
         speed = self.config.speed
         deps, done = self.dependants(), 0
-        for offset, b in self.batches(use_threads=False):
-            if left is not None:
-                if left <= 0:
-                    return
-                b = b.slice(0, left)
-                left -= b.num_rows
+        while (nxt := self._next()) is not None:
+            offset, b = nxt
             cols = {n: b.column(n).to_pylist() if n in b.schema.names else None for n in ROW_COLUMNS}
             n = b.num_rows
             sched = ((b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / speed).tolist()
@@ -261,13 +281,36 @@ class TraceWindow:
                            cols["image_px"] or none, cols["task_id"] or none, cols["depends_on"] or none,
                            cols["delay_s"] or none, ndep, conv, cols["reasoning_tokens"] or none))
 
+    def rest(self, min_rows: int = 16384) -> Iterator[pa.Table]:
+        """The window's unread rows (those `rows()` has not yielded yet) as tables of at least
+        `min_rows` rows (but the last), with `request_id` filled in and `scheduled_s` added: the
+        columns a not_sent record takes from its row, without a Python object per row."""
+        parts, n = [], 0
+        while True:
+            nxt = self._next()
+            if nxt is not None:
+                offset, b = nxt
+                if "request_id" not in b.schema.names:
+                    ids = pa.array(np.arange(offset, offset + b.num_rows)).cast(pa.string())
+                    b = b.append_column("request_id", ids)
+                sched = (b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / self.config.speed
+                parts.append(b.append_column("scheduled_s", pa.array(sched)))
+                n += b.num_rows
+            if parts and (n >= min_rows or nxt is None):
+                yield pa.Table.from_batches(parts).combine_chunks()
+                parts, n = [], 0
+            if nxt is None:
+                return
 
-def prefetch(chunks: Iterator[list[tuple]]) -> Iterator[list[tuple]]:
-    """Read the first chunk now (before T0), not when the first row is due."""
-    first = next(chunks, None)
-    if first is None:
-        return iter(())
-    return itertools.chain([first], chunks)
+
+REST_COLUMNS = {"request_id": RID, "model": MODEL, "slo_class": SLO, "session_id": SESSION, "scheduled_s": SCHED,
+                "input_tokens": IN, "output_tokens": OUT, "num_images": IMAGES, "task_id": TASK, "depends_on": DEPS,
+                "delay_s": DELAY, "reasoning_tokens": REASON}
+
+
+def table_of(rows: list[tuple]) -> pa.Table:
+    """Row tuples (at least one) as the columns `TraceWindow.rest` yields."""
+    return pa.table({name: pa.array([r[i] for r in rows]) for name, i in REST_COLUMNS.items()})
 
 
 def _canonical_schema(schema: pa.Schema) -> pa.Schema | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llm_replay.reports.schema import RECORD_SCHEMA
@@ -61,6 +62,39 @@ def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not
             row[plan.SCHED], None, None, None, None, None, None, None, None, row[plan.IN], row[plan.OUT],
             row[plan.IMAGES], None, None, None, None, status, None, error, row[plan.TASK], row[plan.DEPS],
             row[plan.DELAY], None, row[plan.REASON], None)
+
+
+# a not_sent record's columns taken from its row's (the trace column of that name unless listed)
+FROM_ROW = {"request_id", "model", "slo_class", "session_id", "scheduled_s", "input_tokens", "output_tokens",
+            "num_images", "task_id", "depends_on", "delay_s", "asked_reasoning_tokens"}
+
+
+def by_value(col: pa.ChunkedArray | pa.Array | None, n: int, fn: Callable, typ: pa.DataType) -> pa.Array:
+    """`fn(value)` for each of `col`'s values (None where `col` is absent or null), called once per
+    distinct value."""
+    if col is None:
+        return pa.array([fn(None)] * n if n else [], typ)
+    enc = pc.dictionary_encode(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
+    codes = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
+    return pa.array([fn(v) for v in enc.dictionary.to_pylist()] + [fn(None)], typ).take(codes)
+
+
+def unsent_batch(rows: pa.Table, config, worker: int | pa.Array | None, status: str = "not_sent",
+                 error: str | None = None) -> pa.RecordBatch:
+    """The records of rows that never completed, column-wise: `rows` is what `TraceWindow.rest`
+    yields; each record equals `unsent`'s of the same row."""
+    n, have = rows.num_rows, set(rows.column_names)
+    model = rows.column("model") if "model" in have else None
+    cols = {"target_model": by_value(model, n, config.target_model, pa.string()),
+            "target": by_value(model, n, config.target_of, pa.string()),
+            "worker": worker if isinstance(worker, pa.Array) else pa.array([worker] * n, pa.int32()),
+            "status": pa.array([status] * n, pa.string()), "error": pa.array([error] * n, pa.string())}
+    for f in RECORD_SCHEMA:
+        src = "reasoning_tokens" if f.name == "asked_reasoning_tokens" else f.name
+        if f.name in FROM_ROW and src in have:
+            cols[f.name] = rows.column(src).combine_chunks()
+    return pa.RecordBatch.from_arrays([cols[f.name].cast(f.type) if f.name in cols else pa.nulls(n, f.type)
+                                       for f in RECORD_SCHEMA], schema=RECORD_SCHEMA)
 
 
 def _lists(items: tuple, typ: pa.DataType, relative: bool) -> pa.Array:
@@ -108,6 +142,7 @@ class Recorder:
         self.count = 0      # records added
         self.flushed = 0    # records handed to the sink
         self._mark = 0      # `count` at the previous flush_stale
+        self.bulk = [0, 0]  # batches and records handed over by `write`
         self.lock = lock or nullcontext()
 
     def add(self, rec: tuple) -> None:
@@ -131,6 +166,13 @@ class Recorder:
                 self.sink(to_batch(batch))
             if pause is not None and upto > self.flushed and self.buf:
                 pause()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Hand records built column-wise (`unsent_batch`) to the sink now, counted in `bulk`."""
+        with self.lock:
+            self.sink(batch)
+        self.bulk[0] += 1
+        self.bulk[1] += batch.num_rows
 
     def flush_stale(self, max_rows: int | None = None, pause=None) -> None:
         """Flush the records that were buffered already at the previous call."""
@@ -199,19 +241,19 @@ def salvage(run_dir: str | Path, config, died_at_s: float) -> tuple[int, int]:
     run_dir = Path(run_dir)
     stream, out = run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE
     kept = list(read_stream(stream)) if stream.exists() else []
-    seen = {rid for b in kept for rid in b.column("request_id").to_pylist()}
+    seen = pa.chunked_array([b.column("request_id") for b in kept], pa.string()).combine_chunks()
     file = IpcFile(stream)
     for b in kept:
         file(b)
     added = 0
-    for chunk in plan.TraceWindow(config).rows():
-        missing = [unsent(r, config.target_model(r[plan.MODEL]), None,
-                          "cancelled" if r[plan.SCHED] <= died_at_s else "not_sent", "runner died",
-                          config.target_of(r[plan.MODEL]))
-                   for r in chunk if r[plan.RID] not in seen]
-        if missing:
-            file(to_batch(missing))
-            added += len(missing)
+    for rows in plan.TraceWindow(config).rest():
+        rows = rows.filter(pc.invert(pc.is_in(rows.column("request_id"), value_set=seen)))
+        due = pc.less_equal(rows.column("scheduled_s"), died_at_s)
+        for status, which in (("cancelled", due), ("not_sent", pc.invert(due))):
+            part = rows.filter(which)
+            if part.num_rows:
+                file(unsent_batch(part, config, None, status, "runner died"))
+                added += part.num_rows
     file.close()
     finalize(stream, out)
     return len(seen), added

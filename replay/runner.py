@@ -146,7 +146,7 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     """Prepare this process's Job (T0 = now + lead); Locust's runner then spawns the user."""
     ctx = env.replay = ProcessContext()
     # small chunks: turning rows into tuples runs in the hub, ~1.3 us a row, between two sends
-    job = ctx.job = Job(config, 0, 0.0, plan.prefetch(plan.TraceWindow(config, batch_size=256).rows()),
+    job = ctx.job = Job(config, 0, 0.0, plan.TraceWindow(config, batch_size=256).prefetch(),
                         out.recorder, env)
     warmup(job, config.warmup)
     for label in target_labels(config):
@@ -177,7 +177,7 @@ def run_local(config: plan.RunConfig, out: Output) -> str:
     runner.start(1, spawn_rate=1)
     job.finished.wait()
     # the client's own CPU over the run (T0 lead included, start-up and finalising not)
-    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0, 3))
+    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0, 3), unsent_bulk=out.recorder.bulk)
     runner.quit()
     job.close()
     return "interrupted" if job.stopping else "completed"
@@ -239,7 +239,8 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
     out.stop = master.stop
     master.finished.wait()
     # master + every worker that reported (a lost worker's CPU is unknown)
-    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0 + master.worker_cpu_s, 3))
+    update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0 + master.worker_cpu_s, 3),
+                    unsent_bulk=out.recorder.bulk)
     if master.lost:
         update_run_json(config.run_dir, lost_workers=sorted(master.lost))
     runner.quit()

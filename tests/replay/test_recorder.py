@@ -4,10 +4,13 @@ from __future__ import annotations
 from array import array
 from types import SimpleNamespace
 
+import numpy as np
 import pyarrow as pa
+import pytest
 
 from llm_replay.replay import plan
-from llm_replay.replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent
+from llm_replay.replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent, unsent_batch
+from llm_replay.traces.trace import Trace
 
 
 def _row(i: int) -> tuple:
@@ -108,3 +111,40 @@ def test_a_second_thread_flushes_while_records_are_added():
     t.join()
     rec.flush()
     assert out == [str(i) for i in range(20_000)] and rec.flushed == rec.count and not rec.buf
+
+
+def _window(tmp_path, ids: bool, **kw) -> plan.TraceWindow:
+    n = 700
+    cols = {"arrival_ns": pa.array(np.arange(n) * 10**7), "input_tokens": pa.array(np.full(n, 9), pa.int32()),
+            "output_tokens": pa.array(np.arange(n) % 7 + 1, pa.int32()),
+            "model": pa.array([["a", "b", None, "c"][i % 4] for i in range(n)]),
+            "slo_class": pa.array([None if i % 3 else "gold" for i in range(n)]),
+            "num_images": pa.array([i % 2 for i in range(n)], pa.int16()),
+            "reasoning_tokens": pa.array([None if i % 5 else 1 for i in range(n)], pa.int32()),
+            "task_id": pa.array([f"T{i // 10}" for i in range(n)]),
+            "depends_on": pa.array([[f"{'r' if ids else ''}{i - 1}"] if i % 10 else None for i in range(n)],
+                                   pa.list_(pa.string())),
+            "delay_s": pa.array([0.5 if i % 10 else None for i in range(n)], pa.float32())}
+    if ids:
+        cols["request_id"] = pa.array([f"r{i}" for i in range(n)])
+    Trace(pa.table(cols)).write(tmp_path / "t.parquet")
+    config = plan.RunConfig(trace=str(tmp_path / "t.parquet"), target="http://d", run_dir=str(tmp_path),
+                            model_map={"a": "A"}, targets={"b": "http://b"}, default_model="D",
+                            served_defaults={"http://b": "B"}, speed=2.0, start_s=1.0, **kw)
+    return plan.TraceWindow(config, batch_size=64)
+
+
+@pytest.mark.parametrize("ids", [True, False])
+def test_bulk_unsent_records_equal_row_by_row(tmp_path, ids):
+    """`unsent_batch` of `TraceWindow.rest` (after a few chunks of `rows`, as a stopping
+    dispatcher reads them) writes, column for column, the records `unsent` writes row by row."""
+    c = _window(tmp_path, ids, max_requests=500).config
+    want = to_batch([unsent(r, c.target_model(r[plan.MODEL]), 3, "not_sent", "why", c.target_of(r[plan.MODEL]))
+                     for chunk in _window(tmp_path, ids, max_requests=500).rows() for r in chunk])
+    w = _window(tmp_path, ids, max_requests=500).prefetch()
+    rows = w.rows()
+    head = [r for _ in range(2) for r in next(rows)]
+    got = [unsent_batch(t, c, 3, "not_sent", "why") for t in w.rest(min_rows=100)]
+    assert next(rows, None) is None and [t.num_rows for t in got][:3] == [128, 128, 128]
+    assert 64 < len(head) < 128 and len(head) + sum(b.num_rows for b in got) == want.num_rows == 500
+    assert pa.Table.from_batches(got).equals(pa.Table.from_batches([want.slice(len(head))]))

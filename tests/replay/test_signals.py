@@ -178,3 +178,35 @@ def test_the_last_progress_line_after_ctrl_c_counts_only_what_ended():
                            "sent_s": pa.array([0.0] * 191), "scheduled_s": pa.array([0.0] * 191)}))
     line = p.line()
     assert "done 2 " in line and "cancelled 1" in line and "not sent 188" in line, line
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_ctrl_c_records_a_long_unsent_remainder_column_wise(tmp_path, graph):
+    """Issue 36 item 4: Ctrl-C with 200k rows still to come. Each gets exactly one record,
+    `not_sent` (also a dependant whose dependency never ran), written from the trace's record
+    batches thousands at a time (run.json `unsent_bulk`), not built row by row."""
+    head, tail = 200, 200_000
+    n = head + tail
+    at = np.concatenate([np.arange(head) * 0.01, 3600 + np.arange(tail) * 1e-3])
+    cols = {"request_id": [f"r{i}" for i in range(n)]}
+    if graph:   # tasks of two calls, the second waiting for the first
+        cols.update(task_id=[f"T{i // 2}" for i in range(n)],
+                    depends_on=[[f"r{i - 1}"] if i % 2 else None for i in range(n)],
+                    delay_s=pa.array([0.01 if i % 2 else None for i in range(n)], pa.float32()))
+    trace = write_trace(tmp_path / "t.parquet", n, output_tokens=4, arrival_ns=(at * 1e9).astype("int64"), **cols)
+    with sse_server("--interval", "0.001") as url:
+        run = popen_run(trace, url, tmp_path / "run", "--model-map", "*=m", "--grace", "0.3")
+        t0 = wait_t0(tmp_path / "run")
+        time.sleep(max(0.0, t0 + 3.0 - time.time()))
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=300)
+    assert run.returncode == 130, err
+    df = records(tmp_path / "run")
+    assert len(df) == n and df.request_id.is_unique and set(df.request_id) == set(cols["request_id"])
+    assert_well_formed(df)
+    rest = df[df.scheduled_s >= 3600]
+    assert len(rest) == tail and (rest.status == "not_sent").all() and rest.error.isna().all()
+    assert (rest.target_model == "m").all() and rest.sent_s.isna().all()
+    assert (df.status == "ok").sum() > head / 2
+    batches, rows = run_info(tmp_path / "run")["unsent_bulk"]
+    assert rows > tail - 1000 and batches <= rows / 1000, (batches, rows)
