@@ -105,6 +105,8 @@ class Master:
             self.done.add(k)
             self.stats[k] = msg.data["stats"]
             self.worker_cpu_s += msg.data.get("cpu_s") or 0.0
+            bulk = self.out.recorder.bulk   # run.json unsent_bulk: the workers' too
+            bulk[:] = [x + y for x, y in zip(bulk, msg.data.get("unsent_bulk") or (0, 0))]
             self._check_finished()
 
     # --- failures and stop --------------------------------------------------------

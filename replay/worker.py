@@ -129,7 +129,8 @@ class WorkerSide:
         # Locust's statistics of every request go before replay_done (same socket, in order):
         # the master quits when all workers are done and waits only 0.5 s for final reports.
         self.runner._send_stats()
-        self.runner.send_message("replay_done", {"stats": self._stats(), "cpu_s": cpu_seconds() - self.cpu0})
+        self.runner.send_message("replay_done", {"stats": self._stats(), "cpu_s": cpu_seconds() - self.cpu0,
+                                                 "unsent_bulk": self.recorder.bulk})
         j = self.job
         self.say(f"worker {j.worker} done: {j.sent} requests sent, {j.errors} failed; "
                  f"waiting for the master to end the run")
