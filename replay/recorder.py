@@ -73,7 +73,7 @@ def by_value(col: pa.ChunkedArray | pa.Array | None, n: int, fn: Callable, typ: 
     """`fn(value)` for each of `col`'s values (None where `col` is absent or null), called once per
     distinct value."""
     if col is None:
-        return pa.array([fn(None)] * n if n else [], typ)
+        return pa.array([fn(None)] * n, typ)
     enc = pc.dictionary_encode(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col)
     codes = enc.indices.fill_null(len(enc.dictionary)).to_numpy(zero_copy_only=False)
     return pa.array([fn(v) for v in enc.dictionary.to_pylist()] + [fn(None)], typ).take(codes)
