@@ -89,8 +89,9 @@ def parts(body: bytes) -> list:
 
 def test_body_carries_the_rows_images_as_content_parts():
     b = builder(seed=3)
-    path, body, chars, text = b.body(row(5, 3, "64x40"), "m", "chat")
-    assert path == "/v1/chat/completions" and text == "describe these" and chars == len(text)
+    path, body, sized, text = b.body(row(5, 3, "64x40"), "m", "chat")
+    # the row's own text: nothing sized from the calibration's words
+    assert path == "/v1/chat/completions" and text == "describe these" and sized == (0, 0)
     content = parts(body)
     assert content[0] == {"type": "text", "text": "describe these"} and len(content) == 4
     pngs = [from_url(p["image_url"]["url"]) for p in content[1:]]
