@@ -2,7 +2,8 @@
 
 The runner never holds the trace: `TraceWindow` walks the Parquet file in small record
 batches and yields rows (plain tuples, so they travel in Locust messages unchanged) with
-their schedule already computed. `scan` validates the window once before the run.
+their schedule already computed; after a stop, `rest` hands over the unread part as Arrow tables
+(not_sent records are built from them column-wise). `scan` validates the window once before the run.
 """
 from __future__ import annotations
 
