@@ -16,6 +16,7 @@ its PID; each run has a deadline.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
@@ -63,21 +64,24 @@ def remainder_trace(n: int, base: Path, head: int = 300) -> Path:
     return write_trace(base / "rest.parquet", head + n, output_tokens=4, arrival_ns=(at * 1e9).astype("int64"))
 
 
-def stop_time(trace: Path, after: float, grace: float, base: Path) -> tuple[float, int]:
-    """(seconds from SIGINT to the exit of `replay run`, its exit code) on `trace`."""
+def stop_time(trace: Path, after: float, grace: float, base: Path) -> tuple[float, float, int]:
+    """(seconds from SIGINT to the exit of `replay run`, to its runner's end (records.parquet written,
+    run.json ended_wall), its exit code) on `trace`."""
+    out = base / f"stop-{trace.stem}"
     with sse_server("--interval", "0.001") as url:
-        run = popen_run(trace, url, base / "stop", "--model-map", "*=m", "--grace", str(grace))
+        run = popen_run(trace, url, out, "--model-map", "*=m", "--grace", str(grace))
         try:
-            t0 = wait_t0(base / "stop")
+            t0 = wait_t0(out)
             time.sleep(max(0.0, t0 + after - time.time()))
-            sig = time.monotonic()
+            sig, sig_wall = time.monotonic(), time.time()
             run.send_signal(signal.SIGINT)
             run.communicate(timeout=600)
-            return time.monotonic() - sig, run.returncode
+            ended = json.loads((out / "run.json").read_text()).get("ended_wall", float("nan"))
+            return time.monotonic() - sig, ended - sig_wall, run.returncode
         except subprocess.TimeoutExpired:
             run.kill()
             run.wait(10)
-            return float("inf"), -9
+            return float("inf"), float("inf"), -9
 
 
 def main() -> None:
@@ -98,13 +102,13 @@ def main() -> None:
         print(f"report of a chain: {a.small:,} calls {small * 1e3:.3f} ms/call, {a.large:,} calls "
               f"{large * 1e3:.3f} ms/call, ratio {large / small:.2f} (1.0 = linear)")
         if a.stop_calls:
-            took, rc = stop_time(chain_trace(a.stop_calls, base), a.stop_after, a.grace, base)
+            took, ended, rc = stop_time(chain_trace(a.stop_calls, base), a.stop_after, a.grace, base)
             print(f"Ctrl-C on a {a.stop_calls:,}-call chain {a.stop_after:g} s after T0: replay run exited "
-                  f"{took:.1f} s later (exit {rc}; --grace {a.grace:g} s)")
+                  f"{took:.1f} s later, its runner ended after {ended:.1f} s (exit {rc}; --grace {a.grace:g} s)")
         if a.stop_rows:
-            took, rc = stop_time(remainder_trace(a.stop_rows, base), min(a.stop_after, 2.0), a.grace, base)
+            took, ended, rc = stop_time(remainder_trace(a.stop_rows, base), min(a.stop_after, 2.0), a.grace, base)
             print(f"Ctrl-C with {a.stop_rows:,} plain rows unsent {min(a.stop_after, 2.0):g} s after T0: replay run "
-                  f"exited {took:.1f} s later (exit {rc}; --grace {a.grace:g} s)")
+                  f"exited {took:.1f} s later, its runner ended after {ended:.1f} s (exit {rc}; --grace {a.grace:g} s)")
 
 
 if __name__ == "__main__":
