@@ -373,7 +373,7 @@ async def _collect(engine, queue, ids, stops, shape: AnswerPlan | None = None):
 async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, fault: RequestFaults,
                   stops: list[str], max_tokens: int, watcher: asyncio.Future, shape: AnswerPlan | None = None):
     try:
-        events, midpoint = 0, max(1, max_tokens // 2)
+        events, midpoint, faulted = 0, max(1, max_tokens // 2), False
         started = [False] * len(ids)
         choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
         prompt = completion = cached = reasoning = 0
@@ -388,7 +388,9 @@ async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, 
                 event = writer.role(i) + event
             yield event
             events += 1
-            if events == midpoint:
+            # a busy engine may deliver the tokens in fewer events than midpoint: the last one carries the fault
+            if not faulted and (events >= midpoint or reason is not None):
+                faulted = True
                 if fault.stall_s:
                     await asyncio.sleep(fault.stall_s)
                 if fault.malformed:
