@@ -175,7 +175,7 @@ def timing_warnings(path: str | Path, max_delay_s: float | None = None) -> list[
     from .trace import Trace
     path = Path(path)
     if path.suffix.lower() in (".csv", ".jsonl", ".json", ".ndjson"):
-        batches = Trace.read(path).table.to_batches()
+        batches = Trace.read(path, sort=True).table.to_batches()   # valid once sorted (--sort): as replayed
     else:
         cols = [c for c in ("arrival_ns", "delay_s") if c in pq.read_schema(path).names]
         batches = pq.ParquetFile(path).iter_batches(batch_size=1 << 16, columns=cols)
