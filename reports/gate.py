@@ -27,7 +27,7 @@ from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
 from .metrics import POOLED
 from .schema import STATUSES
-from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, load_slo
+from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
 from .stats import PERCENTILES, order_statistics
 from .text import markdown_table, render_table
 
@@ -344,7 +344,7 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
     bias = bias_of(an, an.bottleneck)
     ends = None
-    conf = None if as_measured else confidence or spec.confidence
+    conf = None if as_measured else spec.confidence if confidence is None else check_confidence(confidence)
     notes = ["judged as measured (--as-measured): point estimates, no confidence bounds"] if as_measured else []
     if bias is not None and as_measured:
         notes.append("the replay fell behind its schedule; figures judged as measured")

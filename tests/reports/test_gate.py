@@ -167,3 +167,20 @@ def test_forty_of_forty_above_the_limit_prove_a_p99_fails(tmp_path):
     r = run_cli("replay", "gate", run, "--slo", _slo(tmp_path, "objectives: ['ttft_ms.p99 <= 1']\n"))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "fail (95%)" in r.stdout
+
+
+def test_confidence_and_as_measured_options(tmp_path):
+    """`--confidence` sets every verdict's confidence; `--as-measured` judges point estimates."""
+    from tests.reports.synth import write_run
+    run = write_run(tmp_path / "run", _ttft_run([100.0] * 28))
+    slo = _slo(tmp_path, "objectives: ['ttft_ms.p90 <= 200']\n")
+    r = run_cli("replay", "gate", run, "--slo", slo)
+    assert r.returncode == 2 and "undecided: ~1 more requests" in r.stdout, r.stdout + r.stderr
+    r = run_cli("replay", "gate", run, "--slo", slo, "--confidence", "0.9")
+    assert r.returncode == 0 and "pass (90%)" in r.stdout and "90% bounds" in r.stdout, r.stdout
+    r = run_cli("replay", "gate", run, "--slo", slo, "--as-measured")
+    assert r.returncode == 0 and "pass (as measured)" in r.stdout, r.stdout
+    r = run_cli("replay", "gate", run, "--slo", slo, "--confidence", "1")
+    assert r.returncode == 2 and "confidence" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("replay", "report", run, "--slo", slo, "--confidence", "0.9", "--json", "--no-write")
+    assert r.returncode == 0 and json.loads(r.stdout)["gate"]["rows"][0]["verdict"] == "pass", r.stdout
