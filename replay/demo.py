@@ -20,7 +20,7 @@ objectives:
   - ttft_ms.p90 <= 1000
   - tpot_ms.p90 <= 100
   - attainment >= 0.8
-  - error_rate <= 0.01
+  - error_rate <= 0.1
 """
 
 
