@@ -226,5 +226,8 @@ def load_slo(path_or_dict: str | Path | dict | SloSpec) -> SloSpec:
     path = Path(path_or_dict)
     if path.is_dir():
         path = path / "pyproject.toml"
-    return spec_from_dict(_read(path), path)
+    raw = _read(path)
+    if path.name == "slo.json" and isinstance(raw, dict):   # an older `replay run --slo`'s own copy
+        raw.pop("min_tail_samples", None)
+    return spec_from_dict(raw, path)
 

@@ -184,3 +184,13 @@ def test_confidence_and_as_measured_options(tmp_path):
     assert r.returncode == 2 and "confidence" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run_cli("replay", "report", run, "--slo", slo, "--confidence", "0.9", "--json", "--no-write")
     assert r.returncode == 0 and json.loads(r.stdout)["gate"]["rows"][0]["verdict"] == "pass", r.stdout
+
+
+def test_min_tail_samples_is_refused_but_an_old_runs_own_spec_still_loads(tmp_path):
+    from llm_replay.reports import load_slo
+    from llm_replay.reports.errors import SloSpecError
+    with pytest.raises(SloSpecError, match="min_tail_samples is gone"):
+        load_slo(_slo(tmp_path, "objectives: ['ttft_ms.p99 <= 800']\nmin_tail_samples: 10\n"))
+    old = tmp_path / "slo.json"   # written by `replay run --slo` before confidence bounds
+    old.write_text(json.dumps({"name": None, "objectives": ["ttft_ms.p99 <= 800"], "min_tail_samples": 1.0}))
+    assert load_slo(old).confidence == 0.95
