@@ -213,9 +213,10 @@ def _quantile_more(x: np.ndarray, p: float, op: str, limit: float, conf: float) 
 def _proportion_more(k: int, n: int, op: str, limit: float, conf: float) -> int | None:
     def decided(N):
         kk = k / n * N
-        lo, hi = sps.beta.ppf(1 - conf, kk, N - kk + 1), sps.beta.ppf(conf, kk + 1, N - kk)
+        lo = np.where(kk > 0, sps.beta.ppf(1 - conf, kk, N - kk + 1), 0.0)
+        hi = np.where(kk < N, sps.beta.ppf(conf, kk + 1, N - kk), 1.0)
         return np.array([judge(op, limit, a, b) != "undecided" for a, b in zip(lo, hi)])
-    return _more(n, decided) if 0 < k < n else None
+    return _more(n, decided)
 
 
 @dataclass

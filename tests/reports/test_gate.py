@@ -194,3 +194,11 @@ def test_min_tail_samples_is_refused_but_an_old_runs_own_spec_still_loads(tmp_pa
     old = tmp_path / "slo.json"   # written by `replay run --slo` before confidence bounds
     old.write_text(json.dumps({"name": None, "objectives": ["ttft_ms.p99 <= 800"], "min_tail_samples": 1.0}))
     assert load_slo(old).confidence == 0.95
+
+
+def test_proportions_take_exact_bounds():
+    """12 requests without an error prove an error rate <= 0.3 (Clopper-Pearson upper bound 0.22),
+    not <= 0.01: that takes ~300 requests, and the gate says so."""
+    res = evaluate_slo(_ttft_run([50.0] * 12), {"objectives": ["error_rate <= 0.01", "error_rate <= 0.3"]})
+    assert [r.verdict for r in res.rows] == ["undecided", "pass"], res.table()
+    assert 280 <= 12 + res.rows[0].more <= 320 and res.rows[0].ci[1] > 0.2
