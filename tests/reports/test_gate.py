@@ -184,6 +184,10 @@ def test_confidence_and_as_measured_options(tmp_path):
     assert r.returncode == 2 and "confidence" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = run_cli("replay", "report", run, "--slo", slo, "--confidence", "0.9", "--json", "--no-write")
     assert r.returncode == 0 and json.loads(r.stdout)["gate"]["rows"][0]["verdict"] == "pass", r.stdout
+    from tests.replay.runkit import write_trace
+    r = run_cli("replay", "run", "--trace", write_trace(tmp_path / "t.parquet", 2), "--target", "http://127.0.0.1:9",
+                "--slo", slo, "--confidence", "95", "-o", tmp_path / "r")
+    assert r.returncode == 2 and "confidence" in r.stderr and not (tmp_path / "r").exists(), r.stderr
 
 
 def test_min_tail_samples_is_refused_but_an_old_runs_own_spec_still_loads(tmp_path):
