@@ -107,7 +107,7 @@ def fuzz_slo(rng: random.Random, path: Path) -> None:
                               str(_extreme(rng)) for _ in range(rng.randint(0, 4))]
         text = json.dumps(good).encode()
     elif kind == 3:
-        good[rng.choice(["per_request", "classes", "objectives", "min_tail_samples", "zzz"])] = _nest(rng, rng.randint(0, 6))
+        good[rng.choice(["per_request", "classes", "objectives", "confidence", "zzz"])] = _nest(rng, rng.randint(0, 6))
         text = json.dumps(good, default=str).encode()
     elif kind == 4:
         text = ("objectives:\n" + "".join(f"  - 'e2e_ms.p90 <= {i}'\n" for i in range(rng.choice([10, 3000])))).encode()

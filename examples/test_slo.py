@@ -4,8 +4,9 @@
     pytest examples/test_slo.py            # starts engine-stub for the session
 
 Each replay runs open-loop in a child process; failures print the gate table (and, when
-requests failed, their status counts and first errors). A p99 needs 100 samples and a p95 20
-(`min_tail_samples`): these short runs gate p95; gate p99 on runs of 100+ requests.
+requests failed, their status counts and first errors). Each objective is judged at 95 %
+confidence (docs/verdicts.md): 29 requests under a p90 limit prove it, a p95 takes 59, a p99 299,
+and an error rate <= 0.1 takes 29 requests without an error: these short runs gate p90.
 
 LENGTH_SCALE sizes the requests for engine-stub, a small model on a CPU: at full chat lengths
 these rates sit near its capacity, and a busy host pushed TTFT p95 to 86 s. At a tenth of the
@@ -22,10 +23,10 @@ LENGTH_SCALE = 0.1
 
 
 def test_chat_traffic_meets_slo(replay):
-    result = replay("chat", duration=15, rate=2, length_scale=LENGTH_SCALE, max_requests=40)
+    result = replay("chat", duration=20, rate=2, length_scale=LENGTH_SCALE, max_requests=40)
     result.assert_slo(HERE / "slo.yaml")
 
 
-@pytest.mark.slo("ttft_ms.p95 <= 5000", "error_rate <= 0.01")
+@pytest.mark.slo("ttft_ms.p90 <= 5000", "error_rate <= 0.1")
 def test_bursty_traffic(replay):
     replay("bursty", duration=15, rate=3, length_scale=LENGTH_SCALE, max_requests=40)

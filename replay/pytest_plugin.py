@@ -34,21 +34,25 @@ class ReplayResult:
     returncode: int
     output: str = ""
     gates: list = field(default_factory=list)
-    judge_as_measured: bool = False      # --replay-judge-as-measured
+    as_measured: bool = False            # --replay-as-measured
+    confidence: float | None = None      # --replay-confidence
 
     @property
     def metrics(self) -> dict[str, float]:
         from llm_replay import reports
         return reports.headline(self.summary)
 
-    def gate(self, slo: Any, judge_as_measured: bool = False, allow_client_bottleneck: bool = False):
-        """Gate this run. Figures that a replay behind its schedule may have moved are judged at
-        both ends of their bias bound (cannot evaluate, exit 2, only when it straddles a limit),
-        or as measured with `judge_as_measured` (--replay-judge-as-measured;
-        `allow_client_bottleneck` is its old name)."""
+    def gate(self, slo: Any, as_measured: bool = False, confidence: float | None = None,
+             judge_as_measured: bool = False, allow_client_bottleneck: bool = False):
+        """Gate this run at `confidence` (--replay-confidence; default the spec's, else 0.95):
+        pass, fail or undecided (exit 2) per objective, docs/verdicts.md; figures that a replay
+        behind its schedule may have moved are judged at both ends of their bias bound. Point
+        estimates with `as_measured` (--replay-as-measured; `judge_as_measured` and
+        `allow_client_bottleneck` are its old names)."""
         from llm_replay import reports
-        result = reports.evaluate_slo(self.run_dir, _load_slo(slo), judge_as_measured=judge_as_measured
-                                      or allow_client_bottleneck or self.judge_as_measured)
+        result = reports.evaluate_slo(self.run_dir, _load_slo(slo), confidence=confidence or self.confidence,
+                                      as_measured=as_measured or judge_as_measured or allow_client_bottleneck
+                                      or self.as_measured)
         self.gates.append(result)
         return result
 
@@ -103,9 +107,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     default=os.environ.get("REPLAY_REQUIRE_TARGET", "") not in ("", "0"),
                     help="fail when no target is given (env REPLAY_REQUIRE_TARGET=1), instead of testing a local "
                          "engine-stub: in CI, a missing secret must not pass having tested nothing")
-    group.addoption("--replay-judge-as-measured", "--replay-allow-client-bottleneck", dest="replay_judge_as_measured",
-                    action="store_true", help="judge every figure at its measured value, even where a replay "
-                    "behind its schedule may have moved it (default: at both ends of its bias bound)")
+    group.addoption("--replay-as-measured", "--replay-judge-as-measured", "--replay-allow-client-bottleneck",
+                    dest="replay_as_measured", action="store_true", help="judge every figure at its measured "
+                    "value (k6's semantics): no confidence bounds, no bias bound (docs/verdicts.md)")
+    group.addoption("--replay-confidence", type=float, default=None, metavar="C",
+                    help="each gate verdict's confidence (default: the SLO spec's, else 0.95)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -179,7 +185,8 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
                                f"{outcome.output[-3000:]}")
         result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output,
-                              judge_as_measured=request.config.getoption("replay_judge_as_measured"))
+                              as_measured=request.config.getoption("replay_as_measured"),
+                              confidence=request.config.getoption("replay_confidence"))
         for name, value in reports.headline(result.summary).items():
             request.node.user_properties.append((f"replay.{len(runs)}.{name}", value))
         runs.append(result)

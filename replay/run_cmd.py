@@ -78,6 +78,8 @@ def add_parser(sub) -> None:
                         "(default 10s: vLLM exports every 5 s)")
     p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
+    from llm_replay.reports.cli import confidence_arg
+    confidence_arg(p)
     p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
@@ -518,6 +520,9 @@ def run(args) -> int:
     if args.slo:
         from llm_replay import reports
         slo = reports.load_slo(args.slo)  # a bad spec fails before the run, not after
+        if getattr(args, "confidence", None) is not None:
+            from llm_replay.reports.slo import check_confidence
+            slo.confidence = check_confidence(args.confidence)
     if not 0 <= args.max_error_rate <= 1:
         raise RunError(f"--max-error-rate {args.max_error_rate:g}: a share of the requests, from 0 to 1")
     run_dir, made = claim_run_dir(args.out)

@@ -51,11 +51,12 @@ def shown(verdict: str) -> str:
 
 
 def gate_reason(gate) -> str:
-    """Why a gate could not be evaluated: the distinct notes of its rows that could not be
-    (the gate's own notes when it had no rows)."""
+    """Why a gate could not be evaluated: its undecided objectives and the distinct notes of its
+    rows that could not be (the gate's own notes when it had no rows)."""
     if gate.unfinished:
         return gate.unfinished
-    notes = [r.note or f"{r.objective}: no reason given" for r in gate.rows if r.verdict == CANNOT]
+    notes = [f"{r.objective} undecided" + (f": ~{r.more:,} more requests" if r.more else "") if r.verdict == "undecided"
+             else r.note or f"{r.objective}: no reason given" for r in gate.rows if r.verdict in (CANNOT, "undecided")]
     if not gate.rows:
         notes = list(gate.notes) or ["no objectives"]
     return "; ".join(dict.fromkeys(notes))

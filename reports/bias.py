@@ -18,7 +18,7 @@ a token that arrived then was stamped when the client ran again, late by at most
 The dispatch lag itself is measured exactly and has no bound. A stall that no send fell in is
 not seen: at 20 req/s sends are 50 ms apart, so what is missed is shorter than that.
 The gate takes the statistic of the lower and of the upper sample: pass when even the worst
-end passes, fail when even the best end fails, cannot evaluate only in between.
+end passes, fail when even the best end fails, undecided in between.
 """
 from __future__ import annotations
 

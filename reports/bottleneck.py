@@ -10,7 +10,7 @@ read from the run's CPU samples (`cpu.parquet`, written by `replay run` beside i
   processes, such as a server on the same machine, held them): the client was not run.
 Without samples the cause is unknown. The figures a cause taints are listed; the gate judges
 them at both ends of the bias bound the late sends and their windows allow (bias.py), and says
-"cannot evaluate" only when that bound straddles a limit (`--judge-as-measured`: as measured).
+"undecided" when that bound straddles a limit (`--as-measured`: as measured).
 """
 from __future__ import annotations
 

@@ -19,6 +19,12 @@ def _window_args(p: argparse.ArgumentParser) -> None:
                    help="measure only the longest span with in-flight concurrency >= FRAC x peak")
 
 
+def confidence_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--confidence", type=float, metavar="C",
+                   help="each verdict's confidence, from 0.5 to below 1 (default: the SLO spec's `confidence:`, "
+                        "else 0.95)")
+
+
 def _window(args) -> dict:
     return {"warmup": args.warmup, "cooldown": args.cooldown, "steady_state": args.steady_state}
 
@@ -35,7 +41,8 @@ def _report_suffix(args) -> str:
     from pathlib import Path
     parts = [(name, value) for name, value in (
         ("warmup", args.warmup), ("cooldown", args.cooldown), ("steady-state", args.steady_state),
-        ("slo", args.slo and Path(args.slo).stem), ("window", args.window_s)) if value is not None]
+        ("slo", args.slo and Path(args.slo).stem), ("confidence", args.confidence), ("window", args.window_s))
+        if value is not None]
     return ".".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}-{value:g}" if isinstance(value, float)
                            else f"{name}-{value}") for name, value in parts)
 
@@ -53,7 +60,12 @@ def cmd_report(args) -> int:
               f"{args.spans} -> {out / 'spans.parquet'}", file=sys.stderr)
     if suffix and not any((out / f).exists() for f in ("summary.json", "summary.md", "report.html")):
         suffix = ""   # nothing of the run's own to keep
-    summary = summarize_run(args.run, slo=args.slo, window_s=args.window_s, write=not args.no_write,
+    slo = args.slo
+    if args.confidence is not None:   # the spec given, else the run's own (replay run --slo)
+        from .slo import check_confidence, load_slo
+        slo = load_slo(args.slo or out / "slo.json")
+        slo.confidence = check_confidence(args.confidence)
+    summary = summarize_run(args.run, slo=slo, window_s=args.window_s, write=not args.no_write,
                             suffix=suffix, **_window(args))
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -69,8 +81,8 @@ def cmd_report(args) -> int:
 
 def cmd_gate(args) -> int:
     from . import evaluate_slo
-    return _show(evaluate_slo(args.run, args.slo, judge_as_measured=args.judge_as_measured, **_window(args)),
-                 args.json)
+    return _show(evaluate_slo(args.run, args.slo, as_measured=args.as_measured, confidence=args.confidence,
+                              **_window(args)), args.json)
 
 
 def cmd_compare(args) -> int:
@@ -100,6 +112,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run directory (with records.parquet) or a records file")
     p.add_argument("--slo", help="SLO spec (YAML/TOML/pyproject.toml): per-request thresholds for goodput; "
                                  "objectives are gated in the report too")
+    confidence_arg(p)
     p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
     p.add_argument("--spans", metavar="FILE", help="server spans an OpenTelemetry collector's file exporter wrote "
@@ -112,16 +125,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _window_args(p)
     p.set_defaults(func=cmd_report, inputs={"run": "no such file or run directory"})
 
-    p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 cannot evaluate)",
-                       description="Evaluate every objective of an SLO spec on a run. Exit 0: all hold; "
-                                   "1: an objective failed; 2: could not evaluate (too few samples, bad input, or a "
-                                   "replay behind its schedule whose bias bound straddles a limit).")
+    p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 undecided)",
+                       description="Evaluate every objective of an SLO spec on a run at a stated confidence "
+                                   "(docs/verdicts.md). Exit 0: all hold; 1: an objective failed; 2: undecided "
+                                   "(too few requests to tell at that confidence) or could not evaluate (no "
+                                   "samples, bad input).")
     p.add_argument("run", help="run directory or records file")
     p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
-    p.add_argument("--judge-as-measured", "--allow-client-bottleneck", dest="judge_as_measured", action="store_true",
-                   help="judge every figure at its measured value, even where a replay behind its schedule "
-                        "may have moved it (default: judged at both ends of its bias bound; exit 2 only when "
-                        "the bound straddles the limit)")
+    p.add_argument("--as-measured", "--judge-as-measured", "--allow-client-bottleneck", dest="as_measured",
+                   action="store_true", help="judge every figure at its measured value (k6's semantics): no "
+                   "confidence bounds, and no bias bound where a replay behind its schedule may have moved it")
+    confidence_arg(p)
     _window_args(p)
     p.set_defaults(func=cmd_gate, inputs={"run": "no such file or run directory"})
 

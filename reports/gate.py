@@ -1,31 +1,37 @@
 """SLO gate (docs/reports.md, Gate): evaluate every objective of a spec on a run.
 
-Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something
-could not be evaluated (no samples, too few samples for the percentile asked, no objectives,
-or a replay behind its schedule whose bias bound straddles the limit: bias.py).
-A failure outranks a cannot-evaluate: one definite violation is the more useful signal. A run
+Each objective is judged at the spec's confidence (docs/verdicts.md): pass when the bound on its
+bad side holds, fail when the bound on its good side does not, undecided between. Percentiles take
+distribution-free bounds (order statistics, exact binomial), attainment and error_rate exact
+(Clopper-Pearson) ones, means a one-sided t bound; max and the rates are judged as measured. A
+replay behind its schedule widens each bound to both ends of its bias (bias.py). `as_measured`
+judges point estimates (k6's semantics).
+
+Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something is
+undecided or could not be evaluated (no samples, no objectives).
+A failure outranks an undecided: one definite violation is the more useful signal. A run
 that did not finish (killed, a full disk: `unfinished`) never passes: exit 2 whatever its rows say,
 since its requests are a fragment of the trace.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
 from .metrics import POOLED
 from .schema import STATUSES
-from .slo import SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, load_slo
-from .stats import MIN_TAIL, PERCENTILES, quantile_cis
+from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
+from .stats import PERCENTILES, order_statistics
 from .text import markdown_table, render_table
 
-COLUMNS = ["objective", "scope", "measured", "limit", "n", "95% CI", "verdict"]
+COLUMNS = ["objective", "scope", "measured", "limit", "n", "bounds", "verdict"]
 BOUND_COLUMN = "bias bound"
 FIRST_ERRORS = 3      # distinct (http status, message) pairs a failing gate shows, first sent first
 
@@ -37,10 +43,12 @@ class GateRow:
     measured: float | None
     limit: float
     n: int
-    ci: tuple[float, float] | None
-    verdict: str                    # pass, fail, cannot evaluate
+    ci: tuple[float, float] | None  # lower and upper confidence bounds, each one-sided at `confidence`
+    verdict: str                    # pass, fail, undecided, cannot evaluate
     note: str = ""
     bound: tuple[float, float] | None = None   # the statistic at the best and worst end of its bias
+    confidence: float | None = None            # None: judged as measured
+    more: int | None = None         # undecided: the further requests that would most likely decide it
 
 @dataclass
 class GateResult:
@@ -61,7 +69,7 @@ class GateResult:
         verdicts = {r.verdict for r in self.rows}
         if "fail" in verdicts:
             return 1
-        return 2 if ("cannot evaluate" in verdicts or not self.rows) else 0
+        return 2 if (verdicts - {"pass"} or not self.rows) else 0
 
     @property
     def passed(self) -> bool:
@@ -70,15 +78,19 @@ class GateResult:
     @property
     def columns(self) -> list[str]:
         bounded = any(r.bound is not None for r in self.rows)
-        return COLUMNS[:3] + [BOUND_COLUMN] + COLUMNS[3:] if bounded else COLUMNS
+        confs = {r.confidence for r in self.rows} - {None}
+        cols = [c if c != "bounds" or len(confs) != 1 else f"{confs.pop():.0%} bounds" for c in COLUMNS]
+        return cols[:3] + [BOUND_COLUMN] + cols[3:] if bounded else cols
 
     def _rows(self) -> list[list[object]]:
         bounded = any(r.bound is not None for r in self.rows)
         return [[r.objective, r.scope, r.measured, *([r.bound] if bounded else []), r.limit, r.n, r.ci,
-                 r.verdict + (f" ({r.note})" if r.note else "")] for r in self.rows]
+                 _verdict_text(r)] for r in self.rows]
 
     def table(self) -> str:
-        verdict = {0: "PASS", 1: "FAIL", 2: "CANNOT EVALUATE"}[self.exit_code]
+        verdict = {0: "PASS", 1: "FAIL",
+                   2: "UNDECIDED" if any(r.verdict == "undecided" for r in self.rows) else "CANNOT EVALUATE"}[
+            self.exit_code]
         caption = "; ".join([f"{self.unfinished}: not gated" if self.unfinished else "",
                              f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
@@ -146,14 +158,65 @@ def unfinished(config: dict | None, records: int, not_sent: int) -> str | None:
             "were sent")
 
 
-def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
-    if n == 0:
-        return None
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
+def _verdict_text(r: GateRow) -> str:
+    head = r.verdict + (f" ({r.confidence:.0%})" if r.confidence and r.verdict in ("pass", "fail") else
+                        " (as measured)" if r.confidence is None and r.verdict in ("pass", "fail") else "")
+    more = f"~{r.more:,} more requests" if r.more else ""
+    return head + (": " if more and r.verdict == "undecided" else "") + more + (f" ({r.note})" if r.note else "")
+
+
+def proportion_bounds(k: int, n: int, conf: float) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) lower and upper bounds of a proportion, each one-sided at `conf`."""
+    lo = float(sps.beta.ppf(1 - conf, k, n - k + 1)) if k > 0 else 0.0
+    hi = float(sps.beta.ppf(conf, k + 1, n - k)) if k < n else 1.0
+    return lo, hi
+
+
+def quantile_bounds(x: np.ndarray, p: float, conf: float) -> tuple[float, float]:
+    """Distribution-free lower and upper bounds of the p-quantile of x's distribution, each
+    one-sided at `conf`: order statistics whose ranks come from Binomial(n, p), exact for any
+    continuous distribution and conservative for independent, not identically distributed samples
+    (Hoeffding 1956). -inf / inf where n is too small for that side."""
+    n = len(x)
+    up = int(sps.binom.ppf(conf, n, p))                       # P(Bin <= up) >= conf
+    lo = int(sps.binom.ppf(1 - conf, n, p))
+    lo -= sps.binom.cdf(lo, n, p) > 1 - conf                  # largest lo with P(Bin <= lo) <= 1 - conf
+    ranks = np.array([r for r in (lo, up) if 0 <= r < n], dtype=np.int64)
+    v = dict(zip(ranks.tolist(), order_statistics(x, ranks).tolist())) if len(ranks) else {}
+    return v.get(lo, -np.inf), v.get(up, np.inf)
+
+
+def judge(op: str, limit: float, lo: float, hi: float) -> str:
+    """pass when the bound on the objective's bad side holds, fail when the one on its good side
+    does not, undecided between: the verdict `replay gate` gives every objective."""
+    holds = OPS[op]
+    worst, best = (hi, lo) if op in ("<=", "<") else (lo, hi)
+    return "pass" if holds(worst, limit) else "fail" if not holds(best, limit) else "undecided"
+
+
+GROW = np.unique(np.geomspace(1, 1e8, 600).astype(np.int64))   # run lengths tried by _more
+
+
+def _more(n: int, decided) -> int | None:
+    """The further requests after which `decided(N)` (vectorised over run lengths N) first holds,
+    the measured shares staying as they are; None beyond 1e8."""
+    N = GROW[GROW > n]
+    hit = np.flatnonzero(decided(N))
+    return int(N[hit[0]] - n) if len(hit) else None
+
+
+def _quantile_more(x: np.ndarray, p: float, op: str, limit: float, conf: float) -> int | None:
+    g = float(np.mean(x <= limit if op in ("<=", "<") else x < limit))
+    return _more(len(x), lambda N: (sps.binom.ppf(conf, N, p) < g * N) | (sps.binom.ppf(1 - conf, N, p) - 1 >= g * N))
+
+
+def _proportion_more(k: int, n: int, op: str, limit: float, conf: float) -> int | None:
+    def decided(N):
+        kk = k / n * N
+        lo = np.where(kk > 0, sps.beta.ppf(1 - conf, kk, N - kk + 1), 0.0)
+        hi = np.where(kk < N, sps.beta.ppf(conf, kk + 1, N - kk), 1.0)
+        return np.array([judge(op, limit, a, b) != "undecided" for a, b in zip(lo, hi)])
+    return _more(n, decided)
 
 
 @dataclass
@@ -165,8 +228,9 @@ class Ends:
     best: Analysis
 
 
-def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: SloSpec,
+def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None,
               ends: Ends | None = None) -> GateRow:
+    """One objective's row; `conf` None judges the point estimate."""
     if obj.metric in TASK_METRICS + TASK_SCALARS + SPAN_METRICS:   # judged as measured: the bias bound is per
         ends = None                                                   # request; the server saw what it saw
     if obj.metric in SPAN_METRICS and obj.metric not in an.rm.columns:
@@ -179,20 +243,21 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: 
             why = "no tasks in the run (no task_id)" if an.tasks is None else "no tasks in the window" if not n \
                 else "run duration unknown"
             return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
-        ci = _wilson(round(value * n), n) if obj.metric == "task_attainment" and n else None
-        return _row(obj, scope, value, n, ci)
+        counts = [round(value * n)] if obj.metric == "task_attainment" else None
+        return _row(obj, scope, value, n, conf, counts=counts)
     if obj.stat is None:
         sc = an.scalars(rows)
         value, n = sc.get(obj.metric), sc["issued"]
-        ci = None
-        if obj.metric in ("attainment", "error_rate") and n:
-            k = sc["good"] if obj.metric == "attainment" else sc["failed"]
-            ci = _wilson(k, n)
         if value is None:
             why = "no requests in the window" if not n else "run duration unknown"
             return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
         bound = _scalar_bound(obj.metric, value, rows, ends) if ends else None
-        return _row(obj, scope, value, n, ci, bound=bound)
+        counts = None
+        if obj.metric in ("attainment", "error_rate"):
+            key = "good" if obj.metric == "attainment" else "failed"
+            counts = [sc[key]] + ([e.scalars(rows)[key] for e in (ends.worst, ends.best)]
+                                  if ends and key == "good" else [])
+        return _row(obj, scope, value, n, conf, bound, counts=counts)
     x = an.task_values(rows) if obj.metric in TASK_METRICS else an.values(obj.metric, rows)
     n = len(x)
     if n == 0:
@@ -200,23 +265,9 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, spec: 
                        "no tasks in the run (no task_id)" if obj.metric in TASK_METRICS and an.tasks is None
                        else "no server span joined a successful request" if obj.metric in SPAN_METRICS
                        else "no samples")
-    ci, note = None, ""
-    samples = _sample_bounds(an, obj.metric, rows, ends) if ends else None
-    if obj.stat in PERCENTILES:
-        p = PERCENTILES[obj.stat] / 100
-        if n * (1 - p) < spec.min_tail_samples - 1e-9:
-            need = math.ceil(spec.min_tail_samples / (1 - p) - 1e-9)
-            return GateRow(obj.text, scope, stat_value(x, obj.stat), obj.limit, n, None,
-                           "cannot evaluate", f"{obj.stat} needs n >= {need}")
-        q = [PERCENTILES[obj.stat]]
-        ci = quantile_cis(x, q)[0]
-        if samples is not None and ci is not None:   # the interval of both ends: widened by the bias
-            lo, hi = quantile_cis(samples[0], q)[0], quantile_cis(samples[1], q)[0]
-            ci = (min(ci[0], lo[0]), max(ci[1], hi[1])) if lo and hi else ci
-        if n * (1 - p) < MIN_TAIL:
-            note = f"only {n * (1 - p):.1f} samples beyond {obj.stat}"
-    bound = None if samples is None else (stat_value(samples[0], obj.stat), stat_value(samples[1], obj.stat))
-    return _row(obj, scope, stat_value(x, obj.stat), n, ci, note, bound)
+    ends_x = _sample_bounds(an, obj.metric, rows, ends) if ends else None
+    bound = None if ends_x is None else (stat_value(ends_x[0], obj.stat), stat_value(ends_x[1], obj.stat))
+    return _row(obj, scope, stat_value(x, obj.stat), n, conf, bound, samples=[x, *(ends_x or ())])
 
 
 def _sample_bounds(an: Analysis, metric: str, rows: np.ndarray, ends: Ends):
@@ -239,37 +290,65 @@ def _scalar_bound(metric: str, value: float, rows: np.ndarray, ends: Ends) -> tu
     return None
 
 
-def _row(obj: Objective, scope: str, value: float, n: int, ci, note: str = "",
-         bound: tuple[float, float] | None = None) -> GateRow:
-    ok = obj.holds(value)
-    verdict = "pass" if ok else "fail"
-    if bound is not None:
-        lo, hi = bound
-        worst, best = (hi, lo) if obj.op in ("<=", "<") else (lo, hi)
-        if obj.holds(worst):
-            verdict = "pass"
-        elif not obj.holds(best):
-            verdict = "fail"
+def _mean_bounds(x: np.ndarray, conf: float) -> tuple[float, float]:
+    """One-sided Student-t bounds of the mean, each at `conf`."""
+    if len(x) < 2:
+        return -np.inf, np.inf
+    half = sps.t.ppf(conf, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x))
+    m = float(np.mean(x, dtype=np.float64))
+    return m - half, m + half
+
+
+def _row(obj: Objective, scope: str, value: float, n: int, conf: float | None,
+         bound: tuple[float, float] | None = None, samples: list[np.ndarray] | None = None,
+         counts: list[int] | None = None) -> GateRow:
+    """Judge one objective: at confidence bounds where its statistic has them (samples: the run's
+    values then those of both ends of its bias; counts: the same for a proportion), else as
+    measured, at both ends of the bias `bound` when there is one."""
+    lo, hi = (value, value) if bound is None else (min(bound), max(bound))
+    ci = more = None
+    bounded = conf is not None and (counts is not None or (samples is not None and obj.stat != "max"))
+    if bounded:
+        if counts is not None:
+            bs = [proportion_bounds(k, n, conf) for k in counts]
+        elif obj.stat == "mean":
+            bs = [_mean_bounds(s, conf) for s in samples]
         else:
-            verdict = "cannot evaluate"
-            note = "; ".join(filter(None, [note, "the bias bound straddles the limit"]))
-    elif ci is not None and ci[0] <= obj.limit <= ci[1]:
-        note = "; ".join(filter(None, [note, "limit inside the CI"]))
+            bs = [quantile_bounds(s, PERCENTILES[obj.stat] / 100, conf) for s in samples]
+        lo, hi = min(b[0] for b in bs), max(b[1] for b in bs)
+        ci = tuple(float(v) if np.isfinite(v) else None for v in (lo, hi))
+    verdict = judge(obj.op, obj.limit, lo, hi)
+    note = ""
+    if verdict == "undecided" and bounded:
+        if counts is not None:
+            more = _proportion_more(counts[0], n, obj.op, obj.limit, conf)
+        elif obj.stat == "mean" and n > 1 and value != obj.limit:
+            s = float(np.std(samples[0], ddof=1))
+            more = max(1, int(np.ceil((sps.t.ppf(conf, n - 1) * s / abs(value - obj.limit)) ** 2)) - n)
+        elif obj.stat != "mean":
+            more = _quantile_more(samples[0], PERCENTILES[obj.stat] / 100, obj.op, obj.limit, conf)
+        note = "" if more else "the measured value sits at the limit"
+    elif verdict == "undecided":
+        note = "the bias bound straddles the limit"
     return GateRow(obj.text, scope, float(value), obj.limit, int(n), ci, verdict, note,
-                   None if bound is None else (float(bound[0]), float(bound[1])))
+                   None if bound is None else (float(bound[0]), float(bound[1])),
+                   conf if bounded else None, more)
 
 
-def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False, config: dict | None = None) -> GateResult:
-    """Evaluate every objective (run-wide, then per class) on an analysed run. When the replay
-    fell behind its schedule, each figure it may have moved is judged at both ends of its bias
-    bound (bias.py), unless `judge_as_measured`. `config` (run.json) tells whether the run finished."""
+def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | None = None,
+         confidence: float | None = None) -> GateResult:
+    """Evaluate every objective (run-wide, then per class) on an analysed run at `confidence`
+    (default: the spec's). When the replay fell behind its schedule, each figure it may have moved
+    is judged at both ends of its bias bound (bias.py). `as_measured`: point estimates, no bounds.
+    `config` (run.json) tells whether the run finished."""
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
     bias = bias_of(an, an.bottleneck)
     ends = None
-    notes = []
-    if bias is not None and judge_as_measured:
-        notes.append("the replay fell behind its schedule; figures judged as measured (--judge-as-measured)")
+    conf = None if as_measured else spec.confidence if confidence is None else check_confidence(confidence)
+    notes = ["judged as measured (--as-measured): point estimates, no confidence bounds"] if as_measured else []
+    if bias is not None and as_measured:
+        notes.append("the replay fell behind its schedule; figures judged as measured")
     elif bias is not None:
         ends = Ends(bias, replace(an, good=good_requests(bias.shifted(an.rm, upper=True), spec)),
                     replace(an, good=good_requests(bias.shifted(an.rm, upper=False), spec)))
@@ -277,7 +356,7 @@ def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False, config: d
         notes.append(f"the replay fell behind its schedule ({cause}): {bias.affected(an.mask)} requests overlapped "
                      f"{len(bias.stalls)} stalls ({bias.stalled_s:.3g} s); each figure judged at both ends of its "
                      f"bias bound")
-    rows = [_evaluate(an, o, an.mask, "all", spec, ends) for o in spec.objectives]
+    rows = [_evaluate(an, o, an.mask, "all", conf, ends) for o in spec.objectives]
     for name, cls in spec.classes.items():
         if not cls.objectives:
             continue
@@ -287,7 +366,7 @@ def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False, config: d
                 sel |= codes == labels.index(name)
         if not sel.any():
             notes.append(f"class {name!r} matches no model or slo_class in this run")
-        rows += [_evaluate(an, o, an.mask & sel, name, spec, ends) for o in cls.objectives]
+        rows += [_evaluate(an, o, an.mask & sel, name, conf, ends) for o in cls.objectives]
     if not rows:
         notes.append("the SLO spec has no objectives to gate on")
     empty = int(an.mask[an.rm.empty_ok].sum())
@@ -300,15 +379,16 @@ def gate(an: Analysis, spec: SloSpec, judge_as_measured: bool = False, config: d
 
 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
-                 cooldown=None, steady_state: float | None = None, judge_as_measured: bool = False,
+                 cooldown=None, steady_state: float | None = None, as_measured: bool = False,
+                 confidence: float | None = None, judge_as_measured: bool = False,
                  allow_bottleneck: bool | None = None) -> GateResult:
     """Gate a run (directory, records file, records table or Analysis) on an SLO spec. A run
     directory also tells whether the replay kept its schedule (run.json, cpu.parquet).
-    `allow_bottleneck`: the old name of `judge_as_measured`."""
+    `judge_as_measured` and `allow_bottleneck`: old names of `as_measured`."""
     spec = load_slo(slo)
-    judge_as_measured = judge_as_measured or bool(allow_bottleneck)
+    as_measured = as_measured or judge_as_measured or bool(allow_bottleneck)
     if isinstance(run_dir_or_records, Analysis):
-        return gate(run_dir_or_records, spec, judge_as_measured)
+        return gate(run_dir_or_records, spec, as_measured, confidence=confidence)
     with plain_pages():
         run = None
         if isinstance(run_dir_or_records, pa.Table):
@@ -324,4 +404,4 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         if run is not None:
             from .servertime import attach
             attach(an, run)
-        return gate(an, spec, judge_as_measured, run.config if run else None)
+        return gate(an, spec, as_measured, run.config if run else None, confidence)

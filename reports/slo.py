@@ -28,7 +28,7 @@ SCALARS = ("attainment", "error_rate", "goodput_rps", "token_goodput_per_s", "re
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 _OBJ = re.compile(r"^\s*([a-z0-9_]+)(?:\.(mean|p50|p90|p95|p99|p99\.9|max))?\s*(<=|<|>=|>)\s*"
                   r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
-TOP_KEYS = ("name", "per_request", "per_task", "objectives", "classes", "min_tail_samples")
+TOP_KEYS = ("name", "per_request", "per_task", "objectives", "classes", "confidence")
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class SloSpec:
     per_request: dict[str, float] = field(default_factory=dict)   # normalised: ttft_ms, tpot_ms, e2e_ms
     objectives: list[Objective] = field(default_factory=list)
     classes: dict[str, ClassSpec] = field(default_factory=dict)
-    min_tail_samples: float = 1.0   # a percentile p needs n*(1-p) >= this, else "cannot evaluate"
+    confidence: float = 0.95        # each verdict's (docs/verdicts.md)
     name: str | None = None
     source: str | None = None
     per_task: dict[str, float] = field(default_factory=dict)     # task_s: a good task's longest time
@@ -68,7 +68,7 @@ class SloSpec:
                 "objectives": [o.text for o in self.objectives],
                 "classes": {k: {"per_request": c.per_request, "objectives": [o.text for o in c.objectives]}
                             for k, c in self.classes.items()},
-                "min_tail_samples": self.min_tail_samples}
+                "confidence": self.confidence}
 
 
 def parse_objective(text: object, where: str, src: object = None) -> Objective:
@@ -142,9 +142,20 @@ def _objectives(raw: object, where: str, src: object) -> list[Objective]:
     return [parse_objective(t, f"{where}[{i}]", src) for i, t in enumerate(raw)]
 
 
+def check_confidence(c: object, source: object = None) -> float:
+    """A verdict's confidence: a number in [0.5, 1)."""
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.5 <= c < 1:
+        raise SloSpecError(f"must be a number from 0.5 to below 1 (e.g. 0.95), got {c!r}", file=source,
+                           field="confidence")
+    return float(c)
+
+
 def spec_from_dict(raw: object, source: object = None) -> SloSpec:
     if not isinstance(raw, dict):
         raise SloSpecError(f"an SLO spec is a mapping with keys {', '.join(TOP_KEYS)}", file=source)
+    if "min_tail_samples" in raw:
+        raise SloSpecError("min_tail_samples is gone: every percentile is judged at a confidence bound, "
+                           "whatever n (set `confidence:`, default 0.95)", file=source, field="min_tail_samples")
     for key in raw:
         if key not in TOP_KEYS:
             raise SloSpecError(f"unknown key (allowed: {', '.join(TOP_KEYS)})", file=source, field=key)
@@ -160,11 +171,9 @@ def spec_from_dict(raw: object, source: object = None) -> SloSpec:
                                file=source, field=where)
         classes[str(name)] = ClassSpec(_per_request(c.get("per_request"), f"{where}.per_request", source),
                                        _objectives(c.get("objectives"), f"{where}.objectives", source))
-    mts = raw.get("min_tail_samples", 1)
-    if isinstance(mts, bool) or not isinstance(mts, (int, float)) or mts < 0:
-        raise SloSpecError(f"must be a number >= 0, got {mts!r}", file=source, field="min_tail_samples")
     spec = SloSpec(_per_request(raw.get("per_request"), "per_request", source),
-                   _objectives(raw.get("objectives"), "objectives", source), classes, float(mts),
+                   _objectives(raw.get("objectives"), "objectives", source), classes,
+                   check_confidence(raw.get("confidence", 0.95), source),
                    raw.get("name"), str(source) if source else None, _per_task(raw.get("per_task"), source))
     if not (spec.objectives or spec.has_per_request or spec.per_task or any(c.objectives for c in classes.values())):
         raise SloSpecError("the spec sets neither per_request thresholds nor objectives", file=source)
@@ -217,5 +226,8 @@ def load_slo(path_or_dict: str | Path | dict | SloSpec) -> SloSpec:
     path = Path(path_or_dict)
     if path.is_dir():
         path = path / "pyproject.toml"
-    return spec_from_dict(_read(path), path)
+    raw = _read(path)
+    if path.name == "slo.json" and isinstance(raw, dict):   # an older `replay run --slo`'s own copy
+        raw.pop("min_tail_samples", None)
+    return spec_from_dict(raw, path)
 

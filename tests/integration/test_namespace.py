@@ -19,7 +19,7 @@ import reports, traces, replay
 def test_user_packages_and_plugin(replay):
     assert reports.WHO == traces.WHO == "user"      # the project's own packages, not ours
     r = replay(TRACE, no_check=True, no_progress=True)
-    r.assert_slo({"objectives": ["error_rate <= 0.01"]})
+    r.assert_slo({"objectives": ["error_rate <= 0.5"]})   # 6 of 6 ok prove it at 95 %
     assert r.metrics["ok"] == 6
 """
 

@@ -169,11 +169,11 @@ def test_no_passing_rate_but_a_failure_exits_1(tmp_path, tried, capsys):
 
 
 def test_gate_reason_is_the_notes_of_the_rows_that_could_not_be_evaluated():
-    rows = [GateRow("ttft_ms.p99 <= 500", "all", None, 500, 20, None, "cannot evaluate", "p99 needs n >= 100"),
-            GateRow("e2e_ms.p99 <= 900", "all", None, 900, 20, None, "cannot evaluate", "p99 needs n >= 100"),
+    rows = [GateRow("ttft_ms.p99 <= 500", "all", 80.0, 500, 20, None, "undecided", more=279),
+            GateRow("e2e_ms.p99 <= 900", "all", None, 900, 20, None, "cannot evaluate", WHY),
             GateRow("error_rate <= 0.01", "all", 0.0, 0.01, 20, None, "pass", "limit inside the CI"),
             GateRow("tpot_ms.p50 <= 50", "all", None, 50, 0, None, "cannot evaluate", WHY)]
-    assert sweep.gate_reason(GateResult(rows, 1.0, 2.0)) == f"p99 needs n >= 100; {WHY}"
+    assert sweep.gate_reason(GateResult(rows, 1.0, 2.0)) == f"ttft_ms.p99 <= 500 undecided: ~279 more requests; {WHY}"
     assert sweep.gate_reason(GateResult([], None, None, ["the SLO spec has no objectives to gate on"])) \
         == "the SLO spec has no objectives to gate on"
 

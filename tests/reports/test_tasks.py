@@ -67,7 +67,11 @@ def test_tasks_summary_and_task_slos():
                                                         "task_s.p50 <= 1.0"]}
     res = evaluate_slo(table(), spec)
     verdicts = {r.objective: r.verdict for r in res.rows}
-    assert verdicts == {"task_s.max <= 2.5": "pass", "task_attainment >= 0.5": "fail", "task_s.p50 <= 1.0": "fail"}
+    # three tasks prove neither an attainment below 0.5 nor a median above 1 s at 95 %; as measured, they fail
+    assert verdicts == {"task_s.max <= 2.5": "pass", "task_attainment >= 0.5": "undecided",
+                        "task_s.p50 <= 1.0": "undecided"}
+    res = evaluate_slo(table(), spec, as_measured=True)
+    assert [r.verdict for r in res.rows] == ["pass", "fail", "fail"]
     measured = {r.objective: r.measured for r in res.rows}
     assert measured["task_s.max <= 2.5"] == pytest.approx(2.4)
     assert not math.isnan(measured["task_s.p50 <= 1.0"])
