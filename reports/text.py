@@ -26,7 +26,12 @@ def fmt(v: object, digits: int = 4) -> str:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
     if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-        return fmt_ci(*v)
+        if all(math.isfinite(x) for x in v) or not any(math.isfinite(x) for x in v):
+            return fmt_ci(*v)
+    if isinstance(v, (list, tuple)) and len(v) == 2 and any(isinstance(x, (int, float)) for x in v):
+        # a gate's one-sided bounds: too few samples for one side (inf, or null in summary.json)
+        lo, hi = (x if isinstance(x, (int, float)) and math.isfinite(x) else None for x in v)
+        return f"[{'-∞' if lo is None else fmt(lo, digits)}, {'∞' if hi is None else fmt(hi, digits)}]"
     if isinstance(v, (list, tuple)) and len(v) == 2:
         return f"[{fmt(v[0], digits)}, {fmt(v[1], digits)}]"
     return str(v)

@@ -19,7 +19,7 @@ def test_sweep_brackets_capacity(tmp_path):
     # so a low rate passes and a high one fails whatever the machine's speed.
     trace = write_trace(tmp_path / "t.parquet", 12, gap_s=1.0, input_tokens=200, output_tokens=120)
     slo = tmp_path / "slo.yaml"
-    slo.write_text("objectives:\n  - ttft_ms.p90 <= 1500\n  - error_rate <= 0.01\n")
+    slo.write_text("objectives:\n  - ttft_ms.p50 <= 1500\n  - error_rate <= 0.25\n")   # what 12 requests can prove at 95 %
     out = tmp_path / "sweep"
     p = run_cli("replay", "sweep", "--trace", trace, "--slo", slo, "--rates", "1,64", "--max-runs", "4",
                 "--tolerance", "0.5", "-o", out, "--engine-arg=--max-num-seqs", "--engine-arg=1", "--", "--no-progress", timeout=400)

@@ -25,7 +25,7 @@ def test_rate_is_the_replayed_rows_rate_and_unbracketed_capacity_is_a_lower_boun
                     "input_tokens": pa.array(np.full(n, 20), pa.int32()),
                     "output_tokens": pa.array(np.full(n, 4), pa.int32())})).write(trace)
     slo = tmp_path / "slo.yaml"
-    slo.write_text("objectives:\n  - error_rate <= 0.01\n")
+    slo.write_text("objectives:\n  - error_rate <= 0.3\n")   # 0 of 10 failed proves <= 0.26 at 95 %
     out = tmp_path / "sweep"
     with sse_server() as url:
         p = run_cli("replay", "sweep", "--trace", trace, "--target", url, "--slo", slo, "--rates", "4,8",
