@@ -75,7 +75,7 @@ def test_a_failed_gate_shows_the_table_not_the_plugin(pytester: pytest.Pytester,
     import inspect
 
     from llm_replay.replay import pytest_plugin
-    trace = write_trace(tmp_path / "t.parquet", 4, gap_s=0.01)
+    trace = write_trace(tmp_path / "t.parquet", 8, gap_s=0.01)   # 8 samples can prove a p50 above a limit at 95 %
     pytester.makepyfile(test_gates=FAILING_FILE.replace("TRACE", repr(str(trace))))
     for k, v in repo_env().items():
         monkeypatch.setenv(k, v)
