@@ -16,6 +16,7 @@ import sys
 import time
 
 import gevent  # noqa: E402
+import gevent.event  # noqa: E402
 from locust import events  # noqa: E402
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner  # noqa: E402
 
@@ -106,10 +107,21 @@ def _on_quitting(environment, **kw) -> None:
 
 
 def _finish() -> None:
+    """Close the run once; a second caller (the stop, the quit and the job's end all call this, and
+    closing yields to the loop) waits for the first, else Locust exits before records.parquet exists."""
+    closed = _state.get("closed")
+    if closed is not None:
+        closed.wait()
+        return
     out = _state.pop("out", None)
-    if out is not None:
+    if out is None:
+        return
+    closed = _state["closed"] = gevent.event.Event()
+    try:
         from llm_replay.replay.output import update_run_json
         counts = out.close()
         status = "interrupted" if getattr(_state.get("job"), "stopping", False) else "completed"
         update_run_json(out.dir, status=status, status_counts=counts, ended_wall=time.time())
         print(f"replay: run directory {out.dir}", file=sys.stderr)
+    finally:
+        closed.set()
