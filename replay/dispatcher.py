@@ -75,6 +75,7 @@ class Job:
         self.seq = itertools.count()
         self.poke = Event()            # a release (or the end of one) while the dispatcher idles
         self.stopping = False
+        self.stop_reason: str | None = None   # the not_sent rows' error after a stop that gave a reason
         self.breath = 0.0              # perf_counter when _breathe yields next
         self.finished = Event()
         self.sent = self.done = self.errors = self.tokens = 0
@@ -319,6 +320,7 @@ class Job:
 
     def _unsent(self, row: tuple, status: str = "not_sent", error: str | None = None) -> None:
         label = row[plan.MODEL]
+        error = error or (self.stop_reason if status == "not_sent" else None)
         self.rec.add(unsent(row, self.c.target_model(label), self.worker, status, error,
                             target=self.c.target_of(label)))
 
@@ -334,7 +336,7 @@ class Job:
         not_sent, column-wise in batches of thousands, the loop polled between them (the responses
         still arriving, the flusher)."""
         for t in tables:
-            self.rec.write(unsent_batch(t, self.c, self.worker))
+            self.rec.write(unsent_batch(t, self.c, self.worker, error=self.stop_reason))
             self.breath = 0.0
             self._breathe()
 

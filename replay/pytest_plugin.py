@@ -8,6 +8,10 @@
     def test_gated(replay):
         replay("chat", duration=30, rate=2)      # a preset name generates the trace
 
+With an SLO known before the run (the `slo` marker, or `replay(trace, slo=...)`), each replay runs
+until its gate is decided (`replay run --until-decided`: further passes of the trace, stopped at the
+first decided look; `until_decided=False` or `--replay-fixed-length`: the trace once).
+
 Options: `--replay-target [MODEL=]URL` (repeatable; else a session fixture starts engine-stub on a free port),
 `--replay-runs-dir DIR`, `--replay-engine-arg ARG` (repeatable), `--replay-arg ARG` (passed to
 every `replay run`). Each replay runs in a child process: this plugin never imports locust.
@@ -110,6 +114,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--replay-as-measured", "--replay-judge-as-measured", "--replay-allow-client-bottleneck",
                     dest="replay_as_measured", action="store_true", help="judge every figure at its measured "
                     "value (k6's semantics): no confidence bounds, no bias bound (docs/verdicts.md)")
+    group.addoption("--replay-fixed-length", action="store_true",
+                    help="replay each trace once, even where the SLO is known before the run (default: run "
+                         "until the gate is decided, docs/verdicts.md#run-until-decided)")
     group.addoption("--replay-confidence", type=float, default=None, metavar="C",
                     help="each gate verdict's confidence (default: the SLO spec's, else 0.95)")
 
@@ -179,7 +186,8 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
                     f"name either (presets: {', '.join(PRESETS)})")
             path = _preset_trace(str(trace), options, tmp_path)
         run_dir = runs_dir / f"run-{len(runs)}"
-        extra = run_args(options) + _key_args() + list(request.config.getoption("--replay-arg"))
+        extra = _until_args(request, options, runs_dir, len(runs))
+        extra += run_args(options) + _key_args() + list(request.config.getoption("--replay-arg"))
         outcome = replay_run(path, replay_targets, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
             raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
@@ -194,6 +202,24 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
 
     run.runs = runs  # the marker's gate reads them after the test body
     return run
+
+
+def _until_args(request: pytest.FixtureRequest, options: dict, runs_dir: Path, k: int) -> list[str]:
+    """`--slo FILE --until-decided` when the SLO is known before the run and the test did not opt out."""
+    import json
+    spec = options.pop("slo", None)
+    until = options.pop("until_decided", True) and not request.config.getoption("replay_fixed_length")
+    mark = request.node.get_closest_marker("slo")
+    if spec is None and mark is not None:
+        spec = slo_from_marker(mark)
+    if spec is None or not until:
+        return []
+    spec = _load_slo(spec)
+    conf = request.config.getoption("replay_confidence")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / f"slo-{k}.yaml"   # JSON is YAML
+    path.write_text(json.dumps({key: v for key, v in spec.to_dict().items() if key not in ("source", "name")}))
+    return ["--slo", str(path), "--until-decided", *(["--confidence", str(conf)] if conf else [])]
 
 
 def _key_args() -> list[str]:

@@ -80,6 +80,12 @@ def add_parser(sub) -> None:
                    "thresholds and shows its objectives (exit codes come from `replay gate`)")
     from llm_replay.reports.cli import confidence_arg
     confidence_arg(p)
+    p.add_argument("--until-decided", action="store_true",
+                   help="with --slo: go on replaying (more passes of the trace) until the gate is decided, then "
+                        "stop sending; the exit code is the gate's (docs/verdicts.md#run-until-decided)")
+    p.add_argument("--max-duration", type=parse_duration, metavar="DURATION",
+                   help="--until-decided: replay at most this long (--max-requests: at most that many rows; "
+                        "default: the window and up to 7 more passes)")
     p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
@@ -525,16 +531,29 @@ def run(args) -> int:
             slo.confidence = check_confidence(args.confidence)
     if not 0 <= args.max_error_rate <= 1:
         raise RunError(f"--max-error-rate {args.max_error_rate:g}: a share of the requests, from 0 to 1")
+    until = getattr(args, "until_decided", False)
+    if until and slo is None:
+        raise RunError("--until-decided needs --slo: the objectives it runs until they are decided")
+    if getattr(args, "max_duration", None) is not None and not until:
+        raise RunError("--max-duration is the budget of --until-decided; without it, --duration cuts the trace")
     run_dir, made = claim_run_dir(args.out)
     args.out = str(run_dir)
     try:
+        if until:   # the trace and its further passes, up to the budget: RUN_DIR/trace.parquet
+            from .until import extend_trace
+            extended = extend_trace(args, run_dir)
+            args.trace, args.start, args.duration, args.max_requests = str(run_dir / "trace.parquet"), 0.0, None, None
         # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
         receiver = _start_receiver(args.otlp, getattr(args, "otlp_token", None)) \
             if getattr(args, "otlp", None) not in (None, "send") else None
         config, notes = build_config(args)
         prepare_run_dir(config, notes, claimed=True)
+        if until:
+            from .output import update_run_json
+            update_run_json(run_dir, until_decided=extended)
     except BaseException:   # nothing was run: the directory is free again
         (run_dir / "run.json").unlink(missing_ok=True)
+        (run_dir / "trace.parquet").unlink(missing_ok=True)
         if made and not any(run_dir.iterdir()):
             run_dir.rmdir()
         raise
@@ -544,13 +563,25 @@ def run(args) -> int:
         if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
             (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
                                                          indent=1) + "\n")
-        code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False))
+        looks = None
+        if until:
+            from .until import Looks
+            looks = Looks(run_dir, slo, config.speed)
+        code = _run_child(run_dir, getattr(args, "nice", None), getattr(args, "realtime", False), looks)
         if code == UNWRITABLE:   # the runner said why in one `error:` line; its run.json says failed
             return 2
         if receiver is not None:
             _finish_receiver(receiver, run_dir, config.otlp_wait_s)
         verdict = ""
-        if code == 0:
+        if looks is not None and code in (0, 130) and (code == 0 or looks.decided is not None):
+            from .output import update_run_json
+            looks.look()   # a run faster than the parent's polls: the looks it finished before
+            update_run_json(run_dir, until_decided=looks.record(stopped=code == 130),
+                            **({"status": "decided"} if code == 130 else {}))
+            from llm_replay import reports
+            code = reports.evaluate_slo(run_dir, slo).exit_code
+            verdict = _until_line(run_dir, code, slo.confidence)
+        elif code == 0:
             code, verdict = _verdict(run_dir, getattr(args, "exit_code_on_error", None), args.max_error_rate)
         _summary_now(run_dir, slo, verdict)
     except OSError as e:   # a full disk: one line, and run.json (where it can still be written) says so
@@ -726,7 +757,19 @@ def prepare_run_dir(config: plan.RunConfig, notes: dict, claimed: bool = False) 
 STOP_MARGIN_S = 15.0   # after a forwarded Ctrl-C/SIGTERM and the grace time, a stuck runner is killed
 
 
-def _run_child(run_dir: Path, nice: int | None = None, realtime: bool = False) -> int:
+def _until_line(run_dir: Path, code: int, confidence: float) -> str:
+    """The last line of a run until decided: what was decided, at which look, with how many rows."""
+    info = json.loads((run_dir / "run.json").read_text())
+    u, counts = info["until_decided"], info.get("status_counts") or {}
+    what = {0: "passed", 1: "failed"}.get(code, "undecided")
+    how = f"decided at look {u['look']}" if u["decided"] else f"not decided within the budget ({u['look']} looks)"
+    left = f"; {counts.get('not_sent', 0):,} rows not sent" if u["stopped"] else ""
+    return (f"until decided: {what}, {how}: judged the first {u['judged_rows']:,} of {u['rows']:,} rows at "
+            f"{u['confidence_per_look']:.2%} (the looks' error rates sum to at most "
+            f"{1 - confidence:.0%}){left}: exit {code}")
+
+
+def _run_child(run_dir: Path, nice: int | None = None, realtime: bool = False, looks=None) -> int:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
@@ -756,11 +799,16 @@ def _run_child(run_dir: Path, nice: int | None = None, realtime: bool = False) -
     try:
         while True:
             try:
-                rc = child.wait(timeout=max(0.0, sampler.due - time.monotonic()) if sampler.ok else 0.5)
+                rc = child.wait(timeout=min(max(0.0, sampler.due - time.monotonic()) if sampler.ok else 0.5,
+                                             0.5 if looks is not None else 60.0))
                 break
             except subprocess.TimeoutExpired:
                 if sampler.ok:
                     sampler.sample()
+                if looks is not None and not asked and looks.look():   # decided: stop sending
+                    update_run_json(run_dir, stop_reason="decided: the SLO gate reached its verdict")
+                    asked.append(time.monotonic())
+                    child.send_signal(signal.SIGINT)
                 # a runner stuck in a computation never sees the signal (its handler runs in its
                 # event loop): after the grace and a margin it is killed, its records salvaged
                 if asked and time.monotonic() > asked[0] + grace + STOP_MARGIN_S and child.poll() is None:

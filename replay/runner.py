@@ -163,6 +163,10 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
 def stop_job(job: Job, now: bool) -> None:
     if now:
         job.c.grace_s = 0.0
+    try:   # a stop asked by `replay run` itself (--until-decided) says why in run.json
+        job.stop_reason = json.loads((Path(job.c.run_dir) / "run.json").read_text()).get("stop_reason")
+    except (OSError, ValueError):
+        pass
     job.stop()
 
 

@@ -5,8 +5,10 @@ the highest offered rate whose run still passes the SLO gate (typically
 `attainment >= target`). Prints and writes the capacity curve (goodput and p99 latency
 against offered load) and marks the knee of the latency curve.
 
-Each point has the gate's verdict: pass (exit 0), fail (exit 1) or cannot evaluate (exit 2: too
-few samples, figures tainted because the replay fell behind its schedule, ...). A rate that could
+Each point replays until its gate is decided (`replay run --until-decided`: further passes of the
+trace, stopped at the first decided look) and has the gate's verdict: pass (exit 0), fail (exit 1)
+or cannot evaluate (exit 2: undecided within the budget, figures tainted because the replay fell
+behind its schedule, ...). A rate that could
 not be evaluated bounds nothing: it steers the search like a failing one (the next rate tried is
 lower), but the capacity is only bracketed by a rate that failed, and the gaps it leaves between
 the highest passing rate and the lowest failing one are bisected too. A rate at which every
@@ -78,7 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=0.1,
                    help="stop bisecting when hi/lo < 1 + tolerance (default 0.1)")
     p.add_argument("--max-runs", type=int, default=10, help="upper bound on replays (default 10)")
-    p.add_argument("--max-requests", type=int, default=None, help="replay at most this many rows per run")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay at most this many rows per run (each run goes on until its gate is decided: by "
+                        "default up to 8 passes of the trace)")
     p.add_argument("-o", "--output", default="runs/sweep", help="sweep directory")
     p.add_argument("--engine-arg", action="append", default=[],
                    help="without --target: extra argument for engine-stub serve (repeatable, "
@@ -134,7 +138,9 @@ class Sweeper:
         from .runproc import replay_run
         speed = rate / self.native
         run_dir = self.out / f"rate-{rate:g}"
-        extra = ["--speed", f"{speed:.6g}"]
+        # each point replays until its gate is decided (more passes of the trace when needed):
+        # an undecided point bounds nothing, so deciding it is cheaper than bisecting around it
+        extra = ["--speed", f"{speed:.6g}", "--slo", str(self.args.slo), "--until-decided"]
         if self.args.max_requests:
             extra += ["--max-requests", str(self.args.max_requests)]
         extra += [a for a in self.args.run_args if a != "--"]

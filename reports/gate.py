@@ -27,6 +27,7 @@ from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
 from .metrics import POOLED
 from .schema import STATUSES
+from .sequential import judged, look_confidence
 from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
 from .stats import PERCENTILES, order_statistics
 from .text import markdown_table, render_table
@@ -141,7 +142,8 @@ def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
                        "message": (g["error"] or "")[:300], "count": g["order_count"]} for g in groups]
 
 
-FINISHED = ("completed", "all_failed")   # run.json statuses of a run that sent its whole trace
+FINISHED = ("completed", "all_failed", "decided")   # run.json statuses of a run that finished (decided: until its
+                                                     # gate was decided, the rest not sent on purpose)
 
 
 def unfinished(config: dict | None, records: int, not_sent: int) -> str | None:
@@ -343,10 +345,19 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
     `config` (run.json) tells whether the run finished."""
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
-    bias = bias_of(an, an.bottleneck)
-    ends = None
     conf = None if as_measured else spec.confidence if confidence is None else check_confidence(confidence)
     notes = ["judged as measured (--as-measured): point estimates, no confidence bounds"] if as_measured else []
+    looked = judged(config)
+    if looked is not None:   # a run until decided: the prefix its last look judged, at that look's confidence
+        until, k = looked
+        an = replace(an, mask=an.mask & (an.rm.scheduled <= until))
+        if conf is not None:
+            notes.append(f"run until decided: look {k} judged the {int(an.mask.sum()):,} rows scheduled by "
+                         f"{until:.4g} s at {look_confidence(conf, k):.2%}, so that the error rates of all its "
+                         f"looks sum to at most {1 - conf:.0%} (docs/verdicts.md#run-until-decided)")
+            conf = look_confidence(conf, k)
+    bias = bias_of(an, an.bottleneck)
+    ends = None
     if bias is not None and as_measured:
         notes.append("the replay fell behind its schedule; figures judged as measured")
     elif bias is not None:

@@ -56,6 +56,46 @@ def test_plugin_gates_runs(pytester: pytest.Pytester, tmp_path, monkeypatch):
     assert 'name="replay.0.ttft_ms_p99"' in junit and 'name="slo.run-0" value="pass"' in junit
 
 
+UNTIL_FILE = """
+import json
+import pytest
+
+def info(r):
+    return json.loads((r.run_dir / "run.json").read_text())
+
+@pytest.mark.slo("error_rate <= 0.25")
+def test_marker_runs_until_decided(replay):
+    r = replay(TRACE, no_check=True, no_progress=True)
+    u = info(r)["until_decided"]
+    assert info(r)["status"] == "decided" and u["decided"] and u["judged_rows"] == 16 and u["rows"] == 96
+    assert r.gate(["error_rate <= 0.25"]).rows[0].n == 16
+
+def test_slo_keyword_runs_until_decided(replay):
+    r = replay(TRACE, slo=["ttft_ms.p50 <= 0.000001"], no_check=True, no_progress=True)
+    assert r.returncode == 1 and info(r)["until_decided"]["look"] == 1
+
+def test_opt_out(replay):
+    r = replay(TRACE, slo=["error_rate <= 0.25"], until_decided=False, no_check=True, no_progress=True)
+    assert "until_decided" not in info(r) and info(r)["status_counts"] == {"ok": 12}
+"""
+
+
+@pytest.mark.slow
+def test_the_plugin_runs_until_decided_when_the_slo_is_known(pytester: pytest.Pytester, tmp_path, monkeypatch):
+    trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
+    pytester.makepyfile(test_until=UNTIL_FILE.replace("TRACE", repr(str(trace))))
+    for k, v in repo_env().items():
+        monkeypatch.setenv(k, v)
+    with sse_server() as url:
+        res = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", url, "-p", "no:cacheprovider",
+                                            timeout=wait_s(240))
+        res.assert_outcomes(passed=3)
+        fixed = pytester.runpytest_subprocess(*_plugin_args(), "--replay-target", url, "-p", "no:cacheprovider",
+                                              "--replay-fixed-length", "-k", "marker", timeout=wait_s(240))
+    fixed.assert_outcomes(failed=1)   # the trace once: no until_decided in run.json
+    assert "KeyError: 'until_decided'" in fixed.stdout.str() or "until_decided" in fixed.stdout.str()
+
+
 FAILING_FILE = """
 import pytest
 
