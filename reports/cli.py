@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 
@@ -85,12 +86,48 @@ def cmd_gate(args) -> int:
                               **_window(args)), args.json)
 
 
+def _amount(text: str, option: str, unit: str) -> float:
+    """'5%' or '5' -> 0.05 (unit '%'); '0.5pt' or '0.5' -> 0.005 (unit 'pt'): a margin >= 0."""
+    from .errors import ReportError
+    try:
+        value = float(text.strip().removesuffix(unit))
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise ReportError(f"{option}: expected a number >= 0 like 5{unit}, got {text!r}")
+    return value / 100
+
+
 def cmd_compare(args) -> int:
+    if args.not_worse_by is not None:
+        return _non_inferiority(args)
+    from .errors import ReportError
+    stray = [o for o, v in (("--metrics", args.metrics), ("--error-margin", args.error_margin),
+                            ("--confidence", args.confidence)) if v is not None]
+    if stray:
+        raise ReportError(f"{stray[0]} needs --not-worse-by PCT")
     from . import compare_runs
     result = compare_runs(args.base, args.cand, fail_on_regression_pct=args.fail_on_regression,
                           min_effect_pct=args.min_effect, slo=args.slo, html=args.html, **_window(args))
     if args.html:
         print(f"wrote {args.html}", file=sys.stderr)
+    return _show(result, args.json)
+
+
+def _non_inferiority(args) -> int:
+    from .compare import NI_METRICS, non_inferiority_runs
+    from .errors import ReportError
+    from .slo import check_confidence, load_slo
+    for option, value in (("--fail-on-regression", args.fail_on_regression), ("--html", args.html)):
+        if value is not None:
+            raise ReportError(f"{option} does not go with --not-worse-by (the non-inferiority test has its own "
+                              "verdict and exit code)")
+    margin = _amount(args.not_worse_by, "--not-worse-by", "%")
+    error_margin = _amount(args.error_margin or "1", "--error-margin", "pt")
+    metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else NI_METRICS
+    conf = args.confidence if args.confidence is not None else load_slo(args.slo).confidence if args.slo else 0.95
+    result = non_inferiority_runs(args.base, args.cand, margin, error_margin=error_margin, metrics=metrics,
+                                  conf=check_confidence(conf), slo=args.slo, **_window(args))
     return _show(result, args.json)
 
 
@@ -139,10 +176,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _window_args(p)
     p.set_defaults(func=cmd_gate, inputs={"run": "no such file or run directory"})
 
-    p = sub.add_parser("compare", help="compare two runs: per-metric deltas with CIs, rank tests, a verdict",
+    p = sub.add_parser("compare", help="compare two runs: per-metric deltas with CIs, rank tests, a verdict; "
+                                       "--not-worse-by: a non-inferiority test (exit 0 pass, 1 fail, 2 inconclusive)",
                        description="Compare a candidate run with a base run. Exit 0, or 1 with "
                                    "--fail-on-regression PCT when a metric regressed significantly by more "
-                                   "than PCT percent; 2 when a run has no successful requests.")
+                                   "than PCT percent; 2 when a run has no successful requests. With --not-worse-by "
+                                   "PCT: is the candidate not worse than the base by more than PCT percent on each "
+                                   "metric, at a stated confidence (docs/verdicts.md, A/B)? Exit 0 pass, 1 fail "
+                                   "(worse by more, with confidence), 2 inconclusive.")
     p.add_argument("base", help="base run directory or records file")
     p.add_argument("cand", help="candidate run directory or records file")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",
@@ -151,6 +192,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="smallest relative change reported as a change (default 1%%)")
     p.add_argument("--slo", help="SLO spec whose per-request thresholds define attainment")
     p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
+    p.add_argument("--not-worse-by", metavar="PCT",
+                   help="non-inferiority test: PASS when each metric of the candidate is, with confidence, at most "
+                        "PCT percent above the base's, FAIL when it is more. PCT in percent: 5 or 5%% (not 0.05)")
+    p.add_argument("--error-margin", metavar="PTS",
+                   help="with --not-worse-by: error_rate's margin, a difference in percentage points: 0.5 or 0.5pt "
+                        "(default 1)")
+    p.add_argument("--metrics", metavar="LIST",
+                   help="with --not-worse-by: comma-separated <latency>.<percentile> and error_rate (default "
+                        "ttft_ms.p50,ttft_ms.p99,tpot_ms.p50,tpot_ms.p99,e2e_ms.p99,error_rate)")
+    confidence_arg(p)
     _window_args(p)
     p.set_defaults(func=cmd_compare, inputs={"base": "no such file or run directory", "cand": "no such file or run directory"})
 

@@ -5,6 +5,9 @@ order-statistic bootstrap of stats.py; means: normal approximation), Bonferroni-
 all tested rows so that two runs from one distribution rarely show a false change; per
 distribution a Mann-Whitney rank test (Holm-adjusted). A row changes only when its interval
 excludes zero *and* the effect is at least `min_effect_pct`.
+
+`non_inferiority` asks another question, with stated error rates: is the candidate not worse than
+the base by more than a margin (docs/verdicts.md, A/B)? See its docstring for the bounds.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .analysis import Analysis, analyze, plain_pages, stat_value
+from .errors import ReportError
+from .metrics import LATENCIES, POOLED
 from .records import ANALYSIS_COLUMNS, load_run
 from .slo import load_slo
 from .stats import PERCENTILES, bootstrap_quantiles
@@ -214,3 +219,183 @@ def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min
         from .html import render_compare
         Path(html).write_text(render_compare(result, a, b, str(base), str(cand)))
     return result
+
+
+# Non-inferiority (A/B with stated error rates)
+NI_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99", "e2e_ms.p99", "error_rate")
+# Per-request latencies only: the pooled chunk gaps (ITL, ICL) are not independent samples.
+NI_LATENCIES = tuple(m for m in LATENCIES if m not in POOLED)
+NI_STATS = ("p50", "p90", "p95", "p99", "p99.9")
+NI_VERDICTS = {"pass": 0, "fail": 1}     # exit codes; inconclusive and cannot evaluate: 2
+
+
+def ratio_bounds(xb: np.ndarray, xc: np.ndarray, p: float, conf: float) -> tuple[float, float]:
+    """Lower and upper bounds of q_c / q_b - 1, the relative change of the p-quantile (p in 0..1)
+    from run xb to run xc, each one-sided at `conf`: the ratio of each run's exact order-statistic
+    bound (gate.quantile_bounds) at 1 - (1 - conf) / 2 (Bonferroni over the two runs). The upper
+    end misses only when q_c is above its upper bound or q_b below its lower bound, so it holds with
+    at least `conf` for any continuous latency distributions (no bootstrap: a percentile bootstrap of
+    a p99 under-covers on a few hundred requests, exactly where an A/B verdict must say "not yet").
+    -1 / inf where a run is too short for that side. Latencies are >= 0: a lower bound below 0 is 0."""
+    from .gate import quantile_bounds
+    each = 1 - (1 - conf) / 2
+    lb, ub = quantile_bounds(xb, p, each)
+    lc, uc = quantile_bounds(xc, p, each)
+    hi = uc / lb - 1 if lb > 0 and math.isfinite(uc) else math.inf
+    lo = max(lc, 0.0) / ub - 1 if math.isfinite(ub) and ub > 0 else -1.0
+    return lo, hi
+
+
+def difference_bounds(kb: int, nb: int, kc: int, nc: int, conf: float) -> tuple[float, float]:
+    """Lower and upper bounds of p_c - p_b, the difference of two proportions (kb of nb, kc of nc),
+    each one-sided at `conf`: exact Clopper-Pearson bounds of each run at 1 - (1 - conf) / 2,
+    combined (upper: the candidate's upper minus the base's lower bound). Conservative for every n,
+    unlike Wald (which misses on rare errors) or Newcombe's score interval (near, not at least, the
+    stated confidence)."""
+    from .gate import proportion_bounds
+    each = 1 - (1 - conf) / 2
+    lb, ub = proportion_bounds(kb, nb, each)
+    lc, uc = proportion_bounds(kc, nc, each)
+    return lc - ub, uc - lb
+
+
+def not_worse(lo: float, hi: float, margin: float) -> str:
+    """pass when even the worse end of the effect's bounds is within the margin, fail when even the
+    better end is beyond it, inconclusive between (lower is better: latencies, error rate)."""
+    return "pass" if hi <= margin else "fail" if lo > margin else "inconclusive"
+
+
+@dataclass
+class NonInferiorityRow:
+    metric: str
+    base: float | None
+    cand: float | None
+    effect: float | None        # quantiles: cand / base - 1; error_rate: cand - base (both as fractions)
+    lower: float | None         # the effect's bounds, each one-sided at the result's per-metric confidence
+    upper: float | None
+    margin: float
+    verdict: str                # pass, fail, inconclusive, cannot evaluate
+    note: str | None = None
+
+    @property
+    def relative(self) -> bool:
+        return self.metric != "error_rate"
+
+    def _fmt(self, v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v * 100:+.3g}%" if self.relative else f"{v * 100:+.3g} pt"
+
+    @property
+    def bounds_text(self) -> str:
+        """'[-3.1%, +8.2%]'; '-' for an end the runs are too short for (a ratio of -100 % or inf)."""
+        if self.lower is None:
+            return "-"
+        lo = self.lower if self.lower > -1 or not self.relative else None
+        return f"[{self._fmt(lo)}, {self._fmt(self.upper if math.isfinite(self.upper) else None)}]"
+
+
+@dataclass
+class NonInferiorityResult:
+    rows: list[NonInferiorityRow]
+    confidence: float           # the family's: every row's bounds are at 1 - (1 - confidence) / len(rows)
+    base_n: int
+    cand_n: int
+
+    @property
+    def metric_confidence(self) -> float:
+        return 1 - (1 - self.confidence) / max(len(self.rows), 1)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {r.verdict for r in self.rows}
+        return "fail" if "fail" in verdicts else "pass" if verdicts == {"pass"} else "inconclusive"
+
+    @property
+    def exit_code(self) -> int:
+        return NI_VERDICTS.get(self.verdict, 2)
+
+    def _rows(self) -> list[list[object]]:
+        return [[r.metric, r.base, r.cand, r._fmt(r.effect), r.bounds_text, "<= " + r._fmt(r.margin),
+                 r.verdict + (f" ({r.note})" if r.note else "")] for r in self.rows]
+
+    def _columns(self) -> list[str]:
+        return ["metric", "base", "cand", "effect", f"{self.metric_confidence:.2%} bounds", "margin", "verdict"]
+
+    def table(self) -> str:
+        caption = (f"effect: cand / base - 1 (error_rate: cand - base, in percentage points); its bounds each "
+                   f"one-sided at {self.metric_confidence:.2%}, {self.confidence:.0%} over the {len(self.rows)} "
+                   f"metrics (Bonferroni); base n={self.base_n:,}, cand n={self.cand_n:,} requests")
+        return render_table(f"A/B: candidate not worse? {self.verdict.upper()} (exit {self.exit_code})",
+                            self._columns(), self._rows(), caption=caption)
+
+    def markdown(self) -> str:
+        return markdown_table(self._columns(), self._rows())
+
+    def to_dict(self) -> dict:
+        def finite(v):
+            return v if v is None or math.isfinite(v) else None
+        return {"verdict": self.verdict, "exit_code": self.exit_code, "confidence": self.confidence,
+                "metric_confidence": self.metric_confidence, "base_n": self.base_n, "cand_n": self.cand_n,
+                "rows": [asdict(r) | {"lower": finite(r.lower), "upper": finite(r.upper)} for r in self.rows]}
+
+
+def check_metrics(metrics) -> tuple[str, ...]:
+    """The metrics a non-inferiority comparison judges: `<latency>.<percentile>` or error_rate."""
+    metrics = tuple(metrics)
+    for m in metrics:
+        name, _, stat = m.partition(".")
+        if m != "error_rate" and (name not in NI_LATENCIES or stat not in NI_STATS):
+            raise ReportError(f"--metrics: cannot judge {m!r}: use error_rate or <metric>.<percentile> with metric one of "
+                              f"{', '.join(NI_LATENCIES)} and percentile one of {', '.join(NI_STATS)}")
+    if not metrics:
+        raise ReportError("--metrics: name at least one metric")
+    return metrics
+
+
+def non_inferiority(base: Analysis, cand: Analysis, margin: float, *, error_margin: float = 0.01,
+                    metrics=NI_METRICS, conf: float = 0.95) -> NonInferiorityResult:
+    """Is the candidate not worse than the base by more than `margin` (a fraction: 0.05 = 5 %) on
+    each latency quantile, and by more than `error_margin` (a difference of proportions: 0.01 = 1
+    percentage point) on error_rate? Per metric the effect's bounds (ratio_bounds,
+    difference_bounds) at 1 - (1 - conf) / len(metrics) (Bonferroni over the metrics): if the
+    candidate were truly worse than a margin, PASS would come out at most 1 - conf of the time; if
+    it were truly within every margin, FAIL at most 1 - conf of the time."""
+    metrics = check_metrics(metrics)
+    mconf = 1 - (1 - conf) / len(metrics)
+    sb, sc = base.scalars(), cand.scalars()
+    rows = []
+    for m in metrics:
+        if m == "error_rate":
+            nb, nc = sb["issued"], sc["issued"]
+            if not nb or not nc:
+                rows.append(NonInferiorityRow(m, sb["error_rate"], sc["error_rate"], None, None, None, error_margin,
+                                              "cannot evaluate", "no requests"))
+                continue
+            lo, hi = difference_bounds(sb["failed"], nb, sc["failed"], nc, mconf)
+            b, c = sb["error_rate"], sc["error_rate"]
+            rows.append(NonInferiorityRow(m, b, c, c - b, lo, hi, error_margin, not_worse(lo, hi, error_margin)))
+            continue
+        name, _, stat = m.partition(".")
+        xb, xc = base.values(name), cand.values(name)
+        if len(xb) == 0 or len(xc) == 0:
+            rows.append(NonInferiorityRow(m, None, None, None, None, None, margin, "cannot evaluate",
+                                          "no samples in " + ("the base" if len(xb) == 0 else "the candidate")))
+            continue
+        b, c = stat_value(xb, stat), stat_value(xc, stat)
+        lo, hi = ratio_bounds(xb, xc, PERCENTILES[stat] / 100, mconf)
+        rows.append(NonInferiorityRow(m, b, c, c / b - 1 if b > 0 else None, lo, hi, margin,
+                                      not_worse(lo, hi, margin)))
+    return NonInferiorityResult(rows, conf, sb["issued"], sc["issued"])
+
+
+def non_inferiority_runs(base, cand, margin: float, *, error_margin: float = 0.01, metrics=NI_METRICS,
+                         conf: float = 0.95, slo=None, warmup=None, cooldown=None,
+                         steady_state: float | None = None) -> NonInferiorityResult:
+    """`non_inferiority` of two runs (directories, records files or Analyses)."""
+    metrics = check_metrics(metrics)     # before loading the runs: bad input is said at once
+    spec = load_slo(slo) if slo is not None else None
+    kw = dict(warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
+    with plain_pages():
+        return non_inferiority(_load(base, **kw), _load(cand, **kw), margin, error_margin=error_margin,
+                               metrics=metrics, conf=conf)
