@@ -16,7 +16,6 @@ from gevent import monkey  # first: locust would do it anyway; do it before anyt
 
 monkey.patch_all()
 
-import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -27,7 +26,6 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
-import gevent.event  # noqa: E402
 import gevent.pool  # noqa: E402
 import pandas  # noqa: E402,F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
 from locust.env import Environment  # noqa: E402
@@ -36,48 +34,9 @@ from . import plan  # noqa: E402
 from .dispatcher import Dispatcher, Job  # noqa: E402
 from .master import Master  # noqa: E402
 from .output import Output, update_run_json  # noqa: E402
+from .process import (ProcessContext, cpu_seconds, die_with_parent, freeze_gc, perf_at,  # noqa: E402
+                      preconnect, target_labels)
 from .run_cmd import UNWRITABLE  # noqa: E402
-from .worker import cpu_seconds  # noqa: E402
-
-
-class ProcessContext:
-    """`environment.replay`: lets the (single) Dispatcher user of a process run its Job."""
-
-    def __init__(self) -> None:
-        self.claimed = False
-        self.job: Job | None = None
-        self.ready = gevent.event.Event()
-        self.on_done = lambda: None
-
-    def claim(self) -> bool:
-        if self.claimed:
-            return False
-        self.claimed = True
-        return True
-
-    def run_job(self) -> None:
-        self.ready.wait()
-        # its own greenlet: when Locust stops (kills) its users, the job still records every row
-        gevent.spawn(self._run).join()
-
-    def _run(self) -> None:
-        try:
-            self.job.run()
-        finally:
-            self.on_done()
-
-
-def perf_at(wall: float) -> float:
-    """This process's perf_counter at wall-clock time `wall`."""
-    return time.perf_counter() + (wall - time.time())
-
-
-def freeze_gc() -> None:
-    """Before T0: warm lazy paths, then keep the long-lived heap out of later collections."""
-    from .recorder import to_batch, unsent
-    to_batch([unsent((0, "0", 0.0, 1, 1, *[None] * (plan.ROW_LEN - 5)), None, 0)])
-    gc.collect()
-    gc.freeze()  # keep the long-lived heap out of later collections (30-60 ms pauses)
 
 
 def warmup(job: Job, n: int) -> None:
@@ -100,33 +59,7 @@ def warmup(job: Job, n: int) -> None:
     group.join(timeout=60)
 
 
-def target_labels(config: plan.RunConfig) -> list[str | None]:
-    """One trace model label per target (None: the default target), to reach each deployment."""
-    labels = {config.target: None} if config.target else {}
-    for label, url in config.targets.items():
-        labels.setdefault(url, label)
-    return list(labels.values())
-
-
-PRECONNECT_AT_ONCE = 64   # --preconnect: connections being opened at the same time
 PRECONNECT_LEAD_S = 2.0   # distributed runs with --preconnect: T0 this much later (workers stop at T0)
-
-
-def preconnect(pool, n: int, deadline: float | None = None, who: str = "") -> int:
-    """--preconnect: `n` keep-alive connections opened before T0 and parked idle in `pool`, so the
-    first requests reuse them (a connection the server closes while idle is replaced on use, as
-    any other). Says on stderr how many and how long; a failure is a warning, never an error."""
-    if n <= 0:
-        return 0
-    t = time.perf_counter()
-    opened, err = pool.preconnect(n, PRECONNECT_AT_ONCE, deadline)
-    took = time.perf_counter() - t
-    if opened == n:
-        print(f"replay: {who}preconnect: opened {n} connections in {took:.2f} s", file=sys.stderr)
-    else:
-        print(f"replay: warning: {who}preconnect opened {opened} of {n} connections in {took:.2f} s "
-              f"({err}); the first requests open the others themselves", file=sys.stderr)
-    return opened
 
 
 def install_stop(stop) -> None:
@@ -262,7 +195,6 @@ def _reap(procs: list[subprocess.Popen]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .worker import die_with_parent
     die_with_parent()  # a SIGKILLed `replay run` takes its runner along (records stay flushed)
     run_dir = Path((argv or sys.argv[1:])[0])
     info = json.loads((run_dir / "run.json").read_text())

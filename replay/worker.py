@@ -57,19 +57,12 @@ class MessageFeed:
                 self.ev.wait()
 
 
-def cpu_seconds() -> float:
-    """This process's user + system CPU so far."""
-    import resource
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
 class WorkerSide:
     """Message handlers of a worker process (used by `replay worker` and the locustfile)."""
 
     def __init__(self, env, say=None) -> None:
         """`say`: print progress lines (`replay worker`; local workers stay quiet)."""
-        from .runner import ProcessContext
+        from .process import ProcessContext
         self.env, self.runner, self.say = env, env.runner, say or (lambda line: None)
         self.ctx = env.replay = ProcessContext()
         self.job = self.feed = None
@@ -84,7 +77,7 @@ class WorkerSide:
         from .dispatcher import Job
         from .output import flush_periodically
         from .recorder import Recorder
-        from .runner import freeze_gc, perf_at, preconnect, target_labels
+        from .process import cpu_seconds, freeze_gc, perf_at, preconnect, target_labels
         config = plan.RunConfig.from_json(msg.data["config"])
         self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
         self.recorder = Recorder(self._ship)
@@ -124,6 +117,7 @@ class WorkerSide:
         self.runner.send_message("replay_records", {"ipc": sink.getvalue().to_pybytes(), "stats": self._stats()})
 
     def _done(self) -> None:
+        from .process import cpu_seconds
         self.recorder.flush()
         self.job.close()
         # Locust's statistics of every request go before replay_done (same socket, in order):
@@ -136,20 +130,11 @@ class WorkerSide:
                  f"waiting for the master to end the run")
 
 
-def die_with_parent() -> None:
-    """A local worker must not outlive the runner that started it (Linux prctl)."""
-    try:
-        import ctypes
-        import signal
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def run_worker(master: str, tie_to_parent: bool = False) -> int:
     from gevent import monkey
     monkey.patch_all()
     if tie_to_parent:
+        from .process import die_with_parent
         die_with_parent()
     import pandas  # noqa: F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
     from locust.env import Environment
