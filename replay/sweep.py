@@ -18,10 +18,13 @@ when such a rate lies between the capacity and the lowest failing rate, the swee
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from llm_replay.reports.svg import chart
 
 
 PASS, FAIL, CANNOT = "pass", "fail", "cannot evaluate"
@@ -243,8 +246,8 @@ def _p99(summary: dict, metric: str) -> float | None:
     return (summary["latency"].get(metric) or {}).get("p99")
 
 
-def _fmt(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
+def _fmt(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"
 
 
 def _rates(rates: list[float], digits: int) -> str:
@@ -309,7 +312,6 @@ def run(args: argparse.Namespace) -> int:
               "upper_rps": sweeper.upper, "inconclusive_rps": sweeper.unjudged(capacity, sweeper.upper),
               "points": [asdict(p) for p in points]}
     (sweeper.out / "sweep.json").write_text(json.dumps(result, indent=2))
-    from .sweep_plot import write_capacity_html
     write_capacity_html(sweeper.out / "capacity.html", result)
     print("\n rate req/s | verdict         | attainment | goodput req/s | ttft p99 ms | tpot p99 ms")
     for p in points:
@@ -320,3 +322,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"knee of the p99 TTFT curve: {knee_rate:.3g} req/s")
     print(f"sweep directory: {sweeper.out} (sweep.json, capacity.html)")
     return exit_code(result)
+
+
+def write_capacity_html(path: Path, result: dict) -> None:
+    """capacity.html: goodput and p99 latency against offered load, one self-contained page
+    (inline SVG, nothing fetched)."""
+    pts = result["points"]
+    rates = [p["rate"] for p in pts]
+    cap, knee_rps = result.get("capacity_rps"), result.get("knee_rps")
+    mark = (cap, cap) if cap else None  # the measured capacity as a thin band
+    goodput = chart([{"label": "offered req/s", "x": rates, "y": rates, "dash": True},
+                     {"label": "goodput req/s", "x": rates, "y": [p["goodput_rps"] for p in pts]},
+                     {"label": "attainment", "x": rates, "y": [p["attainment"] for p in pts], "axis": 2}],
+                    title="Goodput vs offered load", xlabel="offered rate (req/s)", ylabel="req/s",
+                    y2label="attainment", band=mark)
+    latency = chart([{"label": "TTFT p99 (ms)", "x": rates, "y": [p["ttft_p99_ms"] for p in pts]},
+                     {"label": "TPOT p99 (ms)", "x": rates, "y": [p["tpot_p99_ms"] for p in pts], "axis": 2}],
+                    title="Tail latency vs offered load", xlabel="offered rate (req/s)",
+                    ylabel="TTFT p99 (ms)", y2label="TPOT p99 (ms)", band=mark)
+    rows = "".join(f"<tr><td>{p['rate']:.4g}</td>{_verdict(p)}<td>{_fmt(p['attainment'], 4)}</td>"
+                   f"<td>{_fmt(p['goodput_rps'], 4)}</td><td>{_fmt(p['ttft_p99_ms'], 4)}</td>"
+                   f"<td>{_fmt(p['tpot_p99_ms'], 4)}</td>"
+                   f"<td>{html.escape(p['run_dir'])}</td></tr>" for p in pts)
+    verdict = f"<b>{html.escape(capacity_text(result, digits=4))}</b>"
+    if knee_rps:
+        verdict += f"; knee of the p99 TTFT curve: {knee_rps:.4g} req/s"
+    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>llm-replay capacity sweep</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}svg{{margin:1em 1em 0 0}}
+td.fail{{color:#b00020;font-weight:bold}}td.unjudged{{color:#8a5a00;background:#fff4d6;font-style:italic}}</style></head><body>
+<h1>Capacity sweep</h1><p>{verdict}</p>{goodput}{latency}
+<table><tr><th>rate req/s</th><th>verdict</th><th>attainment</th><th>goodput req/s</th><th>TTFT p99 ms</th>
+<th>TPOT p99 ms</th><th>run</th></tr>{rows}</table></body></html>
+""")
+
+
+def _verdict(p: dict) -> str:
+    """The verdict cell: pass, FAIL, or cannot evaluate (set apart, with the gate's reason)."""
+    verdict = p.get("verdict") or (PASS if p["passed"] else FAIL)
+    if verdict == CANNOT:
+        why = html.escape(p.get("reason") or "")
+        return f'<td class="unjudged" title="{why}">cannot evaluate{f" ({why})" if why else ""}</td>'
+    return f'<td class="{verdict}">{html.escape(shown(verdict))}</td>'
