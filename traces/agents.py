@@ -36,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from .arrivals import arrival_times
-from .generate import NS_BITS, _arrival_order, _client_px, _image_rows, _pick, _segmented_cumsum
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
+from .sampling import NS_BITS, arrival_order, client_px, image_rows, pick, segmented_cumsum
 from .schema import MAX_TOKENS
 from .spec_types import Agent, Client, Spec
 
@@ -112,9 +112,9 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     task = task_m[m_of]
     w = np.array([m.weight for m in c.models], dtype=np.float64)   # a task keeps one model
     win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(nt))[task]
+    model = pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(nt))[task]
     failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
-    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+    slo = pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
     new, out = np.empty(n), np.empty(n)
     for mi, m in enumerate(c.models):
@@ -137,7 +137,7 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     replies = np.add.reduceat(np.where(main, 0.0, out), at)          # per step: its subagents' outputs
     inc = new[at].astype(np.int64)
     inc[later] += (out[at] + replies)[later - 1].astype(np.int64)
-    s = _segmented_cumsum(inc, first, steps)
+    s = segmented_cumsum(inc, first, steps)
     v = cap[at] - s
     big = int(v.max() - v.min()) + 1 if len(v) else 1
     run = np.minimum.accumulate(v - task_m * big) + task_m * big
@@ -150,7 +150,7 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     slowest = np.maximum.reduceat(np.where(main, 0.0, delay + c_s), at)   # subagents' end after the step's
     gap = np.zeros(len(task_m))
     gap[later] = (c_s[at] + slowest)[later - 1] + delay[at[later]]
-    t_main = starts[task_m] + _segmented_cumsum(gap, first, steps)
+    t_main = starts[task_m] + segmented_cumsum(gap, first, steps)
     t = t_main[m_of] + np.where(main, 0.0, c_s[at][m_of] + delay)
     keep = max(int(round(c.rate * T)), 1) if c.exact_count else None
     s = _slide(t, t_main[m_of], T, slide, keep, r_arr) if slide else 0.0
@@ -174,8 +174,8 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
             "slo": slo, "task": task, "dep": dep, "ndep": ndep, "delay": delay,
             "nb": full + partial, "n_sys": n_sys, "n_app": np.zeros(n, np.int32), "partial": partial,
             "app_base": np.zeros(n, np.int64), "content_base": base[chain] - n_sys}
-    if _client_px(c):
-        rows.update(_image_rows(c, model, r_img))
+    if client_px(c):
+        rows.update(image_rows(c, model, r_img))
     t = np.where(t_main[m_of] >= 0, t, -1.0)
     if keep is not None and ((t >= 0) & (t < T)).sum() != keep and (t >= 0).sum() >= keep >= 2:
         # exact_count where no slide holds it (a profile, a modulation, a mix over time): as
@@ -184,6 +184,6 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
         f = T * (keep - 1) / keep / float(np.partition(t[t >= 0], keep - 1)[keep - 1])
         t *= f
         delay *= f
-    rows.update(_arrival_order(t, T, spec.timestamp_quantum_s, keep))
+    rows.update(arrival_order(t, T, spec.timestamp_quantum_s, keep))
     rows.pop("keep", None)
     return {key: v for key, v in rows.items() if v is not None}

@@ -19,32 +19,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .agents import client_rows as task_rows
 from .arrivals import arrival_times
 from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
 from .pages import reused_pages
+from .sampling import NS_BITS, arrival_order, client_px, image_rows, pick, segmented_cumsum
 from .schema import MAX_TOKENS, schema_for
 from .spec import parse_spec
-from .spec_types import Client, Images, Spec
+from .spec_types import Client, Spec
 from .trace import ROW_GROUP, Trace, is_text_path, parquet_writer, with_schema_version
 
 GENERATOR_VERSION = 1
-NS_BITS = 40          # hash ids: client namespace in the high bits, (1 << 39) marks partial blocks
-
-
-def _segmented_cumsum(x: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Cumulative sum restarting at each segment start (rows are segment-major)."""
-    cs = np.cumsum(x)
-    cs -= np.repeat(cs[first] - x[first], counts)
-    return cs
-
-
-def _pick(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Categorical draws: row i picks from weights[i] (or from `weights` if 1-D) with uniform u."""
-    cum = np.cumsum(weights, axis=-1)
-    cum = cum / cum[..., -1:]
-    if cum.ndim == 1:
-        return np.minimum(np.searchsorted(cum, u, side="right"), len(cum) - 1)
-    return np.minimum((u[:, None] >= cum).sum(axis=1), cum.shape[1] - 1)
 
 
 def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarray, sess: np.ndarray,
@@ -56,10 +41,10 @@ def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarr
     the starts: the starts' exact count alone leaves the rows' count to the sum of the turns
     per session and to how many turns of the warm-up sessions reach past 0 (~2 % on the
     Mooncake hour); one scale keeps every think time's share and the turns' order (the scale
-    is within a few % of 1). `_arrival_order(limit=rows)` then keeps exactly those rows."""
+    is within a few % of 1). `arrival_order(limit=rows)` then keeps exactly those rows."""
     think = sample(c.sessions.think_s, rng, len(sess), integer=False)
     think[first] = 0.0
-    t = _segmented_cumsum(think, first, k)
+    t = segmented_cumsum(think, first, k)
     del think
     t += starts[sess]
     if rows is not None and rows >= 2:
@@ -69,35 +54,6 @@ def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarr
             if nth > 0:
                 t *= duration * (rows - 1) / rows / nth
     return t
-
-
-def _arrival_order(t: np.ndarray, duration: float, quantum_s: float | None = None,
-                   limit: int | None = None) -> dict[str, np.ndarray]:
-    """Arrival in ns, and `order`: the indices of the rows in [0, duration) by arrival (a
-    stable sort: equal arrivals keep their draw order); `keep` marks those rows if not all.
-
-    `quantum_s` (the spec's timestamp_quantum_s): each arrival is floored to a multiple of it
-    (in whole ns, from t = 0), as the source's bucketed clock wrote them; flooring is monotone
-    and the sort stable, so a turn (drawn after its parent, never earlier) still follows it.
-    `limit`: only the first `limit` rows by arrival are kept (exact_count with sessions)."""
-    rows = {"arrival_ns": np.rint(t * 1e9).astype(np.int64)}
-    if quantum_s:
-        q = max(int(round(quantum_s * 1e9)), 1)
-        rows["arrival_ns"] //= q
-        rows["arrival_ns"] *= q
-    keep = (t >= 0) & (t < duration)
-    if keep.all() and (limit is None or limit >= len(t)):
-        rows["order"] = np.argsort(rows["arrival_ns"], kind="stable")
-    else:
-        idx = np.flatnonzero(keep)
-        order = idx[np.argsort(rows["arrival_ns"][idx], kind="stable")]
-        if limit is not None and len(order) > limit:
-            order = order[:limit]
-            keep = np.zeros(len(t), bool)
-            keep[order] = True
-        rows["keep"] = keep
-        rows["order"] = order
-    return rows
 
 
 def _session_starts(c: Client, T: float, r_arr: np.random.Generator,
@@ -148,9 +104,9 @@ def client_arrivals(spec: Spec, c: Client, ss: np.random.SeedSequence) -> np.nda
         starts, k, keep_rows = _session_starts(c, T, r_arr, r_sess)
         first = np.cumsum(k) - k
         sess = np.repeat(np.arange(len(starts)), k)
-        rows = _arrival_order(_session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows)
+        rows = arrival_order(_session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows)
     else:
-        rows = _arrival_order(arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation,
+        rows = arrival_order(arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation,
                                             c.exact_count), T, q)
     a = rows["arrival_ns"][rows["order"]]
     return (_spread(a, q) if q and spec.timestamp_spread else a) / 1e9
@@ -173,8 +129,7 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     # changed no draw
     streams = ss.spawn(8)
     if c.agent:  # task graphs (traces.agents): the same streams, another expansion
-        from .agents import client_rows
-        return _reasoning_rows(c, client_rows(spec, c, ci, streams[:7]), streams[7])
+        return _reasoning_rows(c, task_rows(spec, c, ci, streams[:7]), streams[7])
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
     T = spec.duration
     q = spec.timestamp_quantum_s
@@ -184,7 +139,7 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
         first = np.cumsum(k) - k
         sess = np.repeat(np.arange(len(starts)), k)
         # the times (and their sort) and the sizes come from separate streams: two cores
-        times = pool.submit(lambda: _arrival_order(
+        times = pool.submit(lambda: arrival_order(
             _session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows))
         turn = (np.arange(n) - first[sess]).astype(np.int32)
     else:
@@ -193,14 +148,14 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
             # exact_count puts a client's first arrival at 0: beside other clients, a random
             # phase (under one mean gap) keeps them from all arriving at once at 0
             starts += r_arr.random() * T / len(starts)
-        n, times = len(starts), pool.submit(_arrival_order, starts, T, q)
+        n, times = len(starts), pool.submit(arrival_order, starts, T, q)
         k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
         sess = np.arange(n)
 
     # model per session, from the weights of the mix window its first turn falls in
     w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
     win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = _pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
+    model = pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
 
     # (no draws when nothing uses them: the stream is only ever read from the start)
     failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
@@ -210,14 +165,14 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
            if c.prefix and c.sessions and c.sessions.branch else None)
     inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len, starts[sess] if c.length_windows else None,
                         _pool_tokens(spec, c, pre, sess, first) if pre else None, cut)
-    slo = _pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+    slo = pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
     rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
         rows.update(_prefix_rows(spec, c, ci, inp, sess, first, pre, cut))
-    if _client_px(c):  # (no stream, no columns without images: the common path stays as fast)
-        rows.update(_image_rows(c, model, np.random.default_rng(streams[6])))
+    if client_px(c):  # (no stream, no columns without images: the common path stays as fast)
+        rows.update(image_rows(c, model, np.random.default_rng(streams[6])))
     rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
@@ -239,35 +194,6 @@ def _reasoning_rows(c: Client, rows: dict[str, np.ndarray], ss: np.random.SeedSe
             reason[idx] = np.rint(sample(d, rng, len(idx), integer=False) * rows["output"][idx])
     rows["reason"] = reason
     return rows
-
-
-def _model_images(c: Client) -> list[Images | None]:
-    """Each model's images: its own, else the client's, else none."""
-    return [m.images or c.images for m in c.models]
-
-
-def _client_px(c: Client) -> list[str]:
-    """The image sizes a client can draw, sorted (its local dictionary for `px` codes)."""
-    return sorted({s for img in _model_images(c) if img is not None for s in img.px})
-
-
-def _image_rows(c: Client, model: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Images per row, independent of the lengths: `nimg` from the model's count distribution
-    (0 for a model without images), `px` a size index into `_client_px(c)`. Models sharing
-    one images spec are drawn together."""
-    sizes = _client_px(c)
-    nimg, px = np.zeros(len(model), np.int16), np.zeros(len(model), np.int32)
-    groups: dict[int, tuple[Images, list[int]]] = {}
-    for mi, img in enumerate(_model_images(c)):
-        if img is not None:
-            groups.setdefault(id(img), (img, []))[1].append(mi)
-    for img, mis in groups.values():
-        rows = slice(None) if len(mis) == len(c.models) else np.flatnonzero(np.isin(model, mis))
-        k = len(model) if isinstance(rows, slice) else len(rows)
-        nimg[rows] = sample(img.count, rng, k)
-        codes = np.array([sizes.index(s) for s in img.px], np.int32)
-        px[rows] = codes[_pick(np.array(list(img.px.values())), rng.random(k))] if len(codes) > 1 else codes[0]
-    return {"nimg": nimg, "px": px}
 
 
 def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -335,7 +261,7 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
         if cut is not None:  # a branch: as long as the prompt it branches off (the source's median)
             b = np.flatnonzero(cut >= 0)
             new[b] = -out[b - 1]
-        new = _segmented_cumsum(new + out, first, k) - out
+        new = segmented_cumsum(new + out, first, k) - out
     new = np.minimum(new, min(spec.max_input_tokens or MAX_TOKENS, MAX_TOKENS))
     return new.astype(np.int32), out.astype(np.int32)
 
@@ -355,7 +281,7 @@ def _pool_draws(c: Client, n_sess: int, rng: np.random.Generator) -> tuple[np.nd
     lens = (np.asarray(pool.blocks, np.int64) if isinstance(pool.blocks, list)
             else sample(pool.blocks, rng, pool.size).astype(np.int64))
     w = np.asarray(pool.popularity, float) if pool.popularity else np.arange(1.0, pool.size + 1) ** -pool.zipf
-    entry = np.where(u >= 1 - pool.share, _pick(w, rng.random(n_sess)), -1)
+    entry = np.where(u >= 1 - pool.share, pick(w, rng.random(n_sess)), -1)
     return has_sys, entry, lens
 
 
@@ -599,13 +525,13 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     # one dictionary over every client's model labels and SLO classes
     names = sorted({m.name for c in clients for m in c.models})
     classes = sorted({s for c in clients for s in c.slo_class})
-    pixels = sorted({s for c in clients for s in _client_px(c)})
+    pixels = sorted({s for c in clients for s in client_px(c)})
     for c, p in zip(clients, parts):
         p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
         if c.slo_class:
             p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
         if "px" in p:
-            p["px"] = np.array([pixels.index(s) for s in _client_px(c)], np.int32)[p["px"]]
+            p["px"] = np.array([pixels.index(s) for s in client_px(c)], np.int32)[p["px"]]
     col, order, kept = _concat_sorted(parts)
     if parsed.timestamp_quantum_s and parsed.timestamp_spread:
         col["arrival_ns"][order] = _spread(col["arrival_ns"][order], parsed.timestamp_quantum_s)
