@@ -27,8 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from llm_replay.traces.schema import DEFAULT_IMAGE_PX
-from llm_replay.traces.validate import image_px_problem
+from llm_replay.traces.schema import DEFAULT_IMAGE_PX, image_px_problem
 
 PREFIX = b"data:image/png;base64,"
 

@@ -1,9 +1,10 @@
 """Canonical CSV and JSONL traces (the columns of TRACE_SCHEMA, `arrival_ns` in ns).
 
-`Trace.read/write` call these for `.csv` / `.jsonl` paths. Metadata travels in a sidecar
-`<file>.meta.json`. In CSV, `hash_ids` and `depends_on` are written as JSON lists (`[1, 2, 3]`) and an empty
-cell is null; CSV columns outside the schema are refused here (import them with
-`replay trace import csv`, which keeps them in `extra`); unknown JSONL keys go to `extra`.
+`Trace.read/write` call these for `.csv` / `.jsonl` paths (a table and its metadata: `Trace`
+checks them). Metadata travels in a sidecar `<file>.meta.json`. In CSV, `hash_ids` and
+`depends_on` are written as JSON lists (`[1, 2, 3]`) and an empty cell is null; CSV columns
+outside the schema are refused here (import them with `replay trace import csv`, which keeps
+them in `extra`); unknown JSONL keys go to `extra`.
 """
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from pathlib import Path
 import pyarrow as pa
 
 from .errors import TraceError
-from .schema import BY_NAME
-from .trace import Trace
+from .schema import BY_NAME, REQUIRED
 
 
 def _meta_path(path: Path) -> Path:
     return path.with_name(path.name + ".meta.json")
 
 
-def read_text_trace(path: str | Path, sort: bool = False) -> Trace:
+def read_text(path: str | Path) -> tuple[pa.Table, dict]:
     from .importers import common, generic
     path = Path(path)
     fmt = "csv" if path.suffix.lower() == ".csv" else "jsonl"
@@ -32,7 +32,6 @@ def read_text_trace(path: str | Path, sort: bool = False) -> Trace:
         if unknown:
             raise TraceError(f"column(s) {', '.join(unknown)} are not trace columns; import the file with "
                              f"`replay trace import csv {path} --map ...` to keep them in 'extra'", file=str(path))
-    from .schema import REQUIRED
     try:
         common.check_file(path)
         keys = names if fmt == "csv" else list(next(generic.jsonl_batches(path))[1][0])
@@ -55,13 +54,12 @@ def read_text_trace(path: str | Path, sort: bool = False) -> Trace:
             meta = json.loads(mp.read_text())
         except ValueError as e:
             raise TraceError(f"unreadable metadata sidecar: {e}", file=str(mp)) from None
-    return Trace(table, meta, file=str(path), sort=sort)
+    return table, meta
 
 
-def write_text_trace(trace: Trace, path: str | Path) -> None:
+def write_text(t: pa.Table, metadata: dict, path: str | Path) -> None:
     from .importers.common import write_csv
     path = Path(path)
-    t = trace.table
     if "model" in t.column_names:
         t = t.set_column(t.schema.get_field_index("model"), "model", t.column("model").cast(pa.string()))
     if path.suffix.lower() == ".csv":
@@ -76,4 +74,4 @@ def write_text_trace(trace: Trace, path: str | Path) -> None:
             for batch in t.to_batches(65536):
                 for row in batch.to_pylist():
                     f.write(json.dumps({k: v for k, v in row.items() if v is not None}, ensure_ascii=False) + "\n")
-    _meta_path(path).write_text(json.dumps(trace.metadata, indent=1))
+    _meta_path(path).write_text(json.dumps(metadata, indent=1))

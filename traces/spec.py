@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TraceError
-from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES, MAX_TOKENS
+from .schema import DEFAULT_IMAGE_PX, MAX_IMAGES, MAX_TOKENS, image_px_problem
 from .spec_types import (LENGTH_FAMILIES, MAX_CV, MIN_SHAPE, MODULATIONS, PROCESSES, PROFILES, Agent, Arrival, Client,
                          Dist, Images, ModelSpec, Modulation, Pool, Prefix, Profile, Sessions, Spec, onoff_mean_rate,
                          weibull_cv)
-from .validate import image_px_problem
 
 
 class SpecError(TraceError):

@@ -16,9 +16,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import TraceError
-from .schema import BY_NAME, MAX_TOKENS, REQUIRED, SCHEMA_VERSION, schema_for
 from .graph import check_graph, check_rows, parse_depends_on
-from .validate import check_image_px, check_num_images
+from .io import read_text, write_text
+from .schema import (BY_NAME, MAX_TOKENS, REQUIRED, SCHEMA_VERSION, check_blocks, check_image_px, check_num_images,
+                     schema_for)
 
 ROW_GROUP = 1 << 20                    # rows per Parquet row group
 TEXT_SUFFIXES = (".csv", ".jsonl", ".ndjson")
@@ -191,7 +192,6 @@ class Trace:
         self.metadata: dict[str, Any] = with_schema_version(metadata)
         bs = self.metadata.get("block_size")
         if validate and bs and "hash_ids" in self.table.column_names:
-            from .validate import check_blocks
             if not isinstance(bs, int) or bs < 1:
                 raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
             check_blocks(self.table.column("hash_ids"), self.table.column("input_tokens"), bs, file=file)
@@ -220,18 +220,14 @@ class Trace:
     def read(cls, path: str | Path, *, sort: bool = False) -> "Trace":
         """Read a trace file: Parquet, or CSV/JSONL in the canonical columns (by suffix)."""
         path = Path(path)
-        suffix = path.suffix.lower()
-        if suffix in (".csv", ".jsonl", ".json", ".ndjson"):
-            from .io import read_text_trace  # text formats live with the importers
-            return read_text_trace(path, sort=sort)
-        table, meta = _read_parquet(path)
+        text = path.suffix.lower() in (".csv", ".jsonl", ".json", ".ndjson")   # read by the importers' code
+        table, meta = read_text(path) if text else _read_parquet(path)
         return cls(table, meta, file=str(path), sort=sort)
 
     def write(self, path: str | Path) -> None:
         path = Path(path)
         if is_text_path(path):
-            from .io import write_text_trace
-            write_text_trace(self, path)
+            write_text(self.table, self.metadata, path)
             return
         from .pages import reused_pages
         with reused_pages(), parquet_writer(path, self.table.schema, self.metadata) as writer:

@@ -1,7 +1,5 @@
-"""Rules beyond the column types that `conform` checks: prefix blocks vs prompt length, and
-the image columns (a count a request can carry, a size a person meant); `validate_file`, the
-whole check of a trace file in bounded memory (`replay trace validate`, `replay run`);
-`timing_warnings`, a gap or a delay that would keep a replay waiting for ever."""
+"""`validate_file`, the whole check of a trace file in bounded memory (`replay trace validate`,
+`replay run`); `timing_warnings`, a gap or a delay that would keep a replay waiting for ever."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,80 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import TraceError
-from .schema import IMAGE_PX_PATTERN, MAX_IMAGE_SIDE, MAX_IMAGES, schema_for
-
-
-def check_blocks(hash_ids: pa.Array | pa.ChunkedArray, input_tokens: pa.Array | pa.ChunkedArray, block_size: int,
-                 *, file: str | None, row0: int = 0) -> None:
-    """A request cannot hold more prefix blocks than ceil(input_tokens / block_size)."""
-    n = pc.list_value_length(hash_ids).fill_null(0).to_numpy(zero_copy_only=False)
-    cap = -(-np.asarray(input_tokens.to_numpy(zero_copy_only=False), dtype=np.float64) // block_size)
-    bad = n > cap
-    if bad.any():
-        raise TraceError(f"hash_ids has more blocks than ceil(input_tokens / {block_size}) allows",
-                         file=file, column="hash_ids", rows=(np.flatnonzero(bad)[:11] + row0).tolist(),
-                         total_rows=len(n) if row0 == 0 else None)
-
-
-def check_num_images(col: pa.ChunkedArray, *, file: str | None) -> None:
-    """0 <= num_images <= MAX_IMAGES (nulls are fine: no images). `col` holds int64 values, so
-    that an absurd count is reported as such, not as an int16 overflow."""
-    mm = pc.min_max(col)  # cheap; rows are located only when it fails
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    if lo is None or (lo >= 0 and hi <= MAX_IMAGES):
-        return
-    v = col.fill_null(0).to_numpy()
-    if lo < 0:
-        raise TraceError(f"num_images must be >= 0 (got {lo})", file=file, column="num_images",
-                         rows=np.flatnonzero(v < 0)[:11].tolist(), total_rows=len(v))
-    raise TraceError(f"num_images must be <= {MAX_IMAGES}: more images in one request is absurd (got {hi})",
-                     file=file, column="num_images", rows=np.flatnonzero(v > MAX_IMAGES)[:11].tolist(),
-                     total_rows=len(v))
-
-
-def _side_ok(side: pa.Array) -> pa.Array:
-    """A side without leading zeros is in 1..MAX_IMAGE_SIDE iff it has 1-4 digits and is small
-    enough (no int cast of a 30-digit string that could overflow)."""
-    n = pc.utf8_length(side)
-    short = pc.and_(pc.greater_equal(n, 1), pc.less_equal(n, len(str(MAX_IMAGE_SIDE))))
-    value = pc.if_else(short, side, "0").cast(pa.int32())
-    return pc.and_(short, pc.less_equal(value, MAX_IMAGE_SIDE))
-
-
-def image_px_problems(values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Masks over `values` (strings): not `WxH` digits; a side outside 1..MAX_IMAGE_SIDE
-    (`0512x512` is 512 wide). Nulls pass both (null = the 512x512 default)."""
-    fmt_ok = pc.match_substring_regex(values, IMAGE_PX_PATTERN)
-    sides = pc.extract_regex(pc.if_else(fmt_ok, values, "1x1"), r"^0*(?P<w>\d*)x0*(?P<h>\d*)$")
-    in_range = pc.and_(_side_ok(pc.struct_field(sides, "w")), _side_ok(pc.struct_field(sides, "h")))
-    bad_fmt = pc.invert(fmt_ok).fill_null(False).to_numpy(zero_copy_only=False)
-    bad_range = pc.invert(in_range).fill_null(False).to_numpy(zero_copy_only=False) & ~bad_fmt
-    return bad_fmt, bad_range
-
-
-def image_px_problem(px: str) -> str | None:
-    """The rule a single `WxH` value breaks (spec fields), or None."""
-    bad_fmt, bad_range = image_px_problems(pa.array([px], pa.string()))
-    if bad_fmt[0]:
-        return f"image size {px!r} must be WxH in pixels, e.g. 512x512"
-    if bad_range[0]:
-        return f"image size {px!r} must have both sides in 1..{MAX_IMAGE_SIDE} pixels"
-    return None
-
-
-def check_image_px(col: pa.ChunkedArray, *, file: str | None) -> None:
-    """Every non-null image_px is `WxH` with both sides in 1..MAX_IMAGE_SIDE. Checked on the
-    distinct values (a trace holds a handful of sizes), rows located only on failure."""
-    values = pc.unique(col)
-    for mask, rule in zip(image_px_problems(values),
-                          ("image_px must be WxH in pixels, digits and a lowercase x, e.g. 512x512",
-                           f"image_px sides must be in 1..{MAX_IMAGE_SIDE} pixels")):
-        if mask.any():
-            bad = values.filter(pa.array(mask))
-            rows = np.flatnonzero(pc.is_in(col, value_set=bad).fill_null(False).to_numpy(zero_copy_only=False))
-            first = col[int(rows[0])].as_py()
-            raise TraceError(f"{rule} (got {first!r})", file=file, column="image_px",
-                             rows=rows[:11].tolist(), total_rows=len(col))
+from .schema import check_blocks, schema_for
 
 
 def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 << 16) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from ..errors import TraceError
-from ..validate import check_blocks  # noqa: F401 - importers use it from here
+from ..schema import check_blocks  # noqa: F401 - importers use it from here
 from .timeparse import Num, decimal_ns, num_text
 
 CSV_BLOCK = 16 << 20
