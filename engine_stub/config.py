@@ -5,7 +5,6 @@ clients may send token-id prompts drawn from [1000, 8000).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 
@@ -26,12 +25,6 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
-    @property
-    def num_params(self) -> int:
-        attn = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim + self.hidden * self.hidden
-        mlp = 3 * self.hidden * self.ffn
-        return 2 * self.vocab_size * self.hidden + self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
-
 
 PRESETS: dict[str, ModelSpec] = {
     # ~3M params (1M of them the LM head): a decode step at batch 32 takes a few ms on one CPU thread.
@@ -45,14 +38,6 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 POLICIES = ("chunked", "prefill-first", "reserve")
-
-
-@dataclass
-class ServedModel:
-    """One name served by the engine: a base preset, or a LoRA adapter on a base."""
-    name: str
-    preset: str
-    lora: str | None = None  # adapter name when this is an adapter on `preset`'s core
 
 
 @dataclass
@@ -116,10 +101,6 @@ class EngineConfig:
         # one request must always fit in the whole pool, or preemption could never make room
         max_len = min(self.max_model_len, num_blocks * self.block_size, self.model.max_position)
         return replace(self, device=device, dtype=dtype, num_blocks=num_blocks, max_model_len=max_len)
-
-    @property
-    def max_blocks_per_seq(self) -> int:
-        return math.ceil(self.max_model_len / self.block_size)
 
 
 def _native_bf16(device: str) -> bool:

@@ -43,9 +43,6 @@ def parse_px(px: str | None) -> tuple[int, int]:
     return int(w), int(h)
 
 
-DEFAULT_PX = parse_px(None)
-
-
 def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 

@@ -14,9 +14,6 @@ import pyarrow.compute as pc
 
 from .errors import TraceError
 
-GRAPH_COLUMNS = ("task_id", "depends_on", "delay_s")
-
-
 def parse_depends_on(col: pa.ChunkedArray) -> pa.ChunkedArray:
     """A text column (CSV) as lists of ids: a JSON list `["a", "b"]` (what export writes), or
     `a;b`, `a b`, `a,b`; empty = none."""

@@ -31,7 +31,7 @@ def run(core, prompts, params=None, lora_ids=None):
         core.step()
         steps += 1
     assert core.blocks.usage == 0.0
-    return [r.output_token_ids for r in reqs]
+    return [r.token_ids[len(r.prompt_token_ids):] for r in reqs]
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def simulate(policy, reqs_spec, num_blocks, budget, max_seqs):
     assert all(r.status is Status.FINISHED for r in reqs)
     assert bm.usage == 0.0
     for r in reqs:
-        assert r.output_token_ids == [5000 + k for k in range(r.num_output_tokens)]
+        assert r.token_ids[len(r.prompt_token_ids):] == [5000 + k for k in range(r.num_output_tokens)]
         assert r.num_output_tokens == min(r.params.max_tokens, cfg.max_model_len - r.num_prompt_tokens)
     return preemptions
 

@@ -11,7 +11,7 @@ import zlib
 import pytest
 
 from llm_replay.replay import plan
-from llm_replay.replay.images import DEFAULT_PX, Images, PngTemplate, parse_px
+from llm_replay.replay.images import Images, PngTemplate, parse_px
 from llm_replay.replay.prompts import PromptBuilder
 from tests.conftest import run_cli
 
@@ -65,7 +65,7 @@ def test_images_decode_with_pillow():
 
 
 def test_parse_px():
-    assert parse_px(None) == DEFAULT_PX == (512, 512) and parse_px("1024x768") == (1024, 768)
+    assert parse_px(None) == (512, 512) and parse_px("1024x768") == (1024, 768)
     for bad in ("512", "0x10", "9000x10", "axb"):
         with pytest.raises(ValueError, match="image_px"):
             parse_px(bad)
