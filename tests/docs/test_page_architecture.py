@@ -157,19 +157,47 @@ def _imports(path, pkg: str) -> set[str]:
     return names
 
 
+PACKAGES = ("traces", "replay", "reports", "engine_stub")
+
+
 def test_dependencies_point_one_way():
-    packages = ("traces", "replay", "reports", "engine_stub")
-    for pkg in packages:
+    for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
             names = _imports(path, pkg)
-            ours = {p for p in packages for n in names if n == f"llm_replay.{p}" or n.startswith(f"llm_replay.{p}.")}
+            ours = {p for p in PACKAGES for n in names if n == f"llm_replay.{p}" or n.startswith(f"llm_replay.{p}.")}
             allowed = {"replay": {"replay", "traces", "reports"}}.get(pkg, {pkg})
             if path.name == "pytest_plugin.py":   # the one exception the page names
                 names -= {"llm_replay.engine_stub.cli"}
-                ours = {p for p in packages for n in names
+                ours = {p for p in PACKAGES for n in names
                         if n == f"llm_replay.{p}" or n.startswith(f"llm_replay.{p}.")}
             assert ours <= allowed, f"{path.relative_to(REPO)} imports {ours - allowed}"
             if any(n == "locust" or n.startswith("locust.") for n in names):
                 assert pkg == "replay" and path.stem in ("runner", "dispatcher", "master", "worker", "locustfile"), path
             if any(n == "torch" or n.startswith("torch.") for n in names):
                 assert pkg == "engine_stub", path
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for n in graph[todo.pop()] - seen:
+            seen.add(n)
+            todo.append(n)
+    return seen
+
+
+# Cycles still to break, each a set of modules. Allowed only until bias.py and bottleneck.py are
+# merged into one module (house plan M6/M7); remove this entry then.
+ALLOWED_CYCLES = {frozenset({"llm_replay.reports.bias", "llm_replay.reports.bottleneck"})}
+
+
+def test_no_import_cycles():
+    """No import cycle among our modules, imports inside functions included (they hide a cycle
+    from Python's start-up but still tie the modules together). Packages' __init__ files are
+    left out: they load their names lazily."""
+    files = {".".join(["llm_replay", pkg, *p.relative_to(REPO / pkg).with_suffix("").parts]): (p, pkg)
+             for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if p.name != "__init__.py"}
+    graph = {m: _imports(p, pkg) & files.keys() - {m} for m, (p, pkg) in files.items()}
+    reach = {m: _reach(graph, m) for m in graph}
+    cycles = {frozenset({m} | {n for n in reach[m] if m in reach[n]}) for m in graph if m in reach[m]}
+    assert not cycles - ALLOWED_CYCLES, sorted(sorted(c) for c in cycles - ALLOWED_CYCLES)
