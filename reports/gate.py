@@ -11,7 +11,8 @@ Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but
 undecided or could not be evaluated (no samples, no objectives).
 A failure outranks an undecided: one definite violation is the more useful signal. A run
 that did not finish (killed, a full disk: `unfinished`) never passes: exit 2 whatever its rows say,
-since its requests are a fragment of the trace.
+since its requests are a fragment of the trace; nor does one whose stimulus was not delivered
+(certificate.py: the offered load was not sent; a failure still fails).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
 from .bias import RATES as BIAS_RATES, Bias, bias_of
+from .certificate import certificate, sentence
 from .metrics import POOLED
 from .schema import STATUSES
 from .sequential import judged, look_confidence
@@ -62,6 +64,11 @@ class GateResult:
     statuses: dict[str, int] = field(default_factory=dict)
     first_errors: list[dict] = field(default_factory=list)
     unfinished: str | None = None   # the run did not finish: why, and how many rows it recorded
+    stimulus: dict | None = None    # certificate.py: was the offered load delivered
+
+    @property
+    def undelivered(self) -> bool:
+        return (self.stimulus or {}).get("delivered") is False
 
     @property
     def exit_code(self) -> int:
@@ -70,7 +77,7 @@ class GateResult:
         verdicts = {r.verdict for r in self.rows}
         if "fail" in verdicts:
             return 1
-        return 2 if (verdicts - {"pass"} or not self.rows) else 0
+        return 2 if (verdicts - {"pass"} or not self.rows or self.undelivered) else 0
 
     @property
     def passed(self) -> bool:
@@ -90,9 +97,10 @@ class GateResult:
 
     def table(self) -> str:
         verdict = {0: "PASS", 1: "FAIL",
-                   2: "UNDECIDED" if any(r.verdict == "undecided" for r in self.rows) else "CANNOT EVALUATE"}[
-            self.exit_code]
+                   2: "UNDECIDED" if any(r.verdict == "undecided" for r in self.rows) else
+                   "NOT DELIVERED" if self.undelivered and self.rows else "CANNOT EVALUATE"}[self.exit_code]
         caption = "; ".join([f"{self.unfinished}: not gated" if self.unfinished else "",
+                             sentence(self.stimulus) or "",
                              f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
         return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", self.columns, self._rows(),
@@ -120,7 +128,7 @@ class GateResult:
         return {"exit_code": self.exit_code, "attainment": self.attainment,
                 "goodput_rps": self.goodput_rps, "notes": self.notes,
                 "rows": [asdict(r) for r in self.rows], "statuses": self.statuses,
-                "first_errors": self.first_errors, "unfinished": self.unfinished}
+                "first_errors": self.first_errors, "unfinished": self.unfinished, "stimulus": self.stimulus}
 
 
 def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
@@ -338,11 +346,13 @@ def _row(obj: Objective, scope: str, value: float, n: int, conf: float | None,
 
 
 def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | None = None,
-         confidence: float | None = None) -> GateResult:
+         confidence: float | None = None, stimulus: dict | None = None) -> GateResult:
     """Evaluate every objective (run-wide, then per class) on an analysed run at `confidence`
     (default: the spec's). When the replay fell behind its schedule, each figure it may have moved
     is judged at both ends of its bias bound (bias.py). `as_measured`: point estimates, no bounds.
-    `config` (run.json) tells whether the run finished."""
+    `config` (run.json) tells whether the run finished; `stimulus` (certificate.py, computed here
+    without CPU samples when not given) whether its load was delivered."""
+    stimulus = stimulus or certificate(an, config, None)
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
     conf = None if as_measured else spec.confidence if confidence is None else check_confidence(confidence)
@@ -386,7 +396,7 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
     sc = an.scalars()
     not_sent = int(np.count_nonzero(an.rm.status_codes == STATUSES.index("not_sent")))
     return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an),
-                      unfinished(config, an.rm.n, not_sent))
+                      unfinished(config, an.rm.n, not_sent), stimulus)
 
 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
@@ -411,8 +421,9 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
             table = run.records
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
         from .bottleneck import assess, load_cpu
-        an.bottleneck = assess(an, run.config if run else None, load_cpu(run.dir) if run else None)
+        config, cpu = (run.config, load_cpu(run.dir)) if run else (None, None)
+        an.bottleneck = assess(an, config, cpu)
         if run is not None:
             from .servertime import attach
             attach(an, run)
-        return gate(an, spec, as_measured, run.config if run else None, confidence)
+        return gate(an, spec, as_measured, config, confidence, certificate(an, config, cpu))

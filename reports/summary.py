@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
 from .bottleneck import assess, load_cpu
+from .certificate import certificate
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
 from .connections import connections
 from .servertime import attach, section as server_section
@@ -164,7 +165,7 @@ def _reasoning_share(run: Run, an: Analysis) -> dict:
 
 
 def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
-                  length_edges=LENGTH_EDGES) -> dict:
+                  length_edges=LENGTH_EDGES, cpu: pa.Table | None = None) -> dict:
     rm, m = an.rm, an.mask
     sc = an.scalars()
     okm = m & rm.ok
@@ -201,7 +202,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     "per_request_slo": bool(slo and slo.has_per_request),
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
-        "dispatch_lag": an.bottleneck or assess(an, run.config, None),
+        "dispatch_lag": an.bottleneck or assess(an, run.config, cpu),
+        "stimulus": certificate(an, run.config, cpu),
         "length_mismatch": _mismatches(an, run),
         "connections": connections(an, run.config),
         "prefix_cache": prefix_cache(run.config, run.server_metrics),
@@ -335,6 +337,8 @@ def _warnings(s: dict) -> list[str]:
                  f"missing and they count as ok")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
+    if s["stimulus"]["delivered"] is False:
+        w.append("the stimulus was not delivered (a gate cannot pass): " + "; ".join(s["stimulus"]["reasons"]))
     if s["connections"]["warning"]:
         w.append(s["connections"]["warning"])
     if (s.get("prefix_cache") or {}).get("warning"):
@@ -384,12 +388,13 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
         an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
                      bin_s=bin_s, rm=rm)
-        an.bottleneck = assess(an, run.config, load_cpu(run.dir))
+        cpu = load_cpu(run.dir)
+        an.bottleneck = assess(an, run.config, cpu)
         attach(an, run)
-        summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES)
+        summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES, cpu=cpu)
         if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
             from .gate import gate
-            summary["gate"] = gate(an, spec, config=run.config).to_dict()
+            summary["gate"] = gate(an, spec, config=run.config, stimulus=summary["stimulus"]).to_dict()
         plots = _plots(an) if write else None
     summary = jsonable(summary)
     if write:
