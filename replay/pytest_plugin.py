@@ -69,7 +69,8 @@ class ReplayResult:
 
 def _verdict(run_dir: Path, gate) -> str:
     """The gate table (with the first errors when requests failed) under the run directory."""
-    verdict = "failed" if gate.exit_code == 1 else "could not be evaluated"
+    verdict = "failed" if gate.exit_code == 1 else "not delivered" if gate.undelivered else \
+        "undecided" if any(r.verdict == "undecided" for r in gate.rows) else "could not be evaluated"
     return f"SLO {verdict} for run {run_dir}:\n{gate.table()}"
 
 

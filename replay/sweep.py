@@ -60,6 +60,8 @@ def gate_reason(gate) -> str:
     rows that could not be (the gate's own notes when it had no rows)."""
     if gate.unfinished:
         return gate.unfinished
+    if gate.undelivered:
+        return "the stimulus was not delivered: " + "; ".join(gate.stimulus["reasons"])
     notes = [f"{r.objective} undecided" + (f": ~{r.more:,} more requests" if r.more else "") if r.verdict == "undecided"
              else r.note or f"{r.objective}: no reason given" for r in gate.rows if r.verdict in (CANNOT, "undecided")]
     if not gate.rows:

@@ -83,7 +83,7 @@ def cmd_report(args) -> int:
 def cmd_gate(args) -> int:
     from . import evaluate_slo
     return _show(evaluate_slo(args.run, args.slo, as_measured=args.as_measured, confidence=args.confidence,
-                              **_window(args)), args.json)
+                              whole_run=args.whole_run, **_window(args)), args.json)
 
 
 def _amount(text: str, option: str, unit: str) -> float:
@@ -173,6 +173,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    action="store_true", help="judge every figure at its measured value (k6's semantics): no "
                    "confidence bounds, and no bias bound where a replay behind its schedule may have moved it")
     confidence_arg(p)
+    p.add_argument("--whole-run", action="store_true", help="judge every request, also where the run has a "
+                   "warm-up or a level shift (default: its steady window, docs/verdicts.md#steady-state)")
     _window_args(p)
     p.set_defaults(func=cmd_gate, inputs={"run": "no such file or run directory"})
 

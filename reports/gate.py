@@ -30,6 +30,7 @@ from .certificate import certificate, sentence
 from .metrics import POOLED
 from .schema import STATUSES
 from .sequential import judged, look_confidence
+from .steady import judged_window, of_run
 from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
 from .stats import PERCENTILES, order_statistics
 from .text import markdown_table, render_table
@@ -346,12 +347,13 @@ def _row(obj: Objective, scope: str, value: float, n: int, conf: float | None,
 
 
 def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | None = None,
-         confidence: float | None = None, stimulus: dict | None = None) -> GateResult:
+         confidence: float | None = None, stimulus: dict | None = None, whole_run: bool = False) -> GateResult:
     """Evaluate every objective (run-wide, then per class) on an analysed run at `confidence`
     (default: the spec's). When the replay fell behind its schedule, each figure it may have moved
     is judged at both ends of its bias bound (bias.py). `as_measured`: point estimates, no bounds.
     `config` (run.json) tells whether the run finished; `stimulus` (certificate.py, computed here
-    without CPU samples when not given) whether its load was delivered."""
+    without CPU samples when not given) whether its load was delivered. A run with a warm-up or a
+    level shift is judged on its steady window (steady.py) unless `whole_run`."""
     stimulus = stimulus or certificate(an, config, None)
     if an.slo is not spec:   # good requests depend on the spec's per-request thresholds
         an = replace(an, good=good_requests(an.rm, spec), slo=spec)
@@ -366,6 +368,10 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
                          f"{until:.4g} s at {look_confidence(conf, k):.2%}, so that the error rates of all its "
                          f"looks sum to at most {1 - conf:.0%} (docs/verdicts.md#run-until-decided)")
             conf = look_confidence(conf, k)
+    elif not whole_run:
+        mask, note = judged_window(an, of_run(an))
+        an = replace(an, mask=mask)
+        notes += [note] if note else []
     bias = bias_of(an, an.bottleneck)
     ends = None
     if bias is not None and as_measured:
@@ -402,14 +408,14 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
                  cooldown=None, steady_state: float | None = None, as_measured: bool = False,
                  confidence: float | None = None, judge_as_measured: bool = False,
-                 allow_bottleneck: bool | None = None) -> GateResult:
+                 allow_bottleneck: bool | None = None, whole_run: bool = False) -> GateResult:
     """Gate a run (directory, records file, records table or Analysis) on an SLO spec. A run
     directory also tells whether the replay kept its schedule (run.json, cpu.parquet).
     `judge_as_measured` and `allow_bottleneck`: old names of `as_measured`."""
     spec = load_slo(slo)
     as_measured = as_measured or judge_as_measured or bool(allow_bottleneck)
     if isinstance(run_dir_or_records, Analysis):
-        return gate(run_dir_or_records, spec, as_measured, confidence=confidence)
+        return gate(run_dir_or_records, spec, as_measured, confidence=confidence, whole_run=whole_run)
     with plain_pages():
         run = None
         if isinstance(run_dir_or_records, pa.Table):
@@ -426,4 +432,4 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         if run is not None:
             from .servertime import attach
             attach(an, run)
-        return gate(an, spec, as_measured, config, confidence, certificate(an, config, cpu))
+        return gate(an, spec, as_measured, config, confidence, certificate(an, config, cpu), whole_run)

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from .analysis import Analysis, analyze, plain_pages
 from .bottleneck import assess, load_cpu
 from .certificate import certificate
+from .steady import of_run
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
 from .connections import connections
 from .servertime import attach, section as server_section
@@ -189,6 +190,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "run": {"dir": str(run.dir) if run.dir else None, "records": str(run.records_path),
                 "config": run.config},
         "window": an.window,
+        "steady": of_run(an),   # steady.py: warm-up and level shifts, the window a gate judges
         "counts": {"records": rm.n, "measured": sc["issued"], "ok": sc["ok"], "failed": sc["failed"],
                    "ok_without_tokens": int(m[rm.empty_ok].sum())},
         "n_out_source": {"completion_tokens": n_usage, "chunks": n_chunks,
@@ -337,6 +339,12 @@ def _warnings(s: dict) -> list[str]:
                  f"missing and they count as ok")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
+    st = s.get("steady")
+    if st and st["steady"] is None:
+        w.append(f"no steady state: {st['reason']}; a gate judges the whole run")
+    elif st and not st["steady"]["whole_run"]:
+        w.append(f"warm-up or level shift: steady from {st['steady']['start_s']:.4g} s "
+                 f"({st['steady']['requests']:,} requests), which a gate judges (--whole-run: every request)")
     if s["stimulus"]["delivered"] is False:
         w.append("the stimulus was not delivered (a gate cannot pass): " + "; ".join(s["stimulus"]["reasons"]))
     if s["connections"]["warning"]:
