@@ -8,6 +8,7 @@ import time
 
 import gevent
 import gevent.event
+import pandas  # noqa: F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
 
 from . import plan
 from .dispatcher import Job

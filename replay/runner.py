@@ -27,7 +27,6 @@ from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
 import gevent.pool  # noqa: E402
-import pandas  # noqa: E402,F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
 from locust.env import Environment  # noqa: E402
 
 from . import plan  # noqa: E402

@@ -136,7 +136,6 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
     if tie_to_parent:
         from .process import die_with_parent
         die_with_parent()
-    import pandas  # noqa: F401  (pyarrow imports it lazily on first use: ~1 s blocking the hub)
     from locust.env import Environment
 
     from .dispatcher import Dispatcher
