@@ -25,6 +25,7 @@ SUBCOMMAND_MODULES = (
     "llm_replay.replay.check",        # replay check
     "llm_replay.reports.cli",         # replay report / gate / compare / import-results
     "llm_replay.replay.sweep",        # replay sweep
+    "llm_replay.replay.ab",           # replay ab
     "llm_replay.replay.demo",         # replay demo
 )
 
