@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
-from .bias import RATES as BIAS_RATES, Bias, bias_of
+from .validity import RATES as BIAS_RATES, Bias, bias_of
 from .certificate import certificate, sentence
 from .metrics import POOLED
 from .schema import STATUSES
@@ -426,7 +426,7 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
             run = load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS)
             table = run.records
         an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
-        from .bottleneck import assess, load_cpu
+        from .validity import assess, load_cpu
         config, cpu = (run.config, load_cpu(run.dir)) if run else (None, None)
         an.bottleneck = assess(an, config, cpu)
         if run is not None:

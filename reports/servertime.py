@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .bottleneck import LATE_MS
+from .validity import LATE_MS
 from .breakdown import length_buckets
 from .errors import ReportError
 from .metrics import as_f64

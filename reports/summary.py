@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .analysis import Analysis, analyze, plain_pages
-from .bottleneck import assess, load_cpu
+from .validity import assess, load_cpu
 from .certificate import certificate
 from .steady import of_run
 from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries

@@ -130,7 +130,7 @@ def test_command_table():
         shown.add(" ".join(w[:3] if w[:2] == ["replay", "trace"] else w[:2] if w[0] != "locust" else w[:1]))
     assert real <= shown and shown - real == {"engine-stub serve", "locust"}, (real - shown, shown - real)
     formats = re.search(r"import a public trace \(([^)]*)\)", TEXT).group(1).replace("; servegen -> spec", "")
-    from llm_replay.traces.cli_io import IMPORT_FORMATS
+    from llm_replay.traces.cli import IMPORT_FORMATS
     assert set(formats.split(", ")) | {"servegen"} == set(IMPORT_FORMATS), formats
 
 
@@ -186,11 +186,6 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-# Cycles still to break, each a set of modules. Allowed only until bias.py and bottleneck.py are
-# merged into one module (house plan M6/M7); remove this entry then.
-ALLOWED_CYCLES = {frozenset({"llm_replay.reports.bias", "llm_replay.reports.bottleneck"})}
-
-
 def test_no_import_cycles():
     """No import cycle among our modules, imports inside functions included (they hide a cycle
     from Python's start-up but still tie the modules together). Packages' __init__ files are
@@ -200,4 +195,4 @@ def test_no_import_cycles():
     graph = {m: _imports(p, pkg) & files.keys() - {m} for m, (p, pkg) in files.items()}
     reach = {m: _reach(graph, m) for m in graph}
     cycles = {frozenset({m} | {n for n in reach[m] if m in reach[n]}) for m in graph if m in reach[m]}
-    assert not cycles - ALLOWED_CYCLES, sorted(sorted(c) for c in cycles - ALLOWED_CYCLES)
+    assert not cycles, sorted(sorted(c) for c in cycles)
