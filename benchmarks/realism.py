@@ -324,7 +324,7 @@ def run_servegen_window(fx: Fixture, seeds: tuple[int, ...] = (1,)) -> dict[str,
     within 10 % of `servegen_window_truth` on every seed; the median 600 s window CV for
     information."""
     from llm_replay.traces.servegen import servegen_spec
-    from llm_replay.traces.cli_synth import parse_span
+    from llm_replay.traces.cli import parse_span
     from llm_replay.traces.window import slice_spec
     start, dur = parse_span(fx.options["start"]), float(fx.options["duration"])
     times: dict[str, float] = {}

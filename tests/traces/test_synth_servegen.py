@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from llm_replay.traces.cli_synth import parse_span
+from llm_replay.traces.cli import parse_span
 from llm_replay.traces.errors import TraceError
 from llm_replay.traces.generate import generate
 from llm_replay.traces.servegen import import_servegen, servegen_spec
