@@ -15,8 +15,7 @@ from .analysis import Analysis, analyze, plain_pages
 from .validity import assess, load_cpu
 from .certificate import certificate
 from .steady import of_run
-from .breakdown import LENGTH_EDGES, breakdowns, image_groups, length_buckets, timeseries
-from .connections import connections
+from .breakdown import LENGTH_EDGES, breakdowns, connections, image_groups, length_buckets, timeseries
 from .servertime import attach, section as server_section
 from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
                       request_metrics)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from llm_replay.reports import format_summary, summarize_run
-from llm_replay.reports.connections import QUEUEING_NOTE, peak_per_second, weighted_quantiles
+from llm_replay.reports.breakdown import QUEUEING_NOTE, peak_per_second, weighted_quantiles
 from tests.reports.conftest import records
 
 
