@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from llm_replay.reports.sequential import look_confidence
     from llm_replay.reports.slo import check_confidence
     from llm_replay.traces import Trace
-    from .runproc import replay_run
+    from .orchestrate import replay_run
     margin, error_margin = _amount(args.not_worse_by, "--not-worse-by", "%"), _amount(args.error_margin,
                                                                                          "--error-margin", "pt")
     metrics = check_metrics([m.strip() for m in args.metrics.split(",")] if args.metrics else NI_METRICS)

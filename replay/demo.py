@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from llm_replay.traces.generate import generate
     from llm_replay.traces.presets import preset_spec
 
-    from .local_engine import start_engine
-    from .runproc import replay_run
+    from .orchestrate import replay_run, start_engine
 
     run_dir = Path(args.output or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):

@@ -159,7 +159,7 @@ def replay_target(request: pytest.FixtureRequest):
     except ImportError as e:
         pytest.skip(f"no --replay-target and engine-stub is not installed ({e}); "
                     "pip install 'llm-replay[engine]' or pass --replay-target URL")
-    from llm_replay.replay.local_engine import start_engine
+    from llm_replay.replay.orchestrate import start_engine
     engine = start_engine(*request.config.getoption("--replay-engine-arg"))
     yield engine.url
     engine.stop()
@@ -177,7 +177,7 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
     def run(trace: str | os.PathLike, **options: Any) -> ReplayResult:
         __tracebackhide__ = True
         from llm_replay import reports
-        from llm_replay.replay.runproc import replay_run, run_args
+        from llm_replay.replay.orchestrate import replay_run, run_args
         path = Path(trace)
         if not path.exists():
             from llm_replay.traces.presets import PRESETS

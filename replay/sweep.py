@@ -140,7 +140,7 @@ class Sweeper:
     def measure(self, rate: float) -> Point:
         """Replay the trace at `rate` req/s and gate the run on the SLO."""
         from llm_replay import reports
-        from .runproc import replay_run
+        from .orchestrate import replay_run
         speed = rate / self.native
         run_dir = self.out / f"rate-{rate:g}"
         # each point replays until its gate is decided (more passes of the trace when needed):
@@ -293,7 +293,7 @@ def exit_code(result: dict) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .local_engine import start_engine
+    from .orchestrate import start_engine
     engine = None
     target = list(args.target)
     if not target:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_replay.replay.local_engine import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
+from llm_replay.replay.orchestrate import LocalEngine as Engine  # noqa: F401  (tests wrap their own Popen)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +100,9 @@ def replay_cli():
 
 
 def start_engine(*args: str, timeout: float = 90):
-    """Start engine-stub on a free port in its own session (see replay.local_engine); `.url`, `.stop()`.
+    """Start engine-stub on a free port in its own session (see replay.orchestrate); `.url`, `.stop()`.
     `timeout` is a quiet host's, scaled by wait_s."""
-    from llm_replay.replay.local_engine import start_engine as _start
+    from llm_replay.replay.orchestrate import start_engine as _start
     return _start(*args, timeout=wait_s(timeout), new_session=True)
 
 
