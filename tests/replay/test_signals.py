@@ -171,7 +171,7 @@ def test_ctrl_c_on_a_deep_chain_reports_a_row_per_doubling_of_depth(tmp_path):
 
 def test_the_last_progress_line_after_ctrl_c_counts_only_what_ended():
     """Issue 22 item 6: after Ctrl-C the final line said `done 191` when 2 requests were done."""
-    from llm_replay.replay.progress import Progress
+    from llm_replay.replay.output import Progress
     p = Progress(191, 10.0)
     status = ["ok", "ok", "cancelled"] + ["not_sent"] * 188
     p.add(pa.record_batch({"status": pa.array(status), "completion_tokens": pa.array([4] * 191, pa.int32()),
