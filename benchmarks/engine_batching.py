@@ -106,7 +106,7 @@ def decode_step_ratio(batch: int = 32, context: int = 512, iters: int = 30) -> t
     from llm_replay.engine_stub.config import PRESETS
     from llm_replay.engine_stub.model import TinyGPT
     from llm_replay.engine_stub.request import EngineRequest, SamplingParams
-    from llm_replay.engine_stub.runner import ModelRunner
+    from llm_replay.engine_stub.engine import ModelRunner
     torch.set_num_threads(1)
     spec, bs = PRESETS["tiny"], 16
     model = TinyGPT(spec).eval()

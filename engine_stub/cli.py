@@ -144,8 +144,7 @@ async def serve(args) -> int:
     import torch
     import uvicorn
 
-    from .engine import AsyncEngine, EngineLoop, build_cores
-    from .engine_proc import ProcessBackend
+    from .engine import AsyncEngine, EngineLoop, ProcessBackend, build_cores
     from .metrics import Metrics
     from .pacing import Pacer
     from .server import Served

@@ -1,29 +1,98 @@
-"""EngineCore (one model: scheduler + runner + output processing), EngineLoop (the thread that
-steps every core round-robin and emits one batch of outputs per step) and AsyncEngine (the
-asyncio side: per-request queues)."""
+"""The engine: ModelRunner (a SchedulerOutput as one flat batch through the model, then
+sampling), EngineCore (one model: scheduler + runner + output processing), EngineLoop (the
+thread that steps every core round-robin and emits one batch of outputs per step), AsyncEngine
+(the asyncio side: per-request queues) and ProcessBackend (`--engine-process`: the loop in a
+child process).
+
+ModelRunner puts decodes (one new token) first in the flat batch so attention can batch them;
+prefill chunks follow. Only requests whose chunk reaches the end of their known tokens sample.
+ProcessBackend keeps model compute from holding the server's GIL: same surface as EngineLoop
+for AsyncEngine (add / abort / num_waiting / stop); outputs and metrics travel over
+multiprocessing queues (one message per engine step).
+"""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
+import queue
+import signal
 import threading
 import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 
-from .attention import PagedAttention, PagedKVCache
+from .attention import AttentionMetadata, PagedAttention, PagedKVCache, PrefillChunk, bottom_right_causal_mask
 from .block_manager import BlockManager
 from .config import EngineConfig
-from .metrics import ModelMetrics
+from .metrics import Metrics, ModelMetrics
 from .model import TinyGPT
-from .pacing import Pacer
+from .pacing import PROFILES, Pacer
 from .request import EngineRequest, SamplingParams
-from .runner import ModelRunner
 from .sampler import Sampler
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .tokenizer import EOS, IncrementalDetokenizer, Tokenizer
+
+
+class ModelRunner:
+    def __init__(self, model: TinyGPT, attn: PagedAttention, sampler: Sampler, block_size: int,
+                 device: torch.device) -> None:
+        self.model, self.attn, self.sampler = model, attn, sampler
+        self.block_size, self.device = block_size, device
+        self._arange = torch.arange(1 << 16, device=device)
+
+    def prepare(self, items: list[tuple[EngineRequest, int]]):
+        """Flat inputs and attention metadata for the scheduled (request, num_new_tokens) items."""
+        bs, dev = self.block_size, self.device
+        items = sorted(items, key=lambda it: it[1] != 1)  # decodes first (stable)
+        ids, pos, slots, logits_idx, sampling = [], [], [], [], []
+        n_dec = 0
+        dec_tables, dec_lens, prefills = [], [], []
+        for req, n in items:
+            start = req.num_computed_tokens
+            end = start + n
+            table = req.block_ids
+            offset = len(ids)
+            ids.extend(req.token_ids[start:end])
+            pos.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            nb = -(-end // bs)
+            if n == 1:
+                n_dec += 1
+                dec_tables.append(table[:nb])
+                dec_lens.append(end)
+            else:
+                mask = None if start == 0 else bottom_right_causal_mask(n, end, dev)
+                prefills.append(PrefillChunk(offset, n, end, torch.tensor(table[:nb], device=dev), mask))
+            if end == req.num_tokens:
+                logits_idx.append(offset + n - 1)
+                sampling.append(req)
+        dec_bt = dec_mask = None
+        if n_dec:
+            width = max(len(t) for t in dec_tables)
+            dec_bt = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
+            lens = torch.tensor(dec_lens, device=dev)
+            valid = self._arange[: width * bs][None, :] < lens[:, None]
+            dec_mask = torch.zeros(valid.shape, device=dev).masked_fill_(~valid, float("-inf"))[None, :, None, :]
+        meta = AttentionMetadata(torch.tensor(slots, device=dev), n_dec, dec_bt, dec_mask, prefills)
+        lora = [req.lora_id for req, n in items for _ in range(n)] if any(r.lora_id for r, _ in items) else None
+        return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
+                torch.tensor(logits_idx, device=dev, dtype=torch.long), sampling, lora)
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> tuple[list[EngineRequest], list[int]]:
+        """Run one step; returns the requests that sampled and their new tokens."""
+        ids, pos, meta, logits_idx, sampling, lora = self.prepare(out.items)
+        if not sampling:
+            logits_idx = logits_idx[:0]
+        logits = self.model(ids, pos, self.attn, meta, logits_idx, lora)
+        if not sampling:
+            return [], []
+        return sampling, self.sampler(logits, sampling)
 
 
 @dataclass(slots=True)
@@ -278,3 +347,94 @@ def build_cores(configs: dict[str, EngineConfig], metrics, pacer: Pacer | None) 
             core.update_gauges()
         cores[name] = core
     return cores
+
+
+def _child(configs: dict[str, EngineConfig], emulate: str | None, threads: int, inbox, outbox) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
+    torch.set_num_threads(threads)
+    metrics = Metrics()
+    cores = build_cores(configs, metrics, Pacer(PROFILES[emulate]) if emulate else None)
+
+    def emit(outputs):
+        outbox.put(("out", outputs, {n: len(c.scheduler.waiting) for n, c in cores.items()}))
+
+    loop = EngineLoop(cores, emit)
+    loop.start()
+    outbox.put(("ready", None, None))
+    while True:
+        msg = inbox.get()
+        if msg[0] == "add":
+            loop.add(msg[1], msg[2])
+        elif msg[0] == "abort":
+            loop.abort(msg[1])
+        elif msg[0] == "metrics":
+            outbox.put(("metrics", metrics.render(), None))
+        else:
+            loop.stop()
+            return
+
+
+class ProcessBackend:
+    def __init__(self, configs: dict[str, EngineConfig], emulate: str | None, threads: int) -> None:
+        ctx = mp.get_context("spawn")  # never fork a process that has torch threads
+        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        self.proc = ctx.Process(target=_child, args=(configs, emulate, threads, self.inbox, self.outbox),
+                                name="engine-stub-engine", daemon=True)
+        self.cores = {n: SimpleNamespace(cfg=c, tokenizer=Tokenizer(c.model.vocab_size)) for n, c in configs.items()}
+        self._waiting = {n: 0 for n in configs}
+        self._pending = {n: 0 for n in configs}  # sent, not yet reflected in a step report
+        self._metrics: asyncio.Future | None = None
+        self._metrics_lock = asyncio.Lock()
+
+    def start(self, deliver, loop: asyncio.AbstractEventLoop) -> None:
+        """Blocks until the child has built and warmed up its cores (call it in an executor)."""
+        self.proc.start()
+        while True:
+            try:
+                kind, _, _ = self.outbox.get(timeout=1)
+                break
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise RuntimeError(f"the engine process exited with code {self.proc.exitcode}") from None
+        assert kind == "ready", kind
+
+        def read():
+            while True:
+                try:
+                    kind, payload, waiting = self.outbox.get()
+                except (EOFError, OSError):
+                    return
+                if kind == "out":
+                    loop.call_soon_threadsafe(self._on_outputs, deliver, payload, waiting)
+                elif kind == "metrics":
+                    loop.call_soon_threadsafe(self._metrics.set_result, payload)
+
+        threading.Thread(target=read, name="engine-outputs", daemon=True).start()
+
+    def _on_outputs(self, deliver, outputs, waiting) -> None:
+        self._waiting = waiting
+        self._pending = dict.fromkeys(self._pending, 0)
+        deliver(outputs)
+
+    def add(self, core: str, req) -> None:
+        self._pending[core] += 1
+        self.inbox.put(("add", core, req))
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id))
+
+    def num_waiting(self, core: str) -> int:
+        return self._waiting.get(core, 0) + self._pending.get(core, 0)
+
+    async def render_metrics(self) -> bytes:
+        async with self._metrics_lock:
+            self._metrics = asyncio.get_running_loop().create_future()
+            self.inbox.put(("metrics",))
+            return await asyncio.wait_for(self._metrics, 10)
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            self.inbox.put(("stop",))
+            self.proc.join(timeout=3)
+            if self.proc.is_alive():
+                self.proc.terminate()

@@ -7,7 +7,7 @@ import torch
 
 from llm_replay.engine_stub.attention import PagedAttention, PagedKVCache
 from llm_replay.engine_stub.request import EngineRequest, SamplingParams
-from llm_replay.engine_stub.runner import ModelRunner
+from llm_replay.engine_stub.engine import ModelRunner
 
 BS, KVH, H, HD, NBLOCKS = 4, 2, 6, 8, 160
 
