@@ -8,8 +8,13 @@ from __future__ import annotations
 import difflib
 import operator
 import re
-from dataclasses import dataclass, field
+import reprlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, InstanceOf, PlainSerializer,
+                      ValidationError, model_validator)
 
 from .errors import SloSpecError
 from .metrics import LATENCIES
@@ -43,35 +48,7 @@ class Objective:
         return bool(OPS[self.op](measured, self.limit))
 
 
-@dataclass
-class ClassSpec:
-    per_request: dict[str, float] = field(default_factory=dict)
-    objectives: list[Objective] = field(default_factory=list)
-
-
-@dataclass
-class SloSpec:
-    per_request: dict[str, float] = field(default_factory=dict)   # normalised: ttft_ms, tpot_ms, e2e_ms
-    objectives: list[Objective] = field(default_factory=list)
-    classes: dict[str, ClassSpec] = field(default_factory=dict)
-    confidence: float = 0.95        # each verdict's (docs/verdicts.md)
-    name: str | None = None
-    source: str | None = None
-    per_task: dict[str, float] = field(default_factory=dict)     # task_s: a good task's longest time
-
-    @property
-    def has_per_request(self) -> bool:
-        return bool(self.per_request) or any(c.per_request for c in self.classes.values())
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "source": self.source, "per_request": self.per_request, "per_task": self.per_task,
-                "objectives": [o.text for o in self.objectives],
-                "classes": {k: {"per_request": c.per_request, "objectives": [o.text for o in c.objectives]}
-                            for k, c in self.classes.items()},
-                "confidence": self.confidence}
-
-
-def parse_objective(text: object, where: str, src: object = None) -> Objective:
+def parse_objective(text: object, where: str | None = None, src: object = None) -> Objective:
     if not isinstance(text, str):
         raise SloSpecError(f"an objective is a string like 'ttft_ms.p99 <= 800', got {text!r}",
                            file=src, field=where)
@@ -101,82 +78,95 @@ def _did_you_mean(name: str, names, suffix: str = "") -> str:
     return f"; did you mean '{near[0]}{suffix}'?" if near else ""
 
 
-def _per_request(raw: object, where: str, src: object) -> dict[str, float]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise SloSpecError("must be a mapping like {ttft_ms: 500, tpot_ms: 50}", file=src, field=where)
-    out = {}
-    for key, value in raw.items():
-        if key not in PER_REQUEST:
-            raise SloSpecError(f"unknown per-request threshold {key!r}{_did_you_mean(str(key), PER_REQUEST)} "
-                               f"(allowed: {', '.join(PER_REQUEST)})",
-                               file=src, field=f"{where}.{key}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise SloSpecError(f"must be a positive number, got {value!r}", file=src, field=f"{where}.{key}")
-        name, scale = PER_REQUEST[key]
-        out[name] = float(value) * scale
-    return out
-
-
-def _per_task(raw: object, src: object) -> dict[str, float]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise SloSpecError("must be a mapping like {task_s: 60}", file=src, field="per_task")
-    for key, value in raw.items():
-        if key != "task_s":
-            raise SloSpecError(f"unknown per-task threshold {key!r} (allowed: task_s)", file=src, field=f"per_task.{key}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise SloSpecError(f"must be a positive number, got {value!r}", file=src, field=f"per_task.{key}")
-    return {k: float(v) for k, v in raw.items()}
-
-
-def _objectives(raw: object, where: str, src: object) -> list[Objective]:
-    if raw is None:
-        return []
-    if isinstance(raw, str):
-        raw = [raw]
-    if not isinstance(raw, list):
-        raise SloSpecError("must be a list of strings like 'ttft_ms.p99 <= 800'", file=src, field=where)
-    return [parse_objective(t, f"{where}[{i}]", src) for i, t in enumerate(raw)]
-
-
-def check_confidence(c: object, source: object = None) -> float:
+def check_confidence(c: object, source: object = None, field: str | None = "confidence") -> float:
     """A verdict's confidence: a number in [0.5, 1)."""
     if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.5 <= c < 1:
-        raise SloSpecError(f"must be a number from 0.5 to below 1 (e.g. 0.95), got {c!r}", file=source,
-                           field="confidence")
+        raise SloSpecError(f"must be a number from 0.5 to below 1 (e.g. 0.95), got {c!r}", file=source, field=field)
     return float(c)
 
 
+def _keys(allowed, what: str = "key"):
+    """A before-validator: a mapping (None: empty) whose keys are all allowed; an error names the key."""
+    def check(raw: object) -> dict:
+        if not isinstance(raw, dict | None):
+            raise SloSpecError(f"must be a mapping with keys {', '.join(allowed)}")
+        for key in raw or {}:
+            if key not in allowed:
+                raise SloSpecError(f"unknown {what} {key!r}{_did_you_mean(str(key), allowed)} "
+                                   f"(allowed: {', '.join(allowed)})", field=str(key))
+        return raw or {}
+    return BeforeValidator(check)
+
+
+def _listed(raw: object) -> list:
+    if not isinstance(raw, list | str | None):
+        raise SloSpecError("must be a list of strings like 'ttft_ms.p99 <= 800'")
+    return [] if raw is None else [raw] if isinstance(raw, str) else raw
+
+
+# Thresholds are normalised to the record's own units (e2e_s -> e2e_ms)
+_Positive = Annotated[float, Field(gt=0, strict=True)]
+_PerRequest = Annotated[dict[str, _Positive], _keys(PER_REQUEST, "per-request threshold"),
+                        AfterValidator(lambda d: {PER_REQUEST[k][0]: v * PER_REQUEST[k][1] for k, v in d.items()})]
+_Objectives = Annotated[list[Annotated[InstanceOf[Objective], BeforeValidator(parse_objective),
+                                       PlainSerializer(lambda o: o.text)]],
+                        BeforeValidator(lambda v: _listed(v))]
+
+
+class ClassSpec(BaseModel):
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+    per_request: _PerRequest = {}
+    objectives: _Objectives = []
+
+    _known = model_validator(mode="before")(_keys(("per_request", "objectives")).func)
+
+
+class SloSpec(BaseModel):
+    """The dict form (`to_dict`, slo.json) is the contract: it loads back into the same spec."""
+    model_config = ConfigDict(coerce_numbers_to_str=True)
+    name: str | None = None
+    source: str | None = None       # set by the loader, not a key of the spec
+    per_request: _PerRequest = {}
+    per_task: Annotated[dict[str, _Positive], _keys(("task_s",), "per-task threshold")] = {}
+    objectives: _Objectives = []
+    classes: Annotated[dict[str, ClassSpec], BeforeValidator(lambda v: {} if v is None else v)] = {}
+    confidence: Annotated[float, BeforeValidator(lambda c: check_confidence(c, field=None))] = 0.95  # docs/verdicts.md
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "min_tail_samples" in raw:
+            raise SloSpecError("min_tail_samples is gone: every percentile is judged at a confidence bound, "
+                               "whatever n (set `confidence:`, default 0.95)", field="min_tail_samples")
+        return _keys(TOP_KEYS).func(raw)
+
+    @model_validator(mode="after")
+    def _sets_something(self) -> SloSpec:
+        if not (self.objectives or self.has_per_request or self.per_task or
+                any(c.objectives for c in self.classes.values())):
+            raise SloSpecError("the spec sets neither per_request thresholds nor objectives")
+        return self
+
+    @property
+    def has_per_request(self) -> bool:
+        return bool(self.per_request) or any(c.per_request for c in self.classes.values())
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+
 def spec_from_dict(raw: object, source: object = None) -> SloSpec:
-    if not isinstance(raw, dict):
-        raise SloSpecError(f"an SLO spec is a mapping with keys {', '.join(TOP_KEYS)}", file=source)
-    if "min_tail_samples" in raw:
-        raise SloSpecError("min_tail_samples is gone: every percentile is judged at a confidence bound, "
-                           "whatever n (set `confidence:`, default 0.95)", file=source, field="min_tail_samples")
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise SloSpecError(f"unknown key (allowed: {', '.join(TOP_KEYS)})", file=source, field=key)
-    classes = {}
-    craw = raw.get("classes") or {}
-    if not isinstance(craw, dict):
-        raise SloSpecError("must map a slo_class or model name to {per_request, objectives}",
-                           file=source, field="classes")
-    for name, c in craw.items():
-        where = f"classes.{name}"
-        if not isinstance(c, dict) or not set(c) <= {"per_request", "objectives"}:
-            raise SloSpecError("must be a mapping with keys per_request and/or objectives",
-                               file=source, field=where)
-        classes[str(name)] = ClassSpec(_per_request(c.get("per_request"), f"{where}.per_request", source),
-                                       _objectives(c.get("objectives"), f"{where}.objectives", source))
-    spec = SloSpec(_per_request(raw.get("per_request"), "per_request", source),
-                   _objectives(raw.get("objectives"), "objectives", source), classes,
-                   check_confidence(raw.get("confidence", 0.95), source),
-                   raw.get("name"), str(source) if source else None, _per_task(raw.get("per_task"), source))
-    if not (spec.objectives or spec.has_per_request or spec.per_task or any(c.objectives for c in classes.values())):
-        raise SloSpecError("the spec sets neither per_request thresholds nor objectives", file=source)
+    try:
+        spec = SloSpec.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        cause = err.get("ctx", {}).get("error")    # our own SloSpecError: its rule, and the key it names
+        msg = err["msg"].replace("Input should be", "must be").replace("valid dictionary", "mapping")
+        rule = cause.rule if isinstance(cause, SloSpecError) else f"{msg}, got {reprlib.repr(err['input'])}"
+        loc = [*err["loc"], *([cause.field] if isinstance(cause, SloSpecError) and cause.field else [])]
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc if p != "[key]").lstrip(".")
+        raise SloSpecError(rule, file=source, field=field or None) from None
+    spec.source = str(source) if source else None
     return spec
 
 
