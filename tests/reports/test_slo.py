@@ -1,6 +1,8 @@
 """SLO spec parsing: YAML, TOML, pyproject.toml, and errors that name the field."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from llm_replay.reports.errors import SloSpecError
@@ -56,6 +58,7 @@ def test_yaml_toml_and_pyproject_give_the_same_spec(tmp_path):
     ({"classes": {"batch": {"per_request": {"e2e_s": "a"}}}}, "classes.batch.per_request.e2e_s", "must be a valid number"),
     ({"classes": {"batch": {"objectives": ["nope"]}}}, "classes.batch.objectives[0]", "cannot parse"),
     ({"classes": {"batch": 3}}, "classes.batch", "mapping"),
+    ({"classes": {"batch": {"objectivs": []}}}, "classes.batch.objectivs", "did you mean 'objectives'?"),
     ({}, None, "neither per_request thresholds nor objectives"),
 ])
 def test_invalid_specs_name_the_field(spec, field, words):
@@ -92,3 +95,13 @@ def test_a_list_folded_by_indentation_is_named(tmp_path, body):
         load_slo(tmp_path / "slo.yaml")
     msg = str(e.value)
     assert "field 'objectives[0]'" in msg and "2 objectives in one string" in msg and "indent" in msg, msg
+
+
+def test_the_dict_form_loads_back_into_the_same_spec(tmp_path):
+    """slo.json (`replay run --slo`) is `to_dict` without the source: it must load back unchanged."""
+    (tmp_path / "slo.yaml").write_text(YAML + "per_task: {task_s: 60}\nconfidence: 0.9\nname: demo\n")
+    spec = load_slo(tmp_path / "slo.yaml")
+    (tmp_path / "slo.json").write_text(json.dumps({k: v for k, v in spec.to_dict().items() if k != "source"}))
+    again = load_slo(tmp_path / "slo.json")
+    assert again.to_dict() == {**spec.to_dict(), "source": str(tmp_path / "slo.json")}
+    assert again.classes["batch"].per_request == {"e2e_ms": 60000.0} and again.objectives == spec.objectives
