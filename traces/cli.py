@@ -156,18 +156,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from pathlib import Path
-    from .errors import TraceError
     if args.format == "servegen":
         from .importers.common import reject_arrival_options
         reject_arrival_options(args, "servegen imports as a generator spec",
                                "give the rate to `replay trace generate --spec SPEC --rate R`")
-        try:
-            from .servegen import import_servegen
-        except ModuleNotFoundError as e:
-            if e.name != "llm_replay.traces.servegen":
-                raise
-            raise TraceError("the servegen importer (traces.servegen) is not available in this build") from None
+        from .servegen import import_servegen
         import_servegen(Path(args.src), Path(args.output))
         print(f"wrote {args.output}")
         return 0
@@ -193,7 +186,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from pathlib import Path
     from .errors import TraceError
     from .importers import module
     from .trace import Trace
