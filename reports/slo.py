@@ -110,11 +110,10 @@ _PerRequest = Annotated[dict[str, _Positive], _keys(PER_REQUEST, "per-request th
                         AfterValidator(lambda d: {PER_REQUEST[k][0]: v * PER_REQUEST[k][1] for k, v in d.items()})]
 _Objectives = Annotated[list[Annotated[InstanceOf[Objective], BeforeValidator(parse_objective),
                                        PlainSerializer(lambda o: o.text)]],
-                        BeforeValidator(lambda v: _listed(v))]
+                        BeforeValidator(_listed)]
 
 
 class ClassSpec(BaseModel):
-    model_config = ConfigDict(coerce_numbers_to_str=True)
     per_request: _PerRequest = {}
     objectives: _Objectives = []
 
