@@ -138,7 +138,6 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
         return r.usage is not None and r.usage.completion_tokens == 12
     attempt("min_tokens_ignore_eos", forced)
 
-
     def asked_reasoning():  # engine-stub's request field; a real server decides how long it reasons
         r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, extra_body={
             "min_tokens": 8, "ignore_eos": True, "reasoning_tokens": 3})
@@ -158,9 +157,10 @@ def main(args) -> int:
     caps = probe(args.target, key, args.model)
     if caps.get("unreachable"):
         raise CheckError(f"target {args.target}: {caps['unreachable']}")
+    code = 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
     if args.json:
         print(json.dumps(caps, indent=2))
-        return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
+        return code
     print(f"target {args.target}  model {caps['model']}  served: {', '.join(caps['models']) or '-'}")
     for name in PROBES:
         err = caps["errors"].get(name, "")
@@ -171,4 +171,4 @@ def main(args) -> int:
     mode = "ids" if caps.get("token_id_prompts") else "text"
     print(f"replay run defaults: --prompt-mode {mode}, force output length "
           f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")
-    return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
+    return code

@@ -6,7 +6,7 @@ server on the same machine, held every core). Only the time series tell them apa
 `replay run` samples them beside its runner, in its own otherwise idle parent process (nothing
 on the runner's hot path): per sample, the client's CPU (the runner and its worker processes,
 in cores, and the busiest single one of them, since each is one event loop), the host's busy
-and stolen cores from /proc/stat, and how long tasks waited for a CPU (/proc/pressure/cpu). `reports.bottleneck` reads `cpu.parquet` against the records.
+and stolen cores from /proc/stat, and how long tasks waited for a CPU (/proc/pressure/cpu). `reports.validity` reads `cpu.parquet` against the records.
 Linux only; elsewhere nothing is sampled and the reports say the cause is unknown.
 """
 from __future__ import annotations

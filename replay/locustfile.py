@@ -47,7 +47,8 @@ def _on_init(environment, **kw) -> None:
     opts = environment.parsed_options
     if opts is None or not opts.trace:
         return
-    from llm_replay.replay.run_cmd import build_config, prepare_run_dir
+    from llm_replay.replay.parent import prepare_run_dir
+    from llm_replay.replay.preflight import build_config
     host = environment.host or opts.host
     opts.target = ([host] if host else []) + [t for t in opts.target if t != host]
     opts.out = opts.run_dir or f"runs/locust-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

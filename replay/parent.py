@@ -131,15 +131,14 @@ def supervise(config, nice: int | None = None, realtime: bool = False, looks=Non
     from .output import update_run_json
     from .priority import Priority
     run_dir = Path(config.run_dir)
-    env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    # the scraper is ours: the runner's Output leaves it alone (scrape.OWNED)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), scrape.OWNED: "1"}
     prio = Priority(nice, realtime)
     prio.before_start()
     # our session (a new one is a CPU group of its own: priority.py), its own process group:
     # Ctrl-C at a terminal reaches only us, and we forward it once
     scraper = scrape.start(run_dir)   # first: its imports are done by T0, its first sample before it
-    env[scrape.OWNED] = "1"
     child = subprocess.Popen([sys.executable, "-m", "llm_replay.replay.runner", str(run_dir)], env=env,
                              preexec_fn=prio.in_child)
     update_run_json(run_dir, scheduling=prio.after_start(child.pid))

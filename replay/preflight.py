@@ -113,11 +113,11 @@ def build_config(args) -> tuple:
     if reuse:
         notes["intended_prefix_reuse"] = reuse
     text_apis = choose_prompt_mode(c, args, rows, caps_of, facts)
-    if text_apis and c.tokenizer:
-        exact_text(c, rows, text_apis, notes)
-    elif c.tokenizer:
+    if c.tokenizer and not text_apis:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
-    if text_apis and not c.tokenizer:
+    elif c.tokenizer:
+        exact_text(c, rows, text_apis, notes)
+    elif text_apis:
         calibrate(c, rows, listed, caps_of, text_apis, notes)
     return c, notes
 
@@ -143,7 +143,8 @@ def config_from_options(args):
     c = plan.RunConfig(trace=str(args.trace), target=target, targets=targets, run_dir=args.out,
                        **{k: getattr(args, k) for k in same}, **{f"{k}_s": getattr(args, k) for k in secs},
                        api_key_env=key_env, api_key_envs=key_envs, scrape_url=scrape, scrapes=scrapes,
-                       master_host=host or "0.0.0.0", master_port=int(port) if args.remote_workers and port.isdigit() else 0,
+                       master_host=host or "0.0.0.0",
+                       master_port=int(port) if args.remote_workers and port.isdigit() else 0,
                        salt=args.salt if args.salt is not None else secrets.randbits(32),
                        progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3,
                        run_id=secrets.token_hex(8), otlp=getattr(args, "otlp", None),
@@ -178,17 +179,16 @@ def route_targets(c, facts) -> dict[str, dict]:
     import pyarrow.compute as pc
     n = facts.num_rows
     model = facts.column("model") if "model" in facts.column_names else pa.nulls(n, pa.string())
-    api = pc.fill_null(facts.column("api"), c.api) if "api" in facts.column_names else None
+    api = pc.fill_null(facts.column("api"), c.api) if "api" in facts.column_names else pa.array([c.api] * n)
     if "num_images" in facts.column_names:
         chat = pc.fill_null(pc.greater(facts.column("num_images"), 0), False)
         n_img = pc.sum(chat).as_py() or 0
         if n_img:
-            api = pc.if_else(chat, "chat", api if api is not None else c.api)
+            api = pc.if_else(chat, "chat", api)
             print(f"replay: {n_img} rows carry images: sent as chat requests with "
                   f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
                   file=sys.stderr)
-    keys = pa.table({"model": model.cast(pa.string()),
-                     "api": api.cast(pa.string()) if api is not None else pa.array([c.api] * n, pa.string())})
+    keys = pa.table({"model": model.cast(pa.string()), "api": api.cast(pa.string())})
     out: dict[str, dict] = {}
     unrouted: dict = {}
     for g in keys.group_by(["model", "api"]).aggregate([([], "count_all")]).to_pylist():
@@ -377,11 +377,8 @@ def exact_text(c, rows: dict[str, dict], text_apis: set[str], notes: dict) -> No
     """--tokenizer: text prompts cut to exact token counts (no calibration); a chat template's own
     tokens, which the server counts within input_tokens, are measured per target."""
     from . import plan
-    from .prompts import PromptError, load_tokenizer, template_tokens
-    try:   # loaded here, so a bad file is an error before the run
-        tok = load_tokenizer(c.tokenizer)
-    except PromptError as e:
-        raise RunError(str(e)) from None
+    from .prompts import load_tokenizer, template_tokens
+    tok = load_tokenizer(c.tokenizer)   # here, so a bad file is an error (PromptError) before the run
     notes["tokenizer"] = {"path": str(Path(c.tokenizer).resolve()), "sha256": plan.sha256_file(c.tokenizer),
                           "vocab_size": tok.get_vocab_size()}
     if "chat" in text_apis:

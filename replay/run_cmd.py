@@ -137,13 +137,13 @@ def add_run_arguments(p) -> None:
 
 def run(args) -> int:
     """`replay run`: pre-flight, run directory, supervision, wrap-up."""
+    from .until import Looks, extend_trace   # numpy: not while `replay --help` builds the parser
     slo = load_slo(args)
     run_dir, made = claim_run_dir(args.out)
     args.out = str(run_dir)
     try:
         extended = None
         if args.until_decided:   # the trace and its further passes, up to the budget: RUN_DIR/trace.parquet
-            from .until import extend_trace
             extended = extend_trace(args, run_dir)
             args.trace, args.start, args.duration, args.max_requests = str(run_dir / "trace.parquet"), 0.0, None, None
         # listening before the capability probe: its spans (engine-stub exports every 0.5 s) count as own
@@ -159,10 +159,7 @@ def run(args) -> int:
         if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
             (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
                                                          indent=1) + "\n")
-        looks = None
-        if args.until_decided:
-            from .until import Looks
-            looks = Looks(run_dir, slo, config.speed)
+        looks = Looks(run_dir, slo, config.speed) if args.until_decided else None
         code, sampler = supervise(config, args.nice, args.realtime, looks)
         if code == UNWRITABLE:   # the runner said why in one `error:` line; its run.json says failed
             return 2
