@@ -157,10 +157,9 @@ def main(args) -> int:
     caps = probe(args.target, key, args.model)
     if caps.get("unreachable"):
         raise CheckError(f"target {args.target}: {caps['unreachable']}")
-    code = 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
     if args.json:
         print(json.dumps(caps, indent=2))
-        return code
+        return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
     print(f"target {args.target}  model {caps['model']}  served: {', '.join(caps['models']) or '-'}")
     for name in PROBES:
         err = caps["errors"].get(name, "")
@@ -171,4 +170,4 @@ def main(args) -> int:
     mode = "ids" if caps.get("token_id_prompts") else "text"
     print(f"replay run defaults: --prompt-mode {mode}, force output length "
           f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")
-    return code
+    return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1

@@ -1,9 +1,9 @@
 """`replay run`: replay a trace open-loop against an OpenAI-compatible target.
 
-The options, then `run` in named steps: pre-flight (preflight.py: the options, the trace's
-facts, the targets' models and capabilities, text-prompt calibration), the run directory, the
-runner supervised beside its scraper and span receiver, and the wrap-up (parent.py: salvage,
-spans, verdict, summary).
+The options, then `run` in named steps: the run directory claimed (parent.py), the pre-flight
+(preflight.py: the options, the trace's facts, the targets' models and capabilities, text-prompt
+calibration) written into its run.json, the runner supervised beside its scraper and span
+receiver, and the wrap-up (parent.py: salvage, spans, verdict, summary).
 """
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def add_run_arguments(p) -> None:
 
 
 def run(args) -> int:
-    """`replay run`: pre-flight, run directory, supervision, wrap-up."""
+    """`replay run`: the SLO options, the run directory, pre-flight, supervision, wrap-up; a
+    refusal before the runner starts frees the run directory again."""
     from .until import Looks, extend_trace   # numpy: not while `replay --help` builds the parser
     slo = load_slo(args)
     run_dir, made = claim_run_dir(args.out)
