@@ -113,7 +113,7 @@ class Analysis:
     duration_s: float | None         # D = max(end) - min(sent) over measured requests (metrics.py: end)
     good: np.ndarray                 # bool over all rows
     slo: SloSpec | None
-    bottleneck: dict | None = None   # bottleneck.assess: whether the replay kept its schedule, and why not
+    bottleneck: dict | None = None   # validity.assess: whether the replay kept its schedule, and why not
     server: object | None = None     # servertime.ServerTime: the run's server spans joined to its records
     _pooled: dict = field(default_factory=dict)
 

@@ -12,7 +12,7 @@ each, when
   or the whole run fewer than RATE_SHARE of its offered rate (at least MIN_WINDOW_ROWS rows);
 - the send lag p99 exceeded LAG_P99_MS. Both bounds say "the arrival process moved by at most
   ~50 ms": a pure delay of 50 ms shifts 5 % of a 1 s window's rows into the next one. That is five
-  times the late threshold the bias bound starts at (bottleneck.LATE_MS) and above the 10-35 ms lag
+  times the late threshold the bias bound starts at (validity.LATE_MS) and above the 10-35 ms lag
   tails of a healthy replay on a noisy 2-core host (docs/performance.md), so a run that merely
   had a few late sends is judged by its bias bound, not refused;
 - a worker was lost, or a measured row was not sent (a run until decided: only its judged rows);
@@ -23,7 +23,7 @@ figures are given, nothing is refused.
 
 The gate (gate.py): a run whose stimulus was not delivered cannot pass, it exits 2 with the
 reasons. A failure stays a failure (exit 1): a figure that fails is judged at both ends of its
-bias bound when the replay fell behind (bias.py, which also scales the rates by offered/achieved),
+bias bound when the replay fell behind (validity.py, which also scales the rates by offered/achieved),
 so it fails whichever end is true, and a server that fails under less load than asked would not
 pass under more.
 """

@@ -4,7 +4,7 @@ Each objective is judged at the spec's confidence (docs/verdicts.md): pass when 
 bad side holds, fail when the bound on its good side does not, undecided between. Percentiles take
 distribution-free bounds (order statistics, exact binomial), attainment and error_rate exact
 (Clopper-Pearson) ones, means a one-sided t bound; max and the rates are judged as measured. A
-replay behind its schedule widens each bound to both ends of its bias (bias.py). `as_measured`
+replay behind its schedule widens each bound to both ends of its bias (validity.py). `as_measured`
 judges point estimates (k6's semantics).
 
 Exit codes: 0 every objective holds; 1 an objective failed; 2 nothing failed but something is
@@ -232,7 +232,7 @@ def _proportion_more(k: int, n: int, op: str, limit: float, conf: float) -> int 
 
 @dataclass
 class Ends:
-    """A run seen at both ends of its bias (bias.py): analyses whose good requests are those of
+    """A run seen at both ends of its bias (validity.py): analyses whose good requests are those of
     the worst and of the best case."""
     bias: Bias
     worst: Analysis
@@ -350,7 +350,7 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
          confidence: float | None = None, stimulus: dict | None = None, whole_run: bool = False) -> GateResult:
     """Evaluate every objective (run-wide, then per class) on an analysed run at `confidence`
     (default: the spec's). When the replay fell behind its schedule, each figure it may have moved
-    is judged at both ends of its bias bound (bias.py). `as_measured`: point estimates, no bounds.
+    is judged at both ends of its bias bound (validity.py). `as_measured`: point estimates, no bounds.
     `config` (run.json) tells whether the run finished; `stimulus` (certificate.py, computed here
     without CPU samples when not given) whether its load was delivered. A run with a warm-up or a
     level shift is judged on its steady window (steady.py) unless `whole_run`."""
