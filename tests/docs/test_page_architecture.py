@@ -1,8 +1,8 @@
 """docs/architecture.md states the project's contracts; these checks hold it to the code: the
 trace and records schema tables against traces/schema.py and reports/schema.py, the trace
 metadata keys against real traces, the run directory against a real run, the command table
-against the `replay` argument parser, the layout against the folders, and the dependency rules
-against every module's imports."""
+against the `replay` argument parser, the layout and the module tables against the folders, and
+the dependency rules against every module's imports."""
 from __future__ import annotations
 
 import argparse
@@ -135,11 +135,28 @@ def test_command_table():
 
 
 def test_layout_table():
-    for folder, package, _role, modules in table_rows(section("Layout")):
+    for folder, package, _role in table_rows(section("Layout")):
         folder = REPO / folder.strip("`/")
         assert folder.is_dir() and package.strip("`").split(".")[-1] == folder.name
-        for m in re.findall(r"`([\w/]+)`", modules):
-            assert (folder / f"{m}.py").exists() or (folder / m.rstrip("/")).is_dir(), (folder, m)
+
+
+MODULE_FOLDERS = ("replay", "reports", "traces", "traces/importers", "engine_stub")
+
+
+def test_modules_tables():
+    """Every product module has a row in its folder's table under Modules, with a job, and every
+    row names a module that exists."""
+    real = {f"{d}/{p.name}" for d in MODULE_FOLDERS for p in (REPO / d).glob("*.py")
+            if p.stem not in ("__init__", "__main__")}
+    parts = re.split(r"^### `?([\w/]+?)/?`?$", section("Modules"), flags=re.M)
+    assert parts[1::2] == list(MODULE_FOLDERS), parts[1::2]
+    shown = {}
+    for folder, text in zip(parts[1::2], parts[2::2]):
+        for name, job in table_rows(text):
+            assert job and name.startswith("`") and name.endswith(".py`"), (folder, name, job)
+            shown[f"{folder}/{name.strip('`')}"] = job
+    assert not real - shown.keys(), f"modules without a row under Modules: {sorted(real - shown.keys())}"
+    assert not shown.keys() - real, f"rows naming no module: {sorted(shown.keys() - real)}"
 
 
 def _imports(path, pkg: str) -> set[str]:
