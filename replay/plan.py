@@ -18,18 +18,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llm_replay.reports.schema import RECORD_LAYOUT
 from llm_replay.traces.errors import TraceError
 from llm_replay.traces.graph import check_graph, parse_depends_on
 from llm_replay.traces.schema import BY_NAME
 from llm_replay.traces.trace import Trace, conform
 
-# A row is a tuple (msgpack-friendly); these are its fields.
+# A row is a tuple (msgpack-friendly) of these fields: the trace's columns of that name, its file row
+# (index), scheduled_s, ndep (rows of the window that wait for it, and its session's next call in a
+# task) and conv (the previous call of its session in its task). Below, the constants that name them.
+ROW_FIELDS = ("index", "request_id", "scheduled_s", "input_tokens", "output_tokens", "model", "session_id",
+              "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px", "task_id",
+              "depends_on", "delay_s", "ndep", "conv", "reasoning_tokens")
 IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX, \
-    TASK, DEPS, DELAY, NDEP, CONV, REASON = range(20)   # NDEP: rows of the window that wait for this one
-ROW_LEN = 20     # (and its session's next call in a task); CONV: the previous call of its session in its task
-ROW_COLUMNS = ("arrival_ns", "input_tokens", "output_tokens", "request_id", "model", "session_id",
-               "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px",
-               "task_id", "depends_on", "delay_s", "reasoning_tokens")
+    TASK, DEPS, DELAY, NDEP, CONV, REASON = range(len(ROW_FIELDS))
+ROW_LEN = len(ROW_FIELDS)
+RECORD_COLUMNS = {c for _, c in RECORD_LAYOUT if c}   # those a record of a row never sent takes
+ROW_COLUMNS = ("arrival_ns", *(n for n in ROW_FIELDS if n in BY_NAME))   # what it reads of the trace
 
 
 @dataclass
@@ -275,12 +280,8 @@ class TraceWindow:
                 ndep = deps[done:done + n].tolist()
                 conv = [self.conv.pop(done + i, None) for i in range(n)] if self.conv else none
                 done += n
-            yield list(zip(range(offset, offset + n), rid, sched, cols["input_tokens"],
-                           cols["output_tokens"], cols["model"] or none, cols["session_id"] or none,
-                           cols["turn"] or none, cols["slo_class"] or none, cols["api"] or none,
-                           cols["prompt"] or none, cols["hash_ids"] or none, cols["num_images"] or none,
-                           cols["image_px"] or none, cols["task_id"] or none, cols["depends_on"] or none,
-                           cols["delay_s"] or none, ndep, conv, cols["reasoning_tokens"] or none))
+            cols.update(index=range(offset, offset + n), request_id=rid, scheduled_s=sched, ndep=ndep, conv=conv)
+            yield list(zip(*(cols[f] or none for f in ROW_FIELDS)))
 
     def rest(self, min_rows: int = 16384) -> Iterator[pa.Table]:
         """The window's unread rows (those `rows()` has not yielded yet) as tables of at least
@@ -304,14 +305,9 @@ class TraceWindow:
                 return
 
 
-REST_COLUMNS = {"request_id": RID, "model": MODEL, "slo_class": SLO, "session_id": SESSION, "scheduled_s": SCHED,
-                "input_tokens": IN, "output_tokens": OUT, "num_images": IMAGES, "task_id": TASK, "depends_on": DEPS,
-                "delay_s": DELAY, "reasoning_tokens": REASON}
-
-
 def table_of(rows: list[tuple]) -> pa.Table:
     """Row tuples (at least one) as the columns `TraceWindow.rest` yields."""
-    return pa.table({name: pa.array([r[i] for r in rows]) for name, i in REST_COLUMNS.items()})
+    return pa.table({n: pa.array([r[i] for r in rows]) for i, n in enumerate(ROW_FIELDS) if n in RECORD_COLUMNS})
 
 
 def _canonical_schema(schema: pa.Schema) -> pa.Schema | None:

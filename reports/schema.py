@@ -19,40 +19,44 @@ RECORDS_SCHEMA_VERSION = 7   # 2: first_answer_s, reasoning_tokens, reasoning_ch
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")
 
-RECORD_SCHEMA = pa.schema([
-    pa.field("request_id", pa.string(), nullable=False),
-    pa.field("model", pa.string()),            # trace-side label
-    pa.field("target_model", pa.string()),     # served model it was mapped to
-    pa.field("target", pa.string()),           # base URL of the deployment it was sent to
-    pa.field("slo_class", pa.string()),
-    pa.field("session_id", pa.string()),
-    pa.field("worker", pa.int32()),
-    pa.field("scheduled_s", pa.float64()),
-    pa.field("sent_s", pa.float64()),          # null when not sent
-    pa.field("connect_s", pa.float32()),       # seconds to open its connection (TCP + TLS); null: reused one
-    pa.field("first_token_s", pa.float64()),   # first generated token of any kind (answer or reasoning)
-    pa.field("last_token_s", pa.float64()),
-    pa.field("end_s", pa.float64()),           # the response ended: last byte read, error or deadline
-    pa.field("first_answer_s", pa.float64()),  # first answer token (text or tool call), after any reasoning
-    pa.field("token_times", pa.list_(pa.float32())),
-    pa.field("chunk_tokens", pa.list_(pa.int16())),
-    pa.field("input_tokens", pa.int32()),
-    pa.field("output_tokens", pa.int32()),
-    pa.field("num_images", pa.int16()),        # images sent with the request (the trace's num_images)
-    pa.field("prompt_tokens", pa.int32()),
-    pa.field("completion_tokens", pa.int32()),
-    pa.field("reasoning_tokens", pa.int32()),  # usage's when reported (> 0), else reasoning chunks; null: none
-    pa.field("reasoning_chunks", pa.int32()),  # chunks before the first answer: all of them when none came; null: 0
-    pa.field("status", pa.string(), nullable=False),
-    pa.field("http_status", pa.int32()),
-    pa.field("error", pa.string()),
-    pa.field("task_id", pa.string()),          # agentic task of the row (trace task_id)
-    pa.field("depends_on", pa.list_(pa.string())),  # rows it waited for (trace depends_on)
-    pa.field("delay_s", pa.float32()),         # tool/think time it waited after them (capped by --max-delay)
-    pa.field("cached_tokens", pa.int32()),     # usage.prompt_tokens_details.cached_tokens; null: not reported
-    pa.field("asked_reasoning_tokens", pa.int32()),  # the trace's reasoning_tokens (reasoning_tokens: what came)
-    pa.field("trace_id", pa.string()),         # W3C trace id sent in its traceparent (32 hex); null: not traced
-])
+# The records layout, one line a field in file order: (field, the trace-row column a record of a row
+# that was never sent takes it from; None: null, or set by replay: target, worker, status, error).
+# RECORD_SCHEMA, `replay.recorder.record`'s order and the not-sent records derive from it.
+RECORD_LAYOUT = (
+    (pa.field("request_id", pa.string(), nullable=False), "request_id"),
+    (pa.field("model", pa.string()), "model"),  # trace-side label
+    (pa.field("target_model", pa.string()), None),  # served model it was mapped to
+    (pa.field("target", pa.string()), None),  # base URL of the deployment it was sent to
+    (pa.field("slo_class", pa.string()), "slo_class"),
+    (pa.field("session_id", pa.string()), "session_id"),
+    (pa.field("worker", pa.int32()), None),
+    (pa.field("scheduled_s", pa.float64()), "scheduled_s"),
+    (pa.field("sent_s", pa.float64()), None),  # null when not sent
+    (pa.field("connect_s", pa.float32()), None),  # seconds to open its connection (TCP + TLS); null: reused one
+    (pa.field("first_token_s", pa.float64()), None),  # first generated token of any kind (answer or reasoning)
+    (pa.field("last_token_s", pa.float64()), None),
+    (pa.field("end_s", pa.float64()), None),  # the response ended: last byte read, error or deadline
+    (pa.field("first_answer_s", pa.float64()), None),  # first answer token (text or tool call), after any reasoning
+    (pa.field("token_times", pa.list_(pa.float32())), None),
+    (pa.field("chunk_tokens", pa.list_(pa.int16())), None),
+    (pa.field("input_tokens", pa.int32()), "input_tokens"),
+    (pa.field("output_tokens", pa.int32()), "output_tokens"),
+    (pa.field("num_images", pa.int16()), "num_images"),  # images sent with the request (the trace's num_images)
+    (pa.field("prompt_tokens", pa.int32()), None),
+    (pa.field("completion_tokens", pa.int32()), None),
+    (pa.field("reasoning_tokens", pa.int32()), None),  # usage's if reported (> 0), else reasoning chunks; null: none
+    (pa.field("reasoning_chunks", pa.int32()), None),  # chunks before the first answer (all when none came); null: 0
+    (pa.field("status", pa.string(), nullable=False), None),
+    (pa.field("http_status", pa.int32()), None),
+    (pa.field("error", pa.string()), None),
+    (pa.field("task_id", pa.string()), "task_id"),  # agentic task of the row (trace task_id)
+    (pa.field("depends_on", pa.list_(pa.string())), "depends_on"),  # rows it waited for (trace depends_on)
+    (pa.field("delay_s", pa.float32()), "delay_s"),  # tool/think time it waited after them (capped by --max-delay)
+    (pa.field("cached_tokens", pa.int32()), None),  # usage.prompt_tokens_details.cached_tokens; null: not reported
+    (pa.field("asked_reasoning_tokens", pa.int32()), "reasoning_tokens"),  # what the trace asked for (reasoning_tokens: what came)
+    (pa.field("trace_id", pa.string()), None),  # W3C trace id sent in its traceparent (32 hex); null: not traced
+)
+RECORD_SCHEMA = pa.schema([f for f, _ in RECORD_LAYOUT])
 
 # Server spans (spans.parquet, `replay run --otlp`): one row per received span that carries a
 # request's server-side latencies (vLLM's `llm_request`: gen_ai.latency.* in seconds). Durations

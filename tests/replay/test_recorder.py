@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from llm_replay.replay import plan
-from llm_replay.replay.recorder import RECORD_SCHEMA, Recorder, record, to_batch, unsent, unsent_batch
+from llm_replay.replay.recorder import RECORD_LAYOUT, RECORD_SCHEMA, Recorder, record, to_batch, unsent, unsent_batch
 from llm_replay.traces.trace import Trace
 
 
@@ -70,6 +70,22 @@ def test_connect_s_column():
     c = got.column("connect_s").to_pylist()
     assert abs(c[0] - 0.0125) < 1e-6 and c[1] is None and c[2] is None
     assert got.column("sent_s").to_pylist()[:2] == [0.0, 1.0]
+
+
+def test_records_follow_the_layout():
+    """The layout decides: a not-sent record takes each field the layout sends to a row column from
+    the row's field of that name and is null elsewhere (but whom it was for, status and error); the
+    row constants name the row fields they index."""
+    assert [plan.ROW_FIELDS[i] for i in (plan.RID, plan.SCHED, plan.IN, plan.OUT, plan.MODEL, plan.SESSION,
+            plan.SLO, plan.IMAGES, plan.TASK, plan.DEPS, plan.DELAY, plan.REASON, plan.NDEP, plan.CONV)] == [
+        "request_id", "scheduled_s", "input_tokens", "output_tokens", "model", "session_id", "slo_class",
+        "num_images", "task_id", "depends_on", "delay_s", "reasoning_tokens", "ndep", "conv"]
+    row = tuple(f"v{i}" for i in range(plan.ROW_LEN))
+    rec = unsent(row, "tm", 7, "cancelled", "why", "http://t")
+    by_caller = {"target_model": "tm", "worker": 7, "status": "cancelled", "error": "why", "target": "http://t"}
+    assert rec._fields == tuple(RECORD_SCHEMA.names) == record(_row(0), "m", 0, 100.0, _result(0, 2))._fields
+    for f, col in RECORD_LAYOUT:
+        assert getattr(rec, f.name) == (row[plan.ROW_FIELDS.index(col)] if col else by_caller.get(f.name))
 
 
 def test_flush_policy_oldest_first_and_every_record_within_two_periods():
