@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sst
 
-from . import stats
+from . import prefixes, stats
 from .fit_dists import IDC_SCALES, MIN_WINDOWS
 
 # metric family -> (kind, tolerance): "rel" compares |b - a| / |a|, "abs" compares |b - a|
@@ -85,16 +85,16 @@ def _conversations(a: Any, b: Any) -> str | None:
     """Where both sides' conversations come from: `session_id` when both have it, else hash_ids
     chains on both (so a Mooncake trace compares with its fitted copy, which has sessions)."""
     both_blocks = all("hash_ids" in stats._tbl(x).column_names for x in (a, b))
-    return "hash_ids" if both_blocks and not (stats.has_sessions(a) and stats.has_sessions(b)) else None
+    return "hash_ids" if both_blocks and not (prefixes.has_sessions(a) and prefixes.has_sessions(b)) else None
 
 
 def _shared_prefix_rows(a: Any, b: Any) -> list[dict[str, Any]]:
-    """Application prefixes shared across conversations (`stats.prefix_pool_stats`, a system
+    """Application prefixes shared across conversations (`prefixes.prefix_pool_stats`, a system
     prompt included): the share of conversations that open with one (binomial error), its
     length in blocks p50/p90 and the most used one's share of them. A side without hash_ids
     sends unrelated prompts: no conversation opens with one."""
     source = _conversations(a, b)
-    pa_, pb_ = (stats.prefix_pool_stats(x, source, _block_size(x)) for x in (a, b))
+    pa_, pb_ = (prefixes.prefix_pool_stats(x, source, _block_size(x)) for x in (a, b))
     if not pa_ and not pb_:
         return []
     why = _lacks((pa_, pb_), "has no hash_ids")
@@ -115,7 +115,7 @@ def _turn_rows(a: Any, b: Any) -> list[dict[str, Any]]:
     `session_id` when both have it, else conversations inferred from `hash_ids` on both (so
     a Mooncake trace compares with its fitted copy, which has sessions)."""
     source = _conversations(a, b)
-    ta, tb = (stats.turn_stats(x, _block_size(x), source) for x in (a, b))
+    ta, tb = (prefixes.turn_stats(x, _block_size(x), source) for x in (a, b))
     if not ta and not tb:
         return []
     why = _lacks((ta, tb), "has no session_id or hash_ids")
@@ -287,7 +287,7 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
         rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *((p or {}).get("block_hit_ratio", 0.0)
                                                                    for p in (pa_, pb_)),
                          reason=_lacks((pa_, pb_), "has no hash_ids")))
-        ra, rb = stats.reuse_distances(a), stats.reuse_distances(b)
+        ra, rb = prefixes.reuse_distances(a), prefixes.reuse_distances(b)
         why = tuple("has no prefix-cache hits" if p else "has no hash_ids" for p in (pa_, pb_))
         for q in ("p50", "p90"):
             rows.append(_row(f"reuse_distance_requests.{q}", "reuse_distance", (ra or {}).get("requests", {}).get(q),

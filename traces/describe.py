@@ -1,26 +1,55 @@
-"""`replay trace describe`: the statistics of `traces.stats` as a terminal report or JSON."""
+"""`replay trace describe`: the statistics of `traces.stats` and `traces.prefixes` as a terminal report or JSON."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-from . import stats
+from . import prefixes, stats
 from .errors import TraceError
 from .trace import Trace
 
 
 def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S, path: str | None = None) -> dict[str, Any]:
-    """The JSON body of `describe --json`: file-level facts plus `stats.summarize`."""
+    """The JSON body of `describe --json`: file-level facts plus `summarize`."""
     meta = trace.metadata
     out = {"source": meta.get("source"), "columns": trace.table.column_names,
            "transforms": meta.get("transforms", []), "block_size": meta.get("block_size")}
-    out.update(stats.summarize(trace.table, windows_s, meta.get("block_size")))
+    out.update(summarize(trace.table, windows_s, meta.get("block_size")))
     failed = trace.table.column("failed_in_source") if "failed_in_source" in trace.table.column_names else None
     out["failed_in_source"] = int(failed.fill_null(False).cast("int64").to_numpy().sum()) if failed is not None else 0
     out["output_tokens_null"] = trace.table.column("output_tokens").null_count
     out["warnings"] = _warnings(trace, out, path)
     return out
+
+
+def summarize(table: Any, windows_s=stats.DEFAULT_WINDOWS_S, block_size: int | None = None) -> dict[str, Any]:
+    """Every statistic of `traces.stats` and `traces.prefixes` in one JSON-able dict (the body of
+    `replay trace describe --json`)."""
+    t = stats._tbl(table)
+    if block_size is None and hasattr(table, "metadata"):
+        block_size = table.metadata.get("block_size")
+    return {
+        "requests": t.num_rows,
+        "duration_s": stats.duration_s(t),
+        "mean_rate": stats.mean_rate(t),
+        "peak_rate_60s": stats.peak_rate(t, 60.0),
+        "interarrival_cv": stats.interarrival_cv(t),
+        "index_of_dispersion": stats.index_of_dispersion(t, windows_s),
+        "interarrival_fit": stats.interarrival_fits(t),
+        "lengths": stats.length_quantiles(t),
+        "spearman_input_output": stats.spearman_io(t),
+        "model_mix": stats.model_mix(t),
+        "sessions": stats.session_stats(t),
+        "prefix_cache": stats.prefix_cache_hits(t, block_size),
+        "reuse_distance": prefixes.reuse_distances(t),
+        "turns": prefixes.turn_stats(t, block_size),
+        "turns_from_hash_ids": prefixes.turn_stats(t, block_size, "hash_ids") if prefixes.has_sessions(t) else None,
+        "shared_prefixes": prefixes.prefix_pool_stats(t, block_size=block_size),
+        "images": stats.image_stats(t),
+        "reasoning": stats.reasoning_stats(t),
+        "agents": stats.agent_stats(t),
+    }
 
 
 SHAPE_RANGE = (1e-2, 1e3)   # inter-arrival shapes outside this are artefacts, not arrival processes
@@ -140,7 +169,7 @@ def render(d: dict[str, Any], file: str) -> str:
     if sp and sp["prefixes"]:
         b = sp["blocks"]
         lines.append(f"shared prefixes  {sp['prefixes']:,} open {_f(sp['share'])} of the conversations (each used by "
-                     f">= {stats.MIN_SHARED_USES}; a system prompt is one): length p50={_f(b['p50'], 0)} "
+                     f">= {prefixes.MIN_SHARED_USES}; a system prompt is one): length p50={_f(b['p50'], 0)} "
                      f"p90={_f(b['p90'], 0)} max={_f(b['max'], 0)} blocks; the most used opens {_f(sp['top_share'])} of those")
     ag = d.get("agents")
     if ag:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from scipy import optimize as sst_opt
 from scipy import stats as sst
 
-from . import stats
+from . import prefixes, stats
 from .errors import TraceError
 from .fit_dists import fit_arrivals, fit_length
 from .spec import MAX_DURATION_S
@@ -54,12 +54,12 @@ MIN_IMPLICIT_TURNS = 0.05   # share of rows that must continue a hash_ids chain 
 
 def _implicit_sessions(t: pa.Table) -> np.ndarray | None:
     """Without `session_id`: conversations inferred from `hash_ids` chains
-    (`stats.prefix_parents`: a row continues the last row that used its last reused,
+    (`prefixes.prefix_parents`: a row continues the last row that used its last reused,
     conversation-private block), as the root row of each row's chain; None when no hash_ids
     or fewer than MIN_IMPLICIT_TURNS of the rows continue one (e.g. only a shared system prompt)."""
     if _col(t, "session_id") is not None or "hash_ids" not in t.column_names:
         return None
-    parent = stats.prefix_parents(t)
+    parent = prefixes.prefix_parents(t)
     if parent is None or (parent >= 0).mean() < MIN_IMPLICIT_TURNS:
         return None
     root = np.arange(len(parent))
@@ -95,7 +95,7 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
     turns = fit_length(last_turn + 1) if implicit is None else _undo_splits(t, last_turn + 1, order[starts])
     spec = {"turns": turns, "think_s": fit_length(think, integer=False) if len(think) > 10
             else {"dist": "constant", "value": 30.0}}
-    b = stats._blocks(t) if "hash_ids" in t.column_names else None
+    b = prefixes._blocks(t) if "hash_ids" in t.column_names else None
     if b is not None and same.sum() > 10:  # a turn that keeps only part of the previous one's blocks: a branch
         reused = np.bincount(b["row"], weights=b["reused"], minlength=t.num_rows)
         ext = reused[order[1:][same[1:]]] >= b["lens"][order[:-1][same[1:]]] - 1
@@ -116,7 +116,7 @@ def _undo_splits(t: pa.Table, seen: np.ndarray, roots: np.ndarray) -> dict[str, 
     to generate, g, from the longest down; the total of turns is unchanged."""
     seen = seen.astype(np.int64)
     d = np.bincount(seen).astype(float)
-    private = stats.private_blocks(t)
+    private = prefixes.private_blocks(t)
     q = float(1 - private[roots].mean()) if private is not None and len(roots) else 0.0
     g = np.zeros(len(d) + 1)
     if q < 0.9:
@@ -171,7 +171,7 @@ def _fit_prefix(t: pa.Table, opens: np.ndarray | None = None,
         out["system_blocks"] = leading_run(np.flatnonzero(sys_rows), 0)
         out["system_share"] = round(float(sys_rows.mean()), 4)
     start = np.where(sys_rows, out.get("system_blocks", 0), 0)
-    sp = stats.shared_prefixes(t, start, opens) if opens is not None else None
+    sp = prefixes.shared_prefixes(t, start, opens) if opens is not None else None
     if sp is not None:
         pooled = sp["key"] >= 0
         if pooled.sum() >= MIN_POOL_SHARE * opens.sum():

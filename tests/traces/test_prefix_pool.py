@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from llm_replay.traces import Trace, stats
+from llm_replay.traces import Trace, prefixes, stats
 from llm_replay.traces import fit as fit_mod
 from llm_replay.traces.compare import compare_traces, format_table
 from llm_replay.traces.fit import fit_trace
@@ -41,7 +41,7 @@ def _pooled(seed=0, duration=600, **over):
 
 def test_generated_pool_has_its_lengths_popularity_and_tail():
     t = _pooled()
-    sp = stats.shared_prefixes(t)
+    sp = prefixes.shared_prefixes(t)
     key, n = sp["key"], sp["blocks"]
     inp = t.table.column("input_tokens").to_numpy()
     # system prompt and pool prefixes overlap as little as their shares allow (0.3 + 0.6 <= 1)
@@ -87,7 +87,7 @@ def test_large_pools_fit_a_length_distribution_and_zipf(monkeypatch):
     assert pool["size"] == 10 and pool["zipf"] == pytest.approx(ZIPF, abs=0.1)
     assert pool["blocks"]["min"] == 2 and pool["blocks"]["max"] == 60
     g = generate({"duration": 300, "block_size": 16, "clients": [_client(prefix={"pool": pool})]}, seed=1)
-    assert stats.prefix_pool_stats(g)["prefixes"] <= 10
+    assert prefixes.prefix_pool_stats(g)["prefixes"] <= 10
 
 
 def test_shared_prompts_are_not_conversations():
@@ -106,7 +106,7 @@ def test_shared_prompts_are_not_conversations():
                         "input_tokens": np.array(inp, np.int32),
                         "output_tokens": rng.integers(5, 50, 3000).astype(np.int32),
                         "hash_ids": pa.array(ids, pa.list_(pa.int64()))}), {"block_size": 16})
-    assert stats.turn_stats(t)["turns"]["max"] == 1
+    assert prefixes.turn_stats(t)["turns"]["max"] == 1
     c = fit_trace(t)["clients"][0]
     # the more popular prompt opens the most requests: it is read as the system prompt
     assert "sessions" not in c and c["prefix"]["system_blocks"] == 87 and c["prefix"]["pool"]["blocks"] == [12]
@@ -133,8 +133,8 @@ def test_branched_turns_keep_part_of_the_history():
     # chains still find the branches (they keep a private block); fit reads the share back
     s = fit_trace(t.table.drop_columns(["session_id", "turn", "parent_id"]))["clients"][0]["sessions"]
     assert s["branch"] == pytest.approx(0.3, abs=0.05)
-    assert stats.turn_stats(t, source="hash_ids")["turns"]["mean"] == pytest.approx(
-        stats.turn_stats(t)["turns"]["mean"], rel=0.1)
+    assert prefixes.turn_stats(t, source="hash_ids")["turns"]["mean"] == pytest.approx(
+        prefixes.turn_stats(t)["turns"]["mean"], rel=0.1)
 
 
 def test_public_window_with_application_prompts(tmp_path):

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import run_cli
-from llm_replay.traces import Trace, stats
+from llm_replay.traces import Trace, prefixes, stats
 from llm_replay.traces.compare import compare_traces, format_table
 from llm_replay.traces.fit import fit_trace
 from llm_replay.traces.generate import generate
@@ -30,30 +30,30 @@ def _table(hash_ids, inp=None, sessions=None, gap_s=1.0):
 def test_reuse_distances_count_requests_since_last_use():
     # 0 is a shared system block; 1-2 one conversation (rows 0, 2, 4); 7 and 8 others
     t = _table([[0, 1, 2], [0, 7], [0, 1, 2, 3], [0, 8], [0, 1, 2, 3, 4]])
-    r = stats.reuse_distances(t)
+    r = prefixes.reuse_distances(t)
     # hits: row1 0 (1); row2 0 (1), 1, 2 (2 each); row3 0 (1); row4 0 (1), 1, 2, 3 (2 each)
     d = np.array([1, 1, 2, 2, 1, 1, 2, 2, 2])
     assert r["unit"] == "requests" and r["hits"] == len(d) == stats.prefix_cache_hits(t)["blocks"] * \
         stats.prefix_cache_hits(t)["block_hit_ratio"]
     assert r["requests"]["p50"] == np.percentile(d, 50) and r["requests"]["mean"] == pytest.approx(d.mean())
     assert r["seconds"]["max"] == 2.0
-    assert stats.reuse_distances(_table([[1], [2]])) is None
+    assert prefixes.reuse_distances(_table([[1], [2]])) is None
 
 
 def test_conversations_from_hash_chains_ignore_shared_prefixes():
     # block 0 is followed by 1, 7, 8, 9, 5: shared (fan-out 5 > MAX_FANOUT), so rows that only
     # share it are not turns of one conversation; row 2 continues row 0, row 5 row 2
     t = _table([[0, 1, 2], [0, 7], [0, 1, 2, 3], [0, 8], [0, 9], [0, 1, 2, 3, 4], [0, 5]])
-    assert stats.prefix_parents(t).tolist() == [-1, -1, 0, -1, -1, 2, -1]
-    s = stats.turn_stats(t)
+    assert prefixes.prefix_parents(t).tolist() == [-1, -1, 0, -1, -1, 2, -1]
+    s = prefixes.turn_stats(t)
     assert s["source"] == "hash_ids" and s["sessions"] == 5
     assert s["turns"]["mean"] == pytest.approx(7 / 5) and s["turns"]["max"] == 3
     assert s["gap_s"]["p50"] == 2.5 and s["growth"]["p50"] == 16.0 and s["new_tokens"]["p50"] == 6.0
     # with session_id the sessions are taken as given (and hash_ids chains on request)
     sid = ["a", "b", "a", "c", "d", "a", "e"]
-    assert stats.turn_stats(_table([[0]] * 7, sessions=sid))["turns"]["max"] == 3
+    assert prefixes.turn_stats(_table([[0]] * 7, sessions=sid))["turns"]["max"] == 3
     distinct = _table([[i] for i in range(7)], sessions=sid)
-    assert stats.turn_stats(distinct, source="hash_ids")["turns"]["max"] == 1
+    assert prefixes.turn_stats(distinct, source="hash_ids")["turns"]["max"] == 1
 
 
 def test_count_quantile_moves_smoothly():

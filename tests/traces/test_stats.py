@@ -5,6 +5,7 @@ import pytest
 from scipy import stats as st
 
 from llm_replay.traces import Trace, stats
+from llm_replay.traces.describe import summarize
 
 
 def _trace(arr_ns, inp=None, out=None, **cols):
@@ -115,6 +116,6 @@ def test_sessions_and_summary_is_jsonable():
     assert s["sessions"] == 2 and s["max_turn"] == 2
     assert s["requests_per_session"]["max"] == 3
     assert s["multi_turn_share"] == pytest.approx(3 / 5)
-    summary = stats.summarize(t)
+    summary = summarize(t)
     json.dumps(summary, allow_nan=False)
     assert summary["requests"] == 5 and summary["prefix_cache"] is None
