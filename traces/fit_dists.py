@@ -23,7 +23,7 @@ from scipy import stats as sst
 
 from . import stats
 from .arrivals import _renewal, arrival_times
-from .spec import _Reader, parse_arrival, parse_modulation, parse_profile
+from .spec_fields import _Reader, parse_arrival, parse_modulation, parse_profile
 
 FIT_SAMPLES = 200_000       # likelihoods on an evenly spaced subsample: fast on 10M rows
 EMPIRICAL_POINTS = 1000

@@ -14,7 +14,8 @@ from llm_replay.traces.fit import fit_trace
 from llm_replay.traces.generate import generate, generate_to
 from llm_replay.traces.lengths import discrete_mean, sample_from_normal
 from llm_replay.traces.presets import CONTEXT, preset_spec
-from llm_replay.traces.spec import SpecError, dist_from_dict, parse_spec
+from llm_replay.traces.spec import SpecError, parse_spec
+from llm_replay.traces.spec_fields import dist_from_dict
 from llm_replay.traces.trace import Trace
 from llm_replay.traces.validate import validate_file
 

@@ -14,7 +14,7 @@ from llm_replay.traces.compare import compare_traces, format_table
 from llm_replay.traces.fit import fit_trace
 from llm_replay.traces.generate import generate
 from llm_replay.traces.lengths import finish, sample_from_normal
-from llm_replay.traces.spec import dist_from_dict
+from llm_replay.traces.spec_fields import dist_from_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synth"
 QS = np.array([0.5, 0.9, 0.99])
