@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from llm_replay.replay import sse
-from llm_replay.replay.sse import REASONING, ResponseParser, json_string_body
+from llm_replay.replay.sse import ResponseParser
+from llm_replay.replay.sse_events import REASONING, json_string_body
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 
