@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 from tests.replay.runkit import sse_server, write_trace
 
@@ -14,6 +16,7 @@ def _ab(tmp_path, base, cand, *extra):
                    "--metrics", "ttft_ms.p50", "-o", tmp_path / "ab", *extra, "--", "--no-progress", timeout=300)
 
 
+@pytest.mark.slow   # two live A/B tests of 2-12 block runs each: ~100 s
 def test_a_slower_candidate_fails_and_an_equal_one_passes(tmp_path):
     with sse_server("--first-delay", "0.01") as fast, sse_server("--first-delay", "0.08") as slow:
         worse = _ab(tmp_path / "w", fast, slow, "--not-worse-by", "20")
