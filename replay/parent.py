@@ -161,7 +161,9 @@ def supervise(config, nice: int | None = None, realtime: bool = False, looks=Non
             except subprocess.TimeoutExpired:
                 if sampler.ok:
                     sampler.sample()
-                if looks is not None and not asked and looks.look():   # decided: stop sending
+                # decided with rows still to send: stop sending (a look over the last rows leaves the
+                # runner to end by itself: a signal during its wrap-up would cost the records)
+                if looks is not None and not asked and looks.look() and not looks.done.all():
                     update_run_json(run_dir, stop_reason="decided: the SLO gate reached its verdict")
                     asked.append(time.monotonic())
                     child.send_signal(signal.SIGINT)
