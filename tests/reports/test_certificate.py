@@ -113,3 +113,19 @@ def test_a_trace_no_client_can_send_is_not_delivered(tmp_path):
     slo.write_text("objectives: ['error_rate <= 0.5']\n")
     g = run_cli("replay", "gate", out, "--slo", slo, check=False)
     assert g.returncode == 2 and "the stimulus was not delivered" in g.stdout, g.stdout
+
+
+def test_a_sparse_trace_allows_lag_by_its_gaps(tmp_path):
+    """10 rows 0.4 s apart: two sends held 80 ms by a busy host are still the trace's load (each
+    nearer its own slot than its neighbour's); every send 150 ms late is not."""
+    trace = write_trace(tmp_path / "t.parquet", 10, gap_s=0.4, output_tokens=2)
+    with sse_server("--interval", "0") as url:
+        replay_run(trace, url, tmp_path / "run", "--model-map", "*=m", timeout=120)
+    two = copy_run(tmp_path / "run", tmp_path / "two", shift=lambda s: np.where(np.argsort(np.argsort(s)) < 2, 0.08, 0))
+    s = summarize_run(two, write=False)["stimulus"]
+    assert s["lag_ms"]["p99"] > LAG_P99_MS and s["thresholds"]["lag_p99_ms"] == pytest.approx(100, rel=0.02)
+    assert s["delivered"] is True, s["reasons"]
+    assert evaluate_slo(two, EASY).exit_code == 0
+    late = copy_run(tmp_path / "run", tmp_path / "late", shift=lambda s: np.full(len(s), 0.15))
+    s = summarize_run(late, write=False)["stimulus"]
+    assert s["delivered"] is False and any(r.startswith("send lag p99") for r in s["reasons"]), s["reasons"]
