@@ -67,7 +67,7 @@ class Steal:
 
     def __enter__(self) -> "Steal":
         import threading
-        from llm_replay.replay.hostcpu import TICK, host_ticks
+        from llm_replay.replay.parent import TICK, host_ticks
         self.samples: list[float] = []
         self._stop = threading.Event()
 

@@ -205,7 +205,7 @@ def main() -> None:
     times = arrivals(a.rate, a.duration, a.seed)
     if a.sleeper:
         return sleeper(times)
-    from llm_replay.replay.priority import autogroups_on
+    from llm_replay.replay.parent import autogroups_on
     groups, root = autogroups_on(), os.geteuid() == 0
     skipped = {}
     if not groups:

@@ -213,8 +213,7 @@ def run_master(trace: Path, tmp: Path, workers: int, tokens: int, batch: int, cp
     import pyarrow.parquet as pq
 
     from llm_replay.replay import plan
-    from llm_replay.replay.hostcpu import TICK, host_ticks
-    from llm_replay.replay.run_cmd import prepare_run_dir
+    from llm_replay.replay.parent import TICK, host_ticks, prepare_run_dir
     from llm_replay.replay.runner import _free_port
     port = _free_port()
     run_dir = tmp / f"run-{mode}-{workers}"

@@ -25,19 +25,15 @@ class ABError(RuntimeError):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ab", help="live A/B: alternate blocks of a trace between two targets until the "
-                                  "candidate is shown not worse (or worse) than the base",
-                       description="Replay each block of the trace to the base and to the candidate (ABBA "
-                                   "order) and judge non-inferiority after 1, 2, 4, ... blocks "
-                                   "(docs/verdicts.md#live-ab). Exit 0 PASS, 1 FAIL, 2 inconclusive.")
+    p = sub.add_parser("ab", help="live A/B: alternate trace blocks between two targets until decided", description=(
+        "Replay each trace block to base and candidate (ABBA order), judge non-inferiority after 1, 2, 4, ... blocks "
+        "(docs/verdicts.md#live-ab). Exit 0 PASS, 1 FAIL, 2 inconclusive."))
     p.add_argument("--trace", required=True, help="trace file (Parquet)")
     p.add_argument("--base", required=True, metavar="URL", help="the baseline target")
     p.add_argument("--cand", required=True, metavar="URL", help="the candidate target")
     p.add_argument("--not-worse-by", required=True, metavar="PCT", help="margin in percent: 5 or 5%%")
-    p.add_argument("--error-margin", default="1", metavar="PTS", help="error_rate's margin in percentage points "
-                   "(default 1)")
-    p.add_argument("--metrics", metavar="LIST", help="as `replay compare --metrics` (default: TTFT and TPOT p50/p99, "
-                   "E2E p99, error_rate)")
+    p.add_argument("--error-margin", default="1", metavar="PTS", help="error_rate's margin in points (default 1)")
+    p.add_argument("--metrics", metavar="LIST", help="metrics to judge, as `replay compare --metrics`")
     p.add_argument("--block", type=float, default=30.0, metavar="SECONDS", help="trace time per block (default 30)")
     p.add_argument("--max-blocks", type=int, default=16, help="at most this many blocks (default 16)")
     p.add_argument("--confidence", type=float, default=0.95, metavar="C", help="over all looks (default 0.95)")
@@ -53,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
     from llm_replay.reports.slo import check_confidence
     from llm_replay.traces import Trace
     from .orchestrate import replay_run
-    margin, error_margin = _amount(args.not_worse_by, "--not-worse-by", "%"), _amount(args.error_margin,
-                                                                                         "--error-margin", "pt")
+    margin = _amount(args.not_worse_by, "--not-worse-by", "%")
+    error_margin = _amount(args.error_margin, "--error-margin", "pt")
     metrics = check_metrics([m.strip() for m in args.metrics.split(",")] if args.metrics else NI_METRICS)
     conf = check_confidence(args.confidence)
     if not args.block > 0 or args.max_blocks < 1:

@@ -17,9 +17,8 @@ import sys
 PROBES = ("list_models", "chat", "chat_stream", "usage_in_stream", "reasoning_stream", "tool_calls_stream",
           "completions", "completions_stream", "token_id_prompts", "min_tokens_ignore_eos", "reasoning_tokens_request")
 REASONING_FIELDS = ("reasoning_content", "reasoning")
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 def _gevent_patched() -> bool:
@@ -27,13 +26,11 @@ def _gevent_patched() -> bool:
     return monkey is not None and monkey.is_module_patched("select")
 
 
-def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float,
-                    headers: dict | None = None) -> dict:
+def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float, headers: dict | None) -> dict:
     """The probe from a process that gevent has patched (the locustfile under Locust's CLI): the SDK's
     HTTP stack imports trio, which needs the `select.epoll` that gevent removes, so it runs in a
     plain child. The key travels on stdin, never in the argument list."""
-    code = ("import json, sys; from llm_replay.replay.check import probe; a = json.load(sys.stdin); "
-            "print(json.dumps(probe(*a)))")
+    code = "import json, sys; from llm_replay.replay.check import probe; print(json.dumps(probe(*json.load(sys.stdin))))"
     p = subprocess.run([sys.executable, "-c", code], input=json.dumps([target, api_key, model, timeout, headers]),
                        capture_output=True, text=True, timeout=30 * timeout)
     if p.returncode != 0:
@@ -73,8 +70,7 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
             out["errors"][name] = f"{type(e).__name__}: {e}"[:200]
             return e
 
-    served: list[str] = []
-    lens: dict[str, int] = {}
+    served, lens = [], {}   # the model ids, and {id: max_model_len} where listed
 
     def list_models():
         for m in client.models.list().data:
@@ -167,7 +163,6 @@ def main(args) -> int:
     if caps.get("reasoning_stream"):
         print(f"reasoning: streamed in delta.{caps['reasoning_field']}; reasoning_tokens in usage: "
               f"{'yes' if caps.get('reasoning_tokens_in_usage') else 'no, it reports 0 (replay counts reasoning chunks)' if caps.get('reasoning_tokens_reported') == 0 else 'no (replay counts reasoning chunks)'}")
-    mode = "ids" if caps.get("token_id_prompts") else "text"
-    print(f"replay run defaults: --prompt-mode {mode}, force output length "
-          f"{'on' if caps.get('min_tokens_ignore_eos') else 'off'}")
+    force = "on" if caps.get("min_tokens_ignore_eos") else "off"
+    print(f"replay run defaults: --prompt-mode {'ids' if caps.get('token_id_prompts') else 'text'}, force output length {force}")
     return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1

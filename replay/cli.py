@@ -17,17 +17,9 @@ from pathlib import Path
 
 from . import __version__
 
-# (module, ...) in the order they appear in `replay --help`.
-SUBCOMMAND_MODULES = (
-    "llm_replay.traces.cli",          # replay trace ...
-    "llm_replay.replay.run_cmd",      # replay run
-    "llm_replay.replay.worker",       # replay worker
-    "llm_replay.replay.check",        # replay check
-    "llm_replay.reports.cli",         # replay report / gate / compare / import-results
-    "llm_replay.replay.sweep",        # replay sweep
-    "llm_replay.replay.ab",           # replay ab
-    "llm_replay.replay.demo",         # replay demo
-)
+# in the order of `replay --help`: trace ..., run, worker, check, report/gate/compare/import-results, sweep, ab, demo
+SUBCOMMAND_MODULES = ("llm_replay.traces.cli", "llm_replay.replay.run_cmd", "llm_replay.replay.worker", "llm_replay.replay.check",
+                      "llm_replay.reports.cli", "llm_replay.replay.sweep", "llm_replay.replay.ab", "llm_replay.replay.demo")
 
 
 # Other tools' names for our options (vLLM bench, genai-perf, locust, curl habits)
@@ -61,10 +53,8 @@ def did_you_mean(option: str, known) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="replay",
-        description="Replay LLM request traces open-loop against OpenAI-compatible servers; "
-                    "report tail latency and goodput; gate on SLOs.")
+    parser = Parser(prog="replay", description="Replay LLM request traces open-loop against OpenAI-compatible "
+                                               "servers; report tail latency and goodput; gate on SLOs.")
     parser.add_argument("--version", action="version", version=f"llm-replay {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
@@ -119,9 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             # failed" to a CI gate); LLM_REPLAY_TRACEBACK=1 shows where
             import traceback
             where = traceback.extract_tb(e.__traceback__)[-1]
-            print(f"error: unexpected {type(e).__name__}: {str(e)[:300]} (in {Path(where.filename).name}:"
-                  f"{where.lineno}; a bug: please report it with the command; LLM_REPLAY_TRACEBACK=1 shows "
-                  "the traceback)", file=sys.stderr)
+            print(f"error: unexpected {type(e).__name__}: {str(e)[:300]} (in {Path(where.filename).name}:{where.lineno}; "
+                  "a bug: please report it with the command; LLM_REPLAY_TRACEBACK=1 shows the traceback)", file=sys.stderr)
             return 2
         print(f"error: {e}", file=sys.stderr)
         return int(code)

@@ -12,16 +12,8 @@ import time
 from pathlib import Path
 
 # What "good" means for the demo's tiny CPU engine; --slo FILE replaces it.
-DEMO_SLO = """\
-per_request:
-  ttft_ms: 1000
-  tpot_ms: 100
-objectives:
-  - ttft_ms.p90 <= 1000
-  - tpot_ms.p90 <= 100
-  - attainment >= 0.8
-  - error_rate <= 0.1
-"""
+DEMO_SLO = {"per_request": {"ttft_ms": 1000, "tpot_ms": 100},
+            "objectives": ["ttft_ms.p90 <= 1000", "tpot_ms.p90 <= 100", "attainment >= 0.8", "error_rate <= 0.1"]}
 
 
 # engine-stub presets behind the multi-model preset's labels
@@ -29,37 +21,36 @@ DEMO_PRESETS = {"small": "micro", "medium": "tiny", "large": "tiny-wide"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="engine-stub + synthetic trace + replay + report, end to end",
-                       description="Start the bundled engine, generate a short bursty multi-model "
-                                   "trace, replay it and write the report.")
+    p = sub.add_parser("demo", help="engine-stub + synthetic trace + replay + report, end to end", description=(
+        "Start the bundled engine, generate a short bursty multi-model trace, replay it and write the report."))
     p.add_argument("--preset", default="multi-model", help="trace preset (default: multi-model)")
     p.add_argument("--duration", type=float, default=45.0, help="trace seconds (default: 45)")
     p.add_argument("--rate", type=float, default=3.0, help="mean requests/s (default: 3)")
-    p.add_argument("--length-scale", type=float, default=0.5,
-                   help="scale the preset's lengths for the tiny CPU engine (default: 0.5)")
+    p.add_argument("--length-scale", type=float, default=0.5, help="scale the preset's lengths (default: 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-o", "--output", default=None, help="run directory (default: runs/demo-<time>)")
     p.add_argument("--slo", default=None, help="SLO file (default: a demo SLO for the tiny engine)")
-    p.add_argument("--engine-arg", action="append", default=[],
-                   help="extra argument for engine-stub serve (repeatable)")
+    p.add_argument("--engine-arg", action="append", default=[], help="extra argument for engine-stub serve (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import yaml
+
     from llm_replay import reports
     from llm_replay.traces.generate import generate
     from llm_replay.traces.presets import preset_spec
 
     from .orchestrate import replay_run, start_engine
+    from .preflight import RunError
 
     run_dir = Path(args.output or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     if run_dir.exists() and any(run_dir.iterdir()):
-        print(f"error: {run_dir} is not empty; choose another -o")
-        return 2
+        raise RunError(f"{run_dir} is not empty; choose another -o")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     slo_path = Path(args.slo) if args.slo else run_dir.parent / f"{run_dir.name}-slo.yaml"
     if not args.slo:
-        slo_path.write_text(DEMO_SLO)
+        slo_path.write_text(yaml.safe_dump(DEMO_SLO, sort_keys=False))
     slo = reports.load_slo(slo_path)
     spec = preset_spec(args.preset, duration=args.duration, rate=args.rate, length_scale=args.length_scale,
                        max_input_tokens=1536, max_output_tokens=384, seed=args.seed)
@@ -99,9 +90,7 @@ def _split_cpus(engine) -> tuple[set[int], set[int]] | None:
     engine computes in bursts that take a whole core; sharing cores with it, the replay's sends
     wait behind them (measured at 3 req/s on 2 cores: dispatch lag p99 24 ms, the report's
     first line a bottleneck warning). None on one CPU or without CPU affinity."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    mine = sorted(os.sched_getaffinity(0))
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(mine) < 2 or not engine.pin({mine[-1]}):
         return None
     return set(mine[:-1]), {mine[-1]}

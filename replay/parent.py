@@ -3,8 +3,9 @@
 `claim_run_dir`/`prepare_run_dir` make the run directory and its run.json; `supervise` runs the
 runner (`python -m llm_replay.replay.runner RUN_DIR`, the only process that imports
 locust/gevent) beside the `--scrape` sampler, forwards Ctrl-C/SIGTERM to it once (a second one
-skips the grace time), samples the host's CPU while it waits and, with --until-decided, stops it
-at the gate's first decided look. After it, `RunInfo` (run.json, read once) is updated by the
+skips the grace time), samples the host's CPU while it waits (`CpuSampler`) and, with
+--until-decided, stops it at the gate's first decided look; `Priority` is how the runner is
+scheduled (its process group, --nice, --realtime). After it, `RunInfo` (run.json, read once) is updated by the
 wrap-up steps: `salvage_if_died`, `finish_receiver` (--otlp), `verdict`, `summarize`.
 """
 from __future__ import annotations
@@ -24,6 +25,9 @@ from .preflight import RunError
 MAX_ERROR_RATE = 0.5   # --max-error-rate: above it, a completed run exits 1
 UNWRITABLE = 3         # the runner's exit code when the run directory could not be written
 STOP_MARGIN_S = 15.0   # after a forwarded Ctrl-C/SIGTERM and the grace time, a stuck runner is killed
+AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+REALTIME_PRIORITY = 1   # the lowest SCHED_FIFO priority: above every normal task, below the kernel's own
+TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)   # seconds per /proc CPU tick
 
 
 def claim_run_dir(out: str | None) -> tuple[Path, bool]:
@@ -44,11 +48,9 @@ def claim_run_dir(out: str | None) -> tuple[Path, bool]:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir / "run.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
-        raise RunError(f"{run_dir} already holds a run (its run.json: another `replay run` with this -o?); "
-                       "choose another -o") from None
+        raise RunError(f"{run_dir} already holds a run (its run.json: another `replay run`?); choose another -o") from None
     except OSError as e:   # a file on the way, no permission, a full disk
-        raise RunError(f"-o {run_dir}: cannot make the run directory ({e.strerror}: {e.filename}); "
-                       "choose another -o") from None
+        raise RunError(f"-o {run_dir}: cannot make it ({e.strerror}: {e.filename}); choose another -o") from None
     with os.fdopen(fd, "w") as f:
         f.write("{}\n")
     return run_dir, made
@@ -70,9 +72,8 @@ def prepare_run_dir(config, notes: dict, claimed: bool = False) -> Path:
     run_dir = Path(config.run_dir)
     if not claimed:
         claim_run_dir(str(run_dir))
-    update_run_json(run_dir, config=config.to_json(), target=config.target,
-                    trace={"path": str(Path(config.trace).resolve()), "sha256": plan.sha256_file(config.trace),
-                           "rows": config.rows},
+    trace = {"path": str(Path(config.trace).resolve()), "sha256": plan.sha256_file(config.trace), "rows": config.rows}
+    update_run_json(run_dir, config=config.to_json(), target=config.target, trace=trace,
                     tool={"name": "llm-replay", "version": __version__, "python": platform.python_version()},
                     host=platform.node(), workers=config.workers + config.remote_workers,
                     started_wall=time.time(), status="running", **notes)
@@ -86,16 +87,14 @@ def start_receiver(address: str, token: str | None):
     try:
         host, port = parse_address(address)
         if not token and not is_loopback(host):
-            raise ValueError(f"--otlp {address}: beyond loopback anyone could post spans into this run; set a "
-                             "secret with REPLAY_OTLP_TOKEN (or --otlp-token) and the server's "
-                             "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20TOKEN")
+            raise ValueError(f"--otlp {address}: beyond loopback anyone could post spans; set REPLAY_OTLP_TOKEN "
+                             "(or --otlp-token) and the server's OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20TOKEN")
         rec = Receiver(host, port, token or None)
     except ValueError as e:
         raise RunError(str(e)) from None
     except OSError as e:
-        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}; another `replay run "
-                       "--otlp`?); choose a free address with --otlp HOST:PORT and point the server's traces "
-                       "endpoint there (HOST:0: any free port, printed at the start)") from None
+        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}); choose a free HOST:PORT "
+                       "(HOST:0: any) and point the server's traces endpoint there") from None
     print(f"replay: otlp: receiving spans at http://{rec.address}{PATH} " + ("(token required)" if token else
           "(unauthenticated: any local process can post spans; --otlp-token sets a secret)"), file=sys.stderr)
     return rec
@@ -117,26 +116,218 @@ def warn_realtime_beside(urls: list[str]) -> None:
                     s.bind((addr, 0))
             except OSError:
                 continue
-            print(f"replay: warning: --realtime with a target on this host ({host}): the runner at SCHED_FIFO "
-                  "takes CPU time from the server it measures (vLLM's TPOT rose 34% and 49% in two A/B pairs); "
-                  "pin them to different cores or leave --realtime out", file=sys.stderr)
+            print(f"replay: warning: --realtime with a target on this host ({host}) takes CPU from the server it "
+                  "measures; pin them to different cores or leave --realtime out", file=sys.stderr)
             return
+
+
+def autogroups_on() -> bool | None:
+    """Whether the kernel groups CPU time by session (None: not Linux, or unknown)."""
+    try:
+        return AUTOGROUP_SWITCH.read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
+    """(group name, group nice) of a process, from /proc/PID/autogroup ('/autogroup-57 nice 0')."""
+    try:
+        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def _set_autogroup_nice(nice: int) -> str | None:
+    try:
+        Path("/proc/self/autogroup").write_text(str(nice))
+    except OSError as e:
+        return f"autogroup nice {nice}: {e.strerror or e}"
+
+
+class Priority:
+    """The runner's scheduling: apply `nice` (None: leave it) in the child before exec, raise
+    the session's autogroup while the run lasts, and describe what was in force.
+
+    The runner stays in the caller's session, in a process group of its own (so Ctrl-C at a
+    terminal reaches `replay run`, which forwards it once). A new session would be worse: with
+    scheduler autogroups on (Linux's default: /proc/sys/kernel/sched_autogroup_enabled = 1) each
+    session is its own CPU group, and a fresh group on a busy host waited 30-165 ms for its
+    wake-ups (issue 21). Within an autogroup a process's nice value only orders it against the
+    group's other processes; against other sessions the group's own nice counts
+    (/proc/<pid>/autogroup). So `--nice N` sets both: the runner's (its workers inherit it) and,
+    for the run's duration, the session's autogroup's; lowering either below 0 needs root or
+    CAP_SYS_NICE, and a refusal is reported, never fatal. Measured on a 2-core Linux 6.18 host
+    (HZ=250) under three busy processes (benchmarks/contention.py), a woken normal task waits for
+    the next scheduler tick (lag p99 ~4 ms, in the caller's session or a new one alike), and nice
+    does not change that reliably; `--realtime` (SCHED_FIFO 1, same permissions) preempts at once
+    (lag p99 0.6-0.9 ms). A runner that saturates its core under SCHED_FIFO can hold it from normal
+    tasks up to the kernel's real-time throttling (95 % by default), so it is opt-in. run.json
+    `scheduling` says what the runner ran with, and the report repeats it when the replay fell
+    behind its schedule.
+    """
+
+    def __init__(self, nice: int | None, realtime: bool = False) -> None:
+        self.nice, self.realtime = nice, realtime
+        self.errors: list[str] = []
+        self._restore: int | None = None
+
+    def before_start(self) -> None:
+        """In `replay run` (the runner's session): the autogroup's nice for the run."""
+        group = autogroup() if self.nice is not None and autogroups_on() else None
+        if group is not None and group[1] != self.nice:
+            err = _set_autogroup_nice(self.nice)
+            if err:
+                self.errors.append(err)
+            else:
+                self._restore = group[1]
+
+    def in_child(self) -> None:
+        """preexec_fn of the runner: its own process group (same session) and its nice."""
+        os.setpgid(0, 0)
+        try:
+            if self.nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+            if self.realtime:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+        except OSError:
+            pass   # reported from the parent, which sees what the child really has
+
+    def after_start(self, pid: int) -> dict:
+        """run.json `scheduling`: session, autogroups, the runner's nice and its group's."""
+        try:
+            nice = os.getpriority(os.PRIO_PROCESS, pid)
+        except OSError:
+            nice = None
+        if self.nice is not None and nice is not None and nice != self.nice:
+            self.errors.append(f"--nice {self.nice}: not permitted (nice {nice}); below 0 needs root or CAP_SYS_NICE")
+        try:
+            policy = "fifo" if os.sched_getscheduler(pid) == os.SCHED_FIFO else "normal"
+        except (OSError, AttributeError):
+            policy = None
+        if self.realtime and policy != "fifo":
+            self.errors.append("--realtime: needs root or CAP_SYS_NICE; the runner runs under the normal policy")
+        group, group_nice = autogroup(pid) or (None, None)
+        same = os.getsid(pid) == os.getsid(0) if hasattr(os, "getsid") else None
+        return {"session": "caller" if same else "own", "autogroups": autogroups_on(), "policy": policy, "autogroup": group,
+                "autogroup_nice": group_nice, "nice": nice, "nice_asked": self.nice, "errors": self.errors}
+
+    def restore(self) -> None:
+        if self._restore is not None:
+            _set_autogroup_nice(self._restore)
+            self._restore = None
+
+
+def host_ticks() -> tuple[int, int] | None:
+    """(busy, steal) ticks of the whole host; busy excludes idle and iowait, includes steal."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(v[:8]) - v[3] - v[4], (v[7] if len(v) > 7 else 0)
+
+
+def _pressure() -> int | None:
+    """Microseconds during which some task waited for a CPU (PSI, Linux >= 4.20), host-wide."""
+    try:
+        with open("/proc/pressure/cpu", "rb") as f:
+            return int(f.readline().rsplit(b"total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _proc(pid: int) -> int | None:
+    """utime + stime ticks of one process (its threads included)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+class CpuSampler:
+    """Samples `root` (the runner) and its child processes (local workers) against the host,
+    every 0.1 s, from /proc.
+
+    A late send has two very different causes: the client saturated its core (add workers, lower
+    the rate), or the host did not run it (the hypervisor stole the CPU, or other processes, a
+    server on the same machine, held every core). Only the time series tell them apart, so
+    `replay run` samples them beside its runner, in its own otherwise idle parent process (nothing
+    on the runner's hot path): per sample, the client's CPU (the runner and its worker processes,
+    in cores, and the busiest single one of them, since each is one event loop), the host's busy
+    and stolen cores from /proc/stat, and how long tasks waited for a CPU (/proc/pressure/cpu).
+    `reports.validity` reads `cpu.parquet` against the records. Linux only; elsewhere nothing is
+    sampled and the reports say the cause is unknown.
+    """
+
+    def __init__(self, root: int, period: float = 0.1) -> None:
+        self.root, self.period = root, period
+        self.ok = host_ticks() is not None and _proc(root) is not None
+        self.ncpu = os.cpu_count() or 1
+        self.rows: list[tuple[float, float, float, float, float, float]] = []
+        self._pids: list[int] = [root]
+        self._last: tuple[float, tuple[int, int], dict[int, int], int | None] | None = None
+        self._next_scan, self.due = 0.0, time.monotonic()
+
+    def sample(self) -> None:
+        """One sample: the CPU each process and the host used since the previous one."""
+        now = time.monotonic()
+        self.due = now + self.period
+        if now >= self._next_scan:   # workers start after the runner: look for them once a second
+            self._pids = [self.root, *_children(self.root)]
+            self._next_scan = now + 1.0
+        host, psi = host_ticks(), _pressure()
+        procs = {p: t for p in self._pids if (t := _proc(p)) is not None}
+        if host is None:
+            return
+        if self._last is not None:
+            t0, h0, p0, psi0 = self._last
+            dt = now - t0
+            per = [(t - p0[p]) * TICK / dt for p, t in procs.items() if p in p0]
+            waiting = (psi - psi0) * 1e-6 / dt if psi is not None and psi0 is not None else float("nan")
+            self.rows.append((time.time() - dt / 2, sum(per), max(per, default=0.0),
+                              (host[0] - h0[0]) * TICK / dt, (host[1] - h0[1]) * TICK / dt, waiting))
+        self._last = (now, host, procs, psi)
+
+    def write(self, run_dir: str | Path, t0_wall: float) -> Path | None:
+        """cpu.parquet: time_s (from T0, the middle of each interval), client_cores,
+        client_max_cores, busy_cores (the host's, client included), steal_cores, cpu_wait_share
+        (the share of the interval in which some task waited for a CPU: PSI; NaN without it);
+        ncpu in the metadata. None when nothing was sampled."""
+        if not self.rows:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        t, *cores = zip(*self.rows)
+        names = ("client_cores", "client_max_cores", "busy_cores", "steal_cores", "cpu_wait_share")
+        table = pa.table({"time_s": pa.array([x - t0_wall for x in t], pa.float64()),
+                          **{name: pa.array(col, pa.float32()) for name, col in zip(names, cores)}})
+        path = Path(run_dir) / "cpu.parquet"
+        pq.write_table(table.replace_schema_metadata({"ncpu": str(self.ncpu), "period_s": str(self.period)}), path)
+        return path
 
 
 def supervise(config, nice: int | None = None, realtime: bool = False, looks=None):
     """Run the runner to its end beside the scraper, forwarding signals and sampling the CPU.
     Returns (the runner's exit code, the CpuSampler)."""
     from . import scrape
-    from .hostcpu import CpuSampler
     from .output import update_run_json
-    from .priority import Priority
     run_dir = Path(config.run_dir)
     root = str(Path(__file__).resolve().parents[1])
     # the scraper is ours: the runner's Output leaves it alone (scrape.OWNED)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), scrape.OWNED: "1"}
     prio = Priority(nice, realtime)
     prio.before_start()
-    # our session (a new one is a CPU group of its own: priority.py), its own process group:
+    # our session (a new one is a CPU group of its own: Priority), its own process group:
     # Ctrl-C at a terminal reaches only us, and we forward it once
     scraper = scrape.start(run_dir)   # first: its imports are done by T0, its first sample before it
     child = subprocess.Popen([sys.executable, "-m", "llm_replay.replay.runner", str(run_dir)], env=env,
@@ -223,12 +414,11 @@ def finish_receiver(receiver, info: RunInfo, wait_s: float) -> None:
         print(f"replay: waiting up to {wait_s:g} s for the server's last spans (--otlp-wait)", file=sys.stderr)
     o = receiver.finish(info.dir, wait_s, info)
     info.note(otlp=o)
-    odd = ", ".join(f"{o[k]} {w}" for k, w in (
-        ("rejected", "with no credible span"), ("impossible", "impossible spans"),
-        ("unauthorized", "posts without the token"), ("over_limit", "spans over the limit")) if o.get(k))
+    odd = "".join(f", {o[k]} {w}" for k, w in (("rejected", "with no credible span"), ("impossible", "impossible spans"),
+                  ("unauthorized", "posts without the token"), ("over_limit", "spans over the limit")) if o.get(k))
     print(f"replay: otlp: {o['matched']} of {o['traced']} traced requests have a server span ({o['missing']} missing, "
-          f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts{', ' if odd else ''}"
-          f"{odd}) -> {info.dir / 'spans.parquet'}", file=sys.stderr)
+          f"{o['unmatched']} spans of other traces, {o['late']} late, {o['bad_posts']} bad posts{odd}) -> "
+          f"{info.dir / 'spans.parquet'}", file=sys.stderr)
 
 
 def verdict(info: RunInfo, on_error: int | None, max_rate: float = MAX_ERROR_RATE) -> tuple[int, str]:
@@ -240,8 +430,8 @@ def verdict(info: RunInfo, on_error: int | None, max_rate: float = MAX_ERROR_RAT
     failed = sum(v for k, v in counts.items() if k != "ok")
     if info.get("lost_workers"):
         info.note(status="worker_lost")
-        print(f"replay: worker(s) {', '.join(map(str, info['lost_workers']))} lost during the run: their rows "
-              "are recorded as cancelled/not_sent", file=sys.stderr)
+        print(f"replay: worker(s) {', '.join(map(str, info['lost_workers']))} lost during the run: their rows are "
+              "cancelled/not_sent", file=sys.stderr)
         return 1, ""
     if counts and not counts.get("ok"):
         info.note(status="all_failed")
@@ -286,8 +476,7 @@ def summarize(info: RunInfo, slo, verdict_line: str) -> None:
     try:
         if (info.dir / "records.parquet").exists():
             print(reports.format_summary(reports.summarize_run(info.dir, slo=slo)), end="")
-        counts = info.get("status_counts") or {}
-        print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in counts.items()))
+        print(f"status: {info.get('status')}  " + "  ".join(f"{k} {v}" for k, v in (info.get("status_counts") or {}).items()))
         print(f"run directory: {info.dir}  (report.html, summary.json, summary.md)")
         if verdict_line:
             print(verdict_line)

@@ -25,13 +25,11 @@ def parse_targets(values: list[str]) -> tuple[str, dict[str, str]]:
     for v in values:
         label, url = ("", v) if re.match(r"https?://", v) else (v.partition("=")[0], v.partition("=")[2])
         if not re.match(r"https?://[^/\s]+", url) or (label == "" and v != url):
-            raise RunError(f"--target {v!r}: expected an http:// or https:// URL or MODEL=URL, "
-                           "e.g. http://127.0.0.1:8000 or llama-70b=http://10.0.0.7:8000")
+            raise RunError(f"--target {v!r}: expected an http:// or https:// URL or MODEL=URL, e.g. http://127.0.0.1:8000")
         url = url.rstrip("/").removesuffix("/v1")
         if not label:
             if default:
-                raise RunError(f"--target: two default targets ({default}, {url}); name the model of "
-                               "the others: --target MODEL=URL")
+                raise RunError(f"--target: two default targets ({default}, {url}); name the others: --target MODEL=URL")
             default = url
         elif per_model.setdefault(label, url) != url:
             raise RunError(f"--target {label}=...: given twice ({per_model[label]}, {url})")
@@ -44,8 +42,7 @@ def per_model(values: list[str], flag: str) -> tuple[str | None, dict[str, str]]
     default, named = None, {}
     for v in values:
         if "=" in v and not re.match(r"https?://", v):
-            label, _, value = v.partition("=")
-            named[label] = value
+            named[v.partition("=")[0]] = v.partition("=")[2]
         elif default is not None:
             raise RunError(f"{flag}: two defaults ({default}, {v}); name the model of the others: {flag} MODEL=...")
         else:
@@ -53,18 +50,15 @@ def per_model(values: list[str], flag: str) -> tuple[str | None, dict[str, str]]
     return default, named
 
 
-def http_json(target: str, path: str, body: dict | None = None, key: str | None = None,
-              timeout: float = 30.0) -> dict:
+def http_json(target: str, path: str, body: dict | None = None, key: str | None = None, timeout: float = 30.0) -> dict:
     """One blocking JSON call to the target; any failure (HTTP error, refused, timeout, a body
     that is not a JSON object) is a RunError naming the target, the method, the path and why."""
     import urllib.error
     import urllib.request   # http.client: not while `replay --help` builds the parser
-    method = "GET" if body is None else "POST"
+    method, data = ("GET", None) if body is None else ("POST", json.dumps(body).encode())
     where = f"target {target}: {method} {path}"
-    req = urllib.request.Request(target.rstrip("/") + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(target.rstrip("/") + path, data, headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw, ctype = r.read(), r.headers.get("Content-Type") or "no Content-Type"
@@ -95,8 +89,7 @@ def served_models(target: str, key: str | None) -> dict:
     except RunError as e:   # the hint only where the target answered: a dead one is just dead
         raise RunError(f"{e} (--model-map '*=NAME' skips the model list)" if " -> " in str(e) else str(e)) from None
     except (KeyError, TypeError, AttributeError):
-        raise RunError(f"target {target}: GET /v1/models -> not an OpenAI model list (no data[].id); "
-                       "pass --model-map '*=NAME'") from None
+        raise RunError(f"target {target}: GET /v1/models -> not an OpenAI model list; pass --model-map '*=NAME'") from None
 
 
 def build_config(args) -> tuple:
@@ -109,9 +102,7 @@ def build_config(args) -> tuple:
         check_served(c, rows, listed, facts)
     notes: dict = {}
     caps_of = probe_targets(c, args, rows, notes)
-    reuse = _intended_reuse(c, facts)
-    if reuse:
-        notes["intended_prefix_reuse"] = reuse
+    _intended_reuse(c, facts, notes)
     text_apis = choose_prompt_mode(c, args, rows, caps_of, facts)
     if c.tokenizer and not text_apis:
         print(f"replay: --tokenizer unused: {c.prompt_mode} prompts only", file=sys.stderr)
@@ -132,10 +123,8 @@ def config_from_options(args):
         raise RunError("--target: no target given")
     key_env, key_envs = per_model(args.api_key_env or [], "--api-key-env")
     scrape, scrapes = per_model(args.scrape or [], "--scrape")
-    if args.workers < 1 or args.remote_workers < 0:
-        raise RunError("--workers must be >= 1 and --remote-workers >= 0")
-    if args.preconnect < 0:
-        raise RunError("--preconnect must be >= 0")
+    if args.workers < 1 or args.remote_workers < 0 or args.preconnect < 0:
+        raise RunError("--workers must be >= 1, --remote-workers and --preconnect >= 0")
     host, _, port = args.master_bind.rpartition(":")
     same = ("api", "speed", "max_requests", "warmup", "preconnect", "workers", "remote_workers", "seed",
             "image_url_base", "sessions", "tokenizer")   # the option's name is the field's
@@ -143,11 +132,9 @@ def config_from_options(args):
     c = plan.RunConfig(trace=str(args.trace), target=target, targets=targets, run_dir=args.out,
                        **{k: getattr(args, k) for k in same}, **{f"{k}_s": getattr(args, k) for k in secs},
                        api_key_env=key_env, api_key_envs=key_envs, scrape_url=scrape, scrapes=scrapes,
-                       master_host=host or "0.0.0.0",
-                       master_port=int(port) if args.remote_workers and port.isdigit() else 0,
-                       salt=args.salt if args.salt is not None else secrets.randbits(32),
-                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3,
-                       run_id=secrets.token_hex(8), otlp=getattr(args, "otlp", None),
+                       master_host=host or "0.0.0.0", master_port=int(port) if args.remote_workers and port.isdigit() else 0,
+                       salt=secrets.randbits(32) if args.salt is None else args.salt, run_id=secrets.token_hex(8),
+                       progress=not args.no_progress, spin_s=max(0.0, args.spin_ms) / 1e3, otlp=getattr(args, "otlp", None),
                        otlp_wait_s=max(0.0, getattr(args, "otlp_wait", 10.0)))
     c.rows, c.window_s = plan.scan(c)
     from llm_replay.traces.validate import timing_warnings
@@ -161,8 +148,7 @@ def config_from_options(args):
 
 
 # what the pre-flight needs of the whole trace, read in one pass: the columns that route, size and name the rows
-FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids",
-                "reasoning_tokens")
+FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids", "reasoning_tokens")
 
 
 def read_facts(c):
@@ -185,15 +171,13 @@ def route_targets(c, facts) -> dict[str, dict]:
         n_img = pc.sum(chat).as_py() or 0
         if n_img:
             api = pc.if_else(chat, "chat", api)
-            print(f"replay: {n_img} rows carry images: sent as chat requests with "
-                  f"{'images from ' + c.image_url_base if c.image_url_base else 'generated PNG images'}",
-                  file=sys.stderr)
+            how = f"images from {c.image_url_base}" if c.image_url_base else "generated PNG images"
+            print(f"replay: {n_img} rows carry images: sent as chat requests with {how}", file=sys.stderr)
     keys = pa.table({"model": model.cast(pa.string()), "api": api.cast(pa.string())})
     out: dict[str, dict] = {}
     unrouted: dict = {}
     for g in keys.group_by(["model", "api"]).aggregate([([], "count_all")]).to_pylist():
-        label = g["model"]
-        url = c.target_of(label)
+        label, url = g["model"], c.target_of(g["model"])
         if not url:
             unrouted[label] = unrouted.get(label, 0) + g["count_all"]
             continue
@@ -207,12 +191,10 @@ def route_targets(c, facts) -> dict[str, dict]:
         d["rows"] += g["count_all"]
     if unrouted:
         names = ", ".join(f"{'(none)' if m is None else repr(m)} ({k} rows)" for m, k in unrouted.items())
-        raise RunError(f"trace models with no target: {names}: add --target MODEL=URL for each, or a "
-                       f"default --target URL")
+        raise RunError(f"trace models with no target: {names}: add --target MODEL=URL for each, or a default URL")
     unused = sorted(set(c.targets) - {m for d in out.values() for m in d["labels_raw"]})
     if unused:
-        print(f"replay: warning: --target names models the trace does not have: {', '.join(unused)}",
-              file=sys.stderr)
+        print(f"replay: warning: --target names models the trace does not have: {', '.join(unused)}", file=sys.stderr)
     for d in out.values():
         d["labels"].sort()
     return out
@@ -245,13 +227,12 @@ def map_models(c, args, rows: dict[str, dict]) -> dict[str, dict]:
             raise RunError(f"target {url} serves no models (GET /v1/models is empty)")
         c.served_defaults[url] = served[0]   # also the model text prompts are calibrated on
         unmapped = [m for m in g["labels"] if m not in mapping]
-        to = (f"{served[0]!r} (the target's first served model" if len(rows) == 1
-              else f"{served[0]!r} (the first model {url} serves")
+        to = f"{served[0]!r} (" + ("the target's first served model" if len(rows) == 1 else f"the first model {url} serves")
         if unmapped and mapping:
             print(f"replay: trace models not in --model-map ({', '.join(unmapped)}) -> {to})", file=sys.stderr)
         elif unmapped:
-            print(f"replay: trace models {'' if len(rows) == 1 else '(' + ', '.join(unmapped) + ') '}-> {to}; "
-                  f"change with --model-map TRACE=SERVED)", file=sys.stderr)
+            which = "" if len(rows) == 1 else f"({', '.join(unmapped)}) "
+            print(f"replay: trace models {which}-> {to}; change with --model-map TRACE=SERVED)", file=sys.stderr)
     c.default_model = c.served_defaults.get(c.target) or next(iter(c.served_defaults.values()))
     return listed
 
@@ -273,8 +254,8 @@ def check_served(c, rows: dict[str, dict], listed: dict[str, dict], t) -> None:
             name = c.target_model(label)
             if served and name not in served:
                 how = f"--model-map {label}=SERVED" if label is not None else "--model-map '*=SERVED'"
-                raise RunError(f"target {url} does not serve {name!r} (the trace's model {label or '(none)'!r} is "
-                               f"sent as {name!r}); it serves: {', '.join(served)}; choose one with {how}")
+                raise RunError(f"target {url} does not serve {name!r} (trace model {label or '(none)'!r}); it serves: "
+                               f"{', '.join(served)}; choose one with {how}")
             if name not in lens:
                 continue
             over = pc.greater(total, lens[name])
@@ -285,14 +266,13 @@ def check_served(c, rows: dict[str, dict], listed: dict[str, dict], t) -> None:
             k = pc.sum(over).as_py() or 0
             if k:
                 idx = pc.indices_nonzero(pc.fill_null(over, False)).slice(0, 3)
-                first = ("request ids " + ", ".join(pc.take(t.column("request_id"), idx).to_pylist())
-                         if "request_id" in t.column_names else "rows " + ", ".join(map(str, idx.to_pylist())))
-                first += ", ..." if k > 3 else ""
+                named = "request_id" in t.column_names
+                first = ", ".join(map(str, (pc.take(t.column("request_id"), idx) if named else idx).to_pylist()))
+                half, most = max(1, lens[name] // 2), pc.max(pc.filter(total, over)).as_py()
                 too_long.append(f"{k} of {t.num_rows} trace rows need more than {name!r}'s context (max_model_len "
-                                f"{lens[name]}; input + output tokens up to {pc.max(pc.filter(total, over)).as_py()}"
-                                f"; {first}); the server would refuse them: clip them first, e.g. `replay "
-                                f"trace transform {c.trace} --clip-input :{max(1, lens[name] // 2)} --clip-output "
-                                f":{max(1, lens[name] // 2)} -o clipped.parquet` (--no-check sends them as they are)")
+                                f"{lens[name]}; input + output tokens up to {most}; {'request ids' if named else 'rows'} "
+                                f"{first}{', ...' if k > 3 else ''}); clip them: `replay trace transform {c.trace} "
+                                f"--clip-input :{half} --clip-output :{half} -o clipped.parquet` (or --no-check)")
     if too_long:
         raise RunError("; ".join(too_long))
 
@@ -316,8 +296,7 @@ def probe_targets(c, args, rows: dict[str, dict], notes: dict) -> dict[str, dict
         notes["targets"] = {url: {"models": g["labels"], "rows": g["rows"], "served_model": c.served_defaults.get(url),
                                   **({"capabilities": caps_of[url]} if url in caps_of else {})}
                             for url, g in rows.items()}
-        print("replay: targets: " + "; ".join(f"{', '.join(g['labels'])} -> {url}" for url, g in rows.items()),
-              file=sys.stderr)
+        print("replay: targets: " + "; ".join(f"{', '.join(g['labels'])} -> {url}" for url, g in rows.items()), file=sys.stderr)
     for url, caps in caps_of.items():
         _check_apis(url, rows[url]["apis"], caps)
     return caps_of
@@ -327,23 +306,20 @@ def _check_apis(target: str, apis: set[str], caps: dict) -> None:
     """A run against an API the target does not stream (a chat-only gateway asked for completions)
     would only record failures: say so before it starts."""
     for api in sorted(apis):
-        probe = f"{api}_stream"
-        if not caps.get(probe):
-            why = caps["errors"].get(probe) or "it streamed no tokens"
+        if not caps.get(f"{api}_stream"):
             other = next((a for a in PATHS if a != api and caps.get(f"{a}_stream")), None)
             hint = f"; the target streams {PATHS[other]}: use --api {other}" if other else ""
             raise RunError(f"target {target}: POST {PATHS[api]} (stream) failed in the capability check: "
-                           f"{why}{hint} (--no-check skips the check)")
+                           f"{caps['errors'].get(f'{api}_stream') or 'it streamed no tokens'}{hint} (or --no-check)")
 
 
-def _intended_reuse(c, facts) -> dict | None:
+def _intended_reuse(c, facts, notes: dict) -> None:
     """The prefix reuse the trace's hash_ids intend (an unbounded cache), for the report to set
     against the server's own prefix-cache counters."""
     from llm_replay.traces.stats import prefix_cache_hits
-    if "hash_ids" not in facts.column_names:
-        return None
-    r = prefix_cache_hits(facts.select(["hash_ids", "input_tokens"]), c.block_size)
-    return None if r is None else {k: r[k] for k in ("token_hit_ratio", "block_hit_ratio")}
+    r = "hash_ids" in facts.column_names and prefix_cache_hits(facts.select(["hash_ids", "input_tokens"]), c.block_size)
+    if r:
+        notes["intended_prefix_reuse"] = {k: r[k] for k in ("token_hit_ratio", "block_hit_ratio")}
 
 
 def choose_prompt_mode(c, args, rows: dict[str, dict], caps_of: dict[str, dict], facts) -> set[str]:
@@ -361,9 +337,8 @@ def choose_prompt_mode(c, args, rows: dict[str, dict], caps_of: dict[str, dict],
               c.ask_reasoning else "are not sent: the target takes no count (a real server reasons as long as it "
               "decides); the report compares the reasoning share it generated with the trace's"), file=sys.stderr)
     if caps:
-        print(f"replay: prompt mode {c.prompt_mode}, force output length "
-              f"{'on' if c.force_output_len else 'off'} (from `replay check` of the "
-              f"target{'s' if len(caps) > 1 else ''})", file=sys.stderr)
+        print(f"replay: prompt mode {c.prompt_mode}, force output length {'on' if c.force_output_len else 'off'} "
+              f"(from `replay check` of the target{'s' if len(caps) > 1 else ''})", file=sys.stderr)
     apis = set().union(*(g["apis"] for g in rows.values()))
     return {a for a in apis if a == "chat" or c.prompt_mode == "text"}
 
@@ -381,20 +356,16 @@ def exact_text(c, rows: dict[str, dict], text_apis: set[str], notes: dict) -> No
     tok = load_tokenizer(c.tokenizer)   # here, so a bad file is an error (PromptError) before the run
     notes["tokenizer"] = {"path": str(Path(c.tokenizer).resolve()), "sha256": plan.sha256_file(c.tokenizer),
                           "vocab_size": tok.get_vocab_size()}
-    if "chat" in text_apis:
-        for url, g in rows.items():
-            if "chat" in g["apis"]:
-                key = g["key"]
-                c.template_tokens["chat" if url == c.target else f"chat@{url}"] = template_tokens(
-                    lambda p, b: http_json(url, p, b, key), _model_of(c, g), tok, c.seed)
-    print(f"replay: text prompts cut to exact token counts with {c.tokenizer} "
-          f"(vocab {notes['tokenizer']['vocab_size']}; no calibration"
-          + (f"; chat template {', '.join(f'{v} tokens ({k})' for k, v in c.template_tokens.items())}"
-             if c.template_tokens else "") + ")", file=sys.stderr)
+    for url, g in rows.items():
+        if "chat" in text_apis and "chat" in g["apis"]:
+            c.template_tokens["chat" if url == c.target else f"chat@{url}"] = template_tokens(
+                lambda p, b: http_json(url, p, b, g["key"]), _model_of(c, g), tok, c.seed)
+    chat = ", ".join(f"{v} tokens ({k})" for k, v in c.template_tokens.items())
+    print(f"replay: text prompts cut to exact token counts with {c.tokenizer} (vocab {tok.get_vocab_size()}; "
+          f"no calibration{'; chat template ' + chat if chat else ''})", file=sys.stderr)
 
 
-def calibrate(c, rows: dict[str, dict], listed: dict[str, dict], caps_of: dict[str, dict],
-              text_apis: set[str], notes: dict) -> None:
+def calibrate(c, rows: dict[str, dict], listed: dict[str, dict], caps_of: dict[str, dict], text_apis: set[str], notes: dict):
     """Words per token of each deployment's tokenizer, per API, from probe prompts."""
     from . import prompts
     c.calibration, notes["calibration"] = {}, {}

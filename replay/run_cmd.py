@@ -25,72 +25,47 @@ class DurationError(RunError, argparse.ArgumentTypeError):
 def parse_duration(s: str) -> float:
     m = re.fullmatch(r"\s*([0-9]+\.?[0-9]*|\.[0-9]+)\s*(ms|s|sec|m|min|h)?\s*", str(s))
     if not m:
-        raise DurationError(f"not a duration: {s!r} (a number of seconds, or with a unit ms, s, m or min, h: "
-                            "30, 1.5s, 500ms, 2m, 5min, 1h)")
+        raise DurationError(f"not a duration: {s!r} (seconds, or with a unit: 30, 1.5s, 500ms, 2m, 5min, 1h)")
     return float(m.group(1)) * {"ms": 1e-3, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, None: 1}[m.group(2)]
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="replay a trace open-loop against an OpenAI-compatible target",
-                       description="Send every trace row at its timestamp, stream the responses and "
-                                   "record one row per request into RUN_DIR/records.parquet.")
+    """The options of `replay run`; docs/replay.md's option table says more of each."""
+    p = sub.add_parser("run", help="replay a trace open-loop against an OpenAI-compatible target", description=(
+        "Send every trace row at its timestamp, stream the responses, record one row per request (docs/replay.md)."))
     p.add_argument("--trace", required=True, help="trace file (Parquet)")
     add_target_argument(p, required=True)
     p.add_argument("-o", "--out", help="run directory (default runs/<UTC time>)")
     add_run_arguments(p)
     p.add_argument("--workers", type=int, default=1, help="local runner processes (N>1: Locust master + N workers)")
-    p.add_argument("--remote-workers", type=int, default=0,
-                   help="also wait for this many `replay worker --master HOST:PORT` processes")
-    p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT",
-                   help="master address for remote workers (default 0.0.0.0:5557)")
+    p.add_argument("--remote-workers", type=int, default=0, help="also wait for this many `replay worker` processes")
+    p.add_argument("--master-bind", default="0.0.0.0:5557", metavar="HOST:PORT", help="address for remote workers")
     p.add_argument("--max-error-rate", type=float, default=MAX_ERROR_RATE, metavar="FRACTION",
-                   help=f"exit 1 when more than this share of the requests failed (default {MAX_ERROR_RATE:g}: "
-                        "most of them; 0: any failure); the summary's last lines state both")
-    p.add_argument("--exit-code-on-error", type=int, metavar="N",
-                   help="exit N when any request failed (as Locust's option; default: --max-error-rate decides)")
-    p.add_argument("--nice", type=int, metavar="N", help="run the runner (and, with scheduler autogroups, "
-                   "this session's CPU group) at nice N while it lasts, e.g. -10; below 0 needs root or "
-                   "CAP_SYS_NICE (a refusal is reported in run.json `scheduling`, not fatal)")
-    p.add_argument("--realtime", action="store_true", help="run the runner under SCHED_FIFO 1 (root or "
-                   "CAP_SYS_NICE): on a busy host it wakes at once instead of at the next scheduler tick "
-                   "(lag p99 ~4 -> <1 ms measured); it can then hold its core from normal tasks while saturated. Not beside "
-                   "a server on the same host: vLLM's TPOT rose 34%% and 49%% with the client at SCHED_FIFO on its "
-                   "two cores (a warning says when the target is on this host)")
+                   help=f"exit 1 when more than this share of the requests failed (default {MAX_ERROR_RATE:g})")
+    p.add_argument("--exit-code-on-error", type=int, metavar="N", help="exit N when any request failed (Locust's)")
+    p.add_argument("--nice", type=int, metavar="N", help="run the runner (and its autogroup) at nice N, e.g. -10")
+    p.add_argument("--realtime", action="store_true", help="the runner at SCHED_FIFO 1 (root); not beside the server")
     p.add_argument("--otlp", nargs="?", const="127.0.0.1:4318", metavar="HOST:PORT",
-                   help="send a W3C traceparent per request and receive the server's OTLP spans at HOST:PORT "
-                        "(default 127.0.0.1:4318; point vLLM's --otlp-traces-endpoint at http://HOST:PORT/v1/traces; "
-                        "HOST:0 picks a free port): spans.parquet, joined to the records by trace id; `--otlp send`: "
-                        "the headers only, the spans go to your collector (then `replay report RUN --spans FILE`)")
+                   help="send traceparents, receive the server's spans here (default 127.0.0.1:4318; send: headers only)")
     p.add_argument("--otlp-token", metavar="TOKEN", default=os.environ.get("REPLAY_OTLP_TOKEN"),
-                   help="--otlp: accept only posts with `Authorization: Bearer TOKEN` (default: $REPLAY_OTLP_TOKEN, "
-                        "which `ps` does not show); the server's exporter sends it with "
-                        "OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%%20TOKEN; required beyond loopback")
-    p.add_argument("--otlp-wait", type=parse_duration, default=10.0, metavar="SECONDS",
-                   help="--otlp: after the last response, wait up to this long for spans still to come "
-                        "(default 10s: vLLM exports every 5 s)")
-    p.add_argument("--slo", metavar="FILE", help="SLO spec: the report counts goodput with its per-request "
-                   "thresholds and shows its objectives (exit codes come from `replay gate`)")
+                   help="--otlp: require `Authorization: Bearer TOKEN` (default $REPLAY_OTLP_TOKEN)")
+    p.add_argument("--otlp-wait", type=parse_duration, default=10.0, metavar="SECONDS", help="--otlp: wait for late spans")
+    p.add_argument("--slo", metavar="FILE", help="SLO spec: goodput and objectives in the report")
     from llm_replay.reports.cli import confidence_arg
     confidence_arg(p)
-    p.add_argument("--until-decided", action="store_true",
-                   help="with --slo: go on replaying (more passes of the trace) until the gate is decided, then "
-                        "stop sending; the exit code is the gate's (docs/verdicts.md#run-until-decided)")
-    p.add_argument("--max-duration", type=parse_duration, metavar="DURATION",
-                   help="--until-decided: replay at most this long (--max-requests: at most that many rows; "
-                        "default: the window and up to 7 more passes)")
+    p.add_argument("--until-decided", action="store_true", help="with --slo: replay until the gate is decided")
+    p.add_argument("--max-duration", type=parse_duration, metavar="DURATION", help="--until-decided: at most this long")
     p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
 def add_target_argument(p, required: bool = False) -> None:
     p.add_argument("--target", action="append", required=required, default=[], metavar="[MODEL=]URL",
-                   help="base URL, e.g. http://127.0.0.1:8000; MODEL=URL (repeatable) sends the rows of "
-                        "trace model MODEL to their own deployment, a plain URL takes every other row")
+                   help="base URL, e.g. http://127.0.0.1:8000; MODEL=URL (repeatable): that model's deployment")
 
 
 def add_run_arguments(p) -> None:
     """The replay options shared by `replay run` and the locustfile (Locust's parser)."""
-    p.add_argument("--api", choices=("completions", "chat"), default="completions",
-                   help="API for rows without an `api` value (default completions)")
+    p.add_argument("--api", choices=("completions", "chat"), default="completions", help="API for rows without an `api`")
     p.add_argument("--model-map", action="append", default=[], metavar="TRACE=SERVED",
                    help="map a trace model label to a served model (repeatable; '*=NAME' for all others)")
     p.add_argument("--speed", type=float, default=1.0, help="time compression: 2 = twice as fast")
@@ -98,39 +73,25 @@ def add_run_arguments(p) -> None:
     p.add_argument("--duration", type=parse_duration, help="replay only this much trace time")
     p.add_argument("--max-requests", type=int, help="replay at most this many rows")
     p.add_argument("--warmup", type=int, default=0, help="unrecorded warm-up requests before T0")
-    p.add_argument("--preconnect", type=int, default=0, metavar="N",
-                   help="open N keep-alive connections before T0 (64 at a time; split across workers), so the "
-                        "first requests reuse them instead of opening their own")
+    p.add_argument("--preconnect", type=int, default=0, metavar="N", help="open N keep-alive connections before T0")
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
     p.add_argument("--api-key-env", action="append", default=[], metavar="[MODEL=]VAR",
                    help="environment variable holding the API key (MODEL=VAR: for that model's target; repeatable)")
     p.add_argument("--seed", type=int, default=0, help="prompt (and image) content seed")
-    p.add_argument("--salt", type=int, metavar="N", help="salt of the prompt bytes (default: a new random salt "
-                   "per run, recorded in run.json config.salt, so a run never hits the prefix cache an earlier run "
-                   "filled; give an earlier run's salt to repeat its bytes on purpose)")
-    p.add_argument("--image-url-base", metavar="URL", help="send rows' images as URLs {URL}/{W}x{H}.png "
-                   "(files from `python3 -m llm_replay.replay.images`) instead of inline PNG data URLs")
-    p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off",
-                   help="multi-turn sessions: off (default: every row at its own timestamp, no history), "
-                        "timestamps (turns at their trace times, with the chat history), or closed (turn k+1 "
-                        "sent when turn k has completed, plus the think time)")
-    p.add_argument("--max-delay", type=parse_duration, metavar="S",
-                   help="task graphs: cap each dependant's delay_s (tool/think time) at S, to cut idle gaps "
-                        "(default: delays as recorded)")
-    p.add_argument("--prompt-mode", choices=("ids", "text"),
-                   help="token-id prompts (completions) or calibrated text (default: ids when the target accepts them)")
+    p.add_argument("--salt", type=int, metavar="N", help="salt of the prompt bytes (default: random, in run.json)")
+    p.add_argument("--image-url-base", metavar="URL", help="send images as URLs {URL}/{W}x{H}.png, not inline")
+    p.add_argument("--sessions", choices=("off", "timestamps", "closed"), default="off", help="multi-turn sessions")
+    p.add_argument("--max-delay", type=parse_duration, metavar="S", help="task graphs: cap each delay_s at S")
+    p.add_argument("--prompt-mode", choices=("ids", "text"), help="token ids or calibrated text (default: ids if accepted)")
     p.add_argument("--tokenizer", metavar="tokenizer.json", help="local tokenizer for exact text prompts")
-    p.add_argument("--force-output-len", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--force-output-len", action=argparse.BooleanOptionalAction,
                    help="send min_tokens + ignore_eos (default: on when the target accepts them)")
     p.add_argument("--scrape", action="append", default=[], metavar="[MODEL=]URL",
-                   help="Prometheus metrics URL to sample during the run (MODEL=URL: that model's "
-                        "deployment; repeatable; samples carry a `target` label)")
+                   help="Prometheus metrics URL to sample during the run (MODEL=URL: that model's; repeatable)")
     p.add_argument("--scrape-interval", type=parse_duration, default=1.0, metavar="DURATION",
                    help="time between two --scrape samples (default 1s)")
-    p.add_argument("--spin-ms", type=float, default=0.0,
-                   help="wake this many ms early and busy-wait (yielding to I/O) until each row is due: "
-                        "sub-millisecond dispatch lag for extra client CPU (e.g. 1)")
+    p.add_argument("--spin-ms", type=float, default=0.0, help="wake this many ms early and busy-wait to each due time")
     p.add_argument("--no-check", action="store_true", help="skip probing the target's capabilities")
     p.add_argument("--no-progress", action="store_true", help="no live progress line")
 
@@ -158,8 +119,8 @@ def run(args) -> int:
         warn_realtime_beside([config.target, *config.targets.values()])
     try:
         if slo is not None:   # `replay report RUN` then keeps the gate when it writes summary.json again
-            (run_dir / "slo.json").write_text(json.dumps({k: v for k, v in slo.to_dict().items() if k != "source"},
-                                                         indent=1) + "\n")
+            spec = {k: v for k, v in slo.to_dict().items() if k != "source"}
+            (run_dir / "slo.json").write_text(json.dumps(spec, indent=1) + "\n")
         looks = Looks(run_dir, slo, config.speed) if args.until_decided else None
         code, sampler = supervise(config, args.nice, args.realtime, looks)
         if code == UNWRITABLE:   # the runner said why in one `error:` line; its run.json says failed

@@ -74,26 +74,20 @@ def _rate(rate: float) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="find the highest request rate that meets the SLO",
-                       description="Replay a trace at increasing rates; bracket and bisect the "
-                                   "highest rate whose run passes the SLO gate.")
+    p = sub.add_parser("sweep", help="find the highest request rate that meets the SLO", description=(
+        "Replay a trace at increasing rates; bracket and bisect the highest rate whose run passes the SLO gate."))
     p.add_argument("--trace", required=True, help="trace file (Parquet), replayed at each rate by time compression")
     p.add_argument("--target", action="append", default=[], metavar="[MODEL=]URL",
                    help="base URL (default: start engine-stub locally); MODEL=URL (repeatable) as in `replay run`")
     p.add_argument("--slo", required=True, help="SLO file (YAML/TOML/pyproject.toml)")
     p.add_argument("--rates", default=None, help="comma-separated rates (req/s) to try first, e.g. 1,2,4,8")
-    p.add_argument("--tolerance", type=float, default=0.1,
-                   help="stop bisecting when hi/lo < 1 + tolerance (default 0.1)")
+    p.add_argument("--tolerance", type=float, default=0.1, help="stop bisecting when hi/lo < 1 + tolerance (default 0.1)")
     p.add_argument("--max-runs", type=int, default=10, help="upper bound on replays (default 10)")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help="replay at most this many rows per run (each run goes on until its gate is decided: by "
-                        "default up to 8 passes of the trace)")
+    p.add_argument("--max-requests", type=int, help="at most this many rows per run (default: up to 8 passes of the trace)")
     p.add_argument("-o", "--output", default="runs/sweep", help="sweep directory")
     p.add_argument("--engine-arg", action="append", default=[],
-                   help="without --target: extra argument for engine-stub serve (repeatable, "
-                        "e.g. --engine-arg=--max-num-seqs --engine-arg=8)")
-    p.add_argument("run_args", nargs=argparse.REMAINDER,
-                   help="after `--`: extra arguments for every `replay run`")
+                   help="without --target: an engine-stub serve argument (repeatable), e.g. --engine-arg=--max-num-seqs")
+    p.add_argument("run_args", nargs=argparse.REMAINDER, help="after `--`: extra arguments for every `replay run`")
     p.set_defaults(func=run, inputs={"trace": "file not found"})
 
 
@@ -109,10 +103,9 @@ def knee(rates: list[float], values: list[float]) -> float | None:
     """Kneedle: the point farthest below the chord of the normalised (log rate, value) curve.
     Log rate because sweeps space their rates geometrically (doubling, geometric bisection)."""
     import numpy as np
-    pts = [(r, v) for r, v in zip(rates, values) if v is not None and math.isfinite(v) and r > 0]
+    pts = sorted((r, v) for r, v in zip(rates, values) if v is not None and math.isfinite(v) and r > 0)
     if len(pts) < 3:
         return None
-    pts.sort()
     x = np.log(np.array([p[0] for p in pts], float))
     y = np.array([p[1] for p in pts], float)
     if np.ptp(x) == 0 or np.ptp(y) == 0:
@@ -134,8 +127,7 @@ class Sweeper:
         self.native = native_rate(Trace.read(self.trace_path), args.max_requests)
         self.slo = reports.load_slo(args.slo)
         self.points: dict[float, Point] = {}
-        self.bracketed = False  # a failing rate above the capacity was found
-        self.upper: float | None = None  # the lowest failing rate
+        self.bracketed, self.upper = False, None   # a failing rate above the capacity was found; the lowest one
 
     def measure(self, rate: float) -> Point:
         """Replay the trace at `rate` req/s and gate the run on the SLO."""
@@ -145,10 +137,9 @@ class Sweeper:
         run_dir = self.out / f"rate-{rate:g}"
         # each point replays until its gate is decided (more passes of the trace when needed):
         # an undecided point bounds nothing, so deciding it is cheaper than bisecting around it
-        extra = ["--speed", f"{speed:.6g}", "--slo", str(self.args.slo), "--until-decided"]
-        if self.args.max_requests:
-            extra += ["--max-requests", str(self.args.max_requests)]
-        extra += [a for a in self.args.run_args if a != "--"]
+        extra = ["--speed", f"{speed:.6g}", "--slo", str(self.args.slo), "--until-decided",
+                 *(["--max-requests", str(self.args.max_requests)] if self.args.max_requests else []),
+                 *(a for a in self.args.run_args if a != "--")]
         outcome = replay_run(self.trace_path, self.target, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
             raise SweepError(f"replay run at rate {rate:g} produced no records "
@@ -182,44 +173,32 @@ class Sweeper:
         A rate that cannot be evaluated is neither bound: after one, the search goes lower as
         after a failure; bisection then fills every gap between the highest passing rate, the
         unjudged rates above it and the lowest failing rate (lowest gap first)."""
-        args = self.args
+        lo = hi = None   # highest passing rate (below hi), lowest failing rate
+
+        def judge(rate: float) -> Point:
+            nonlocal lo, hi
+            p = self.probe(rate)
+            lo, hi = (p.rate if p.verdict == PASS else lo), (p.rate if p.verdict == FAIL else hi)
+            return p
 
         def room() -> bool:
-            return len(self.points) < args.max_runs
-
-        lo = hi = None   # highest passing rate (below hi), lowest failing rate
-        if args.rates:   # ascending until one fails; an unjudged one bounds nothing: go on
-            for r in sorted(float(x) for x in args.rates.split(",") if x.strip()):
-                if not room():
-                    break
-                p = self.probe(r)
-                if p.verdict == PASS:
-                    lo = p.rate
-                elif p.verdict == FAIL:
-                    hi = p.rate
+            return len(self.points) < self.args.max_runs
+        if self.args.rates:   # ascending until one fails; an unjudged one bounds nothing: go on
+            for r in sorted(float(x) for x in self.args.rates.split(",") if x.strip()):
+                if not room() or judge(r).verdict == FAIL:
                     break
         else:
-            p = self.probe(self.native if math.isfinite(self.native) else 1.0)
+            p = judge(self.native if math.isfinite(self.native) else 1.0)
             up = p.verdict == PASS
-            lo, hi = (p.rate if up else None), (p.rate if p.verdict == FAIL else None)
+            # doubling goes on while rates pass (a failing or unjudged one: bisect below it),
+            # halving while they fail or cannot be evaluated
             while room():
-                p = self.probe(p.rate * 2 if up else p.rate / 2)
-                if p.verdict == PASS:
-                    lo = p.rate
-                elif p.verdict == FAIL:
-                    hi = p.rate
-                # doubling goes on while rates pass (a failing or unjudged one: bisect below it),
-                # halving while they fail or cannot be evaluated
+                p = judge(p.rate * 2 if up else p.rate / 2)
                 if (p.verdict == PASS) != up:
                     break
         while room() and (mid := self._next_mid(lo, hi)) is not None:
-            p = self.probe(mid)
-            if p.verdict == PASS:
-                lo = p.rate
-            elif p.verdict == FAIL:
-                hi = p.rate
-        self.bracketed = hi is not None
-        self.upper = hi
+            judge(mid)
+        self.bracketed, self.upper = hi is not None, hi
         return lo
 
     def unjudged(self, lo: float | None, hi: float | None) -> list[float]:
@@ -294,8 +273,7 @@ def exit_code(result: dict) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from .orchestrate import start_engine
-    engine = None
-    target = list(args.target)
+    engine, target = None, list(args.target)
     if not target:
         engine = start_engine(*args.engine_arg)
         target = [engine.url]
@@ -309,10 +287,9 @@ def run(args: argparse.Namespace) -> int:
     points = sorted(sweeper.points.values(), key=lambda p: p.rate)
     knee_rate = knee([p.rate for p in points], [p.ttft_p99_ms for p in points])
     result = {"capacity_rps": capacity, "capacity_bracketed": sweeper.bracketed, "knee_rps": knee_rate,
-              "native_rate_rps": sweeper.native,
               # the lowest failing rate; the unjudged rates between the capacity and it
-              "upper_rps": sweeper.upper, "inconclusive_rps": sweeper.unjudged(capacity, sweeper.upper),
-              "points": [asdict(p) for p in points]}
+              "native_rate_rps": sweeper.native, "upper_rps": sweeper.upper,
+              "inconclusive_rps": sweeper.unjudged(capacity, sweeper.upper), "points": [asdict(p) for p in points]}
     (sweeper.out / "sweep.json").write_text(json.dumps(result, indent=2))
     write_capacity_html(sweeper.out / "capacity.html", result)
     print("\n rate req/s | verdict         | attainment | goodput req/s | ttft p99 ms | tpot p99 ms")
@@ -342,9 +319,8 @@ def write_capacity_html(path: Path, result: dict) -> None:
                      {"label": "TPOT p99 (ms)", "x": rates, "y": [p["tpot_p99_ms"] for p in pts], "axis": 2}],
                     title="Tail latency vs offered load", xlabel="offered rate (req/s)",
                     ylabel="TTFT p99 (ms)", y2label="TPOT p99 (ms)", band=mark)
-    rows = "".join(f"<tr><td>{p['rate']:.4g}</td>{_verdict(p)}<td>{_fmt(p['attainment'], 4)}</td>"
-                   f"<td>{_fmt(p['goodput_rps'], 4)}</td><td>{_fmt(p['ttft_p99_ms'], 4)}</td>"
-                   f"<td>{_fmt(p['tpot_p99_ms'], 4)}</td>"
+    cells = ("attainment", "goodput_rps", "ttft_p99_ms", "tpot_p99_ms")
+    rows = "".join(f"<tr><td>{p['rate']:.4g}</td>{_verdict(p)}{''.join(f'<td>{_fmt(p[k], 4)}</td>' for k in cells)}"
                    f"<td>{html.escape(p['run_dir'])}</td></tr>" for p in pts)
     verdict = f"<b>{html.escape(capacity_text(result, digits=4))}</b>"
     if knee_rps:

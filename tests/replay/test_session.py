@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from llm_replay.replay.priority import autogroup, autogroups_on
+from llm_replay.replay.parent import autogroup, autogroups_on
 from tests.replay.runkit import popen_run, records, run_info, sse_server, wait_t0, write_trace
 from tests.conftest import wait_s
 
