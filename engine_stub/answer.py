@@ -24,12 +24,7 @@ def parse_reasoning(spec: str | None) -> float | int | None:
         return None
     s = str(spec).strip()
     try:
-        if s.endswith("%"):
-            value: float | int = float(s[:-1]) / 100
-        elif "." in s:
-            value = float(s)
-        else:
-            value = int(s)
+        value: float | int = float(s[:-1]) / 100 if s.endswith("%") else float(s) if "." in s else int(s)
     except ValueError:
         value = -1
     if isinstance(value, float) and not 0 <= value <= 1 or isinstance(value, int) and value < 0:

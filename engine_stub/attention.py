@@ -62,13 +62,12 @@ class PagedKVCache:
     def gather(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of whole blocks in block-table order: [kvh, len(block_ids) * block_size, hd]."""
         n = block_ids.numel()
-        size = self.kv_heads * n * self.block_size * self.head_dim
-        if self._kbuf.numel() < size:  # grow geometrically, then reuse
-            size = max(size, 2 * self._kbuf.numel())
+        numel = self.kv_heads * n * self.block_size * self.head_dim
+        if self._kbuf.numel() < numel:  # grow geometrically, then reuse
+            size = max(numel, 2 * self._kbuf.numel())
             self._kbuf = torch.empty(size, dtype=self.k.dtype, device=self.k.device)
             self._vbuf = torch.empty(size, dtype=self.k.dtype, device=self.k.device)
         shape = (self.kv_heads, n, self.block_size, self.head_dim)
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
         kb, vb = self._kbuf[:numel].view(shape), self._vbuf[:numel].view(shape)
         pool_shape = (self.kv_heads, -1, self.block_size, self.head_dim)
         torch.index_select(self.k[layer].view(pool_shape), 1, block_ids, out=kb)

@@ -16,8 +16,7 @@ from .request import EngineRequest
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
-                 ttl: float | None = None) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, ttl: float | None = None) -> None:
         self.num_blocks, self.block_size, self.enable_caching, self.ttl = num_blocks, block_size, enable_caching, ttl
         self.freed_at = [0.0] * num_blocks  # time.monotonic() when the ref count last fell to 0
         self.ref_count = [0] * num_blocks
@@ -72,11 +71,10 @@ class BlockManager:
         req.block_ids.extend(hits)
         for _ in range(new):
             b, _ = self.free.popitem(last=False)
-            if self.block_hash[b] is not None:  # evict its cached content
-                h = self.block_hash[b]
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                self.block_hash[b] = None
+            h = self.block_hash[b]
+            if h is not None and self.cached.get(h) == b:  # evict its cached content
+                del self.cached[h]
+            self.block_hash[b] = None
             self.ref_count[b] = 1
             req.block_ids.append(b)
         return True

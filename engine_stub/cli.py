@@ -12,7 +12,7 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from .answer import REASONING_FIELDS, AnswerOptions, parse_reasoning
 from .config import POLICIES, PRESETS, EngineConfig
@@ -31,11 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = s.add_argument
     a("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     a("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
-    a("--model", action="append", metavar="NAME=PRESET",
-      help=f"serve PRESET as NAME (repeatable; PRESET alone serves it under its own name); "
-           f"presets: {', '.join(PRESETS)} (default tiny)")
-    a("--lora", action="append", default=[], metavar="NAME[=BASE]",
-      help="serve a seeded LoRA adapter NAME on model BASE (default: the first model); repeatable")
+    a("--model", action="append", dest="models", metavar="NAME=PRESET",
+      help=f"serve PRESET as NAME, or PRESET under its own name; repeatable ({', '.join(PRESETS)}; default tiny)")
+    a("--lora", action="append", default=[], metavar="NAME[=BASE]", help="seeded LoRA adapter (BASE: first model)")
     a("--lora-rank", type=int, default=8, help="rank of each seeded LoRA adapter (default 8)")
     a("--max-loras", type=int, default=2, help="distinct adapters per step")
     a("--block-size", type=int, default=16, help="tokens per KV-cache block, the prefix-cache unit (default 16)")
@@ -43,45 +41,31 @@ def build_parser() -> argparse.ArgumentParser:
     a("--kv-cache-bytes", type=int, help="KV budget in bytes per model (instead of --num-blocks)")
     a("--max-num-seqs", type=int, default=64)
     a("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
-    a("--max-model-len", type=int, default=EngineConfig.max_model_len,
-      help=f"longest prompt + output (default {EngineConfig.max_model_len}; clamped to the KV pool)")
+    a("--max-model-len", type=int, default=EngineConfig.max_model_len, help="longest prompt + output (clamped)")
     a("--policy", choices=POLICIES, default="chunked")
     a("--no-prefix-caching", action="store_true")
-    a("--prefix-cache-ttl", type=float, metavar="SECONDS", help="a cached prefix block that has been free this "
-      "long is evicted (no longer a hit), like a busy server's cache (default: kept until its space is reused)")
+    a("--prefix-cache-ttl", type=float, metavar="SECONDS", help="evict a cached prefix block free this long")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     a("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     a("--seed", type=int, default=0, help="sampling seed for requests without their own")
     a("--threads", type=int, default=1, help="torch threads (default 1: a load generator shares the cores)")
     a("--engine-process", action="store_true", help="run the engine loop in a child process (no GIL sharing)")
-    a("--otlp-traces-endpoint", metavar="URL", help="export one OpenTelemetry span `llm_request` per request "
-      "(vLLM's attributes: queue, prefill, decode, TTFT, E2E) over OTLP/HTTP protobuf to URL (no path: "
-      "URL/v1/traces); a W3C `traceparent` header on a request sets its trace and parent span")
+    a("--otlp-traces-endpoint", metavar="URL", help="export vLLM's llm_request spans over OTLP/HTTP to URL")
     a("--emulate", choices=sorted(PROFILES), help="pace steps and size the KV cache like this model+GPU")
     key = s.add_mutually_exclusive_group()
-    key.add_argument("--api-key", metavar="KEY", help=f"require `Authorization: Bearer KEY` on /v1/* (default: "
-                     f"${KEY_ENV}); prefer {KEY_ENV} or --api-key-file: a key on the command line is visible "
-                     "to every local user in `ps`")
+    key.add_argument("--api-key", metavar="KEY", help=f"require `Bearer KEY` on /v1/* (better: ${KEY_ENV})")
     key.add_argument("--api-key-file", metavar="PATH", help="read the API key from the first line of PATH")
     a("--max-waiting", type=int, default=0, help="429 when this many requests wait (0: unbounded)")
     a("--max-body-bytes", type=int, default=4 << 20)
-    a("--reasoning", metavar="SHARE|N", help="chat answers start with reasoning: a share of each request's "
-      "output tokens (0.3 or 30%%) or N tokens; a request's own `reasoning_tokens` field wins")
-    a("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content",
-      help="delta field of reasoning: vLLM <= 0.11.0 and SGLang reasoning_content, vLLM >= 0.16 reasoning, "
-           "vLLM 0.11.2-0.15 both (default reasoning_content)")
-    a("--tool-calls", action="store_true", help="chat requests that offer `tools` (tool_choice auto) get a tool "
-      "call as their answer (tool_choice required or a named function always do)")
-    a("--image-patch", type=int, default=PATCH, help=f"vision patch side in pixels for counting image tokens "
-      f"(default {PATCH})")
-    a("--image-merge", type=int, default=MERGE, help=f"spatial merge of patches: an image costs "
-      f"ceil(W/(patch*merge)) * ceil(H/(patch*merge)) + 2 tokens (default {MERGE})")
-    for name, help_ in [("error-rate", "fraction answered HTTP 500"), ("reject-rate", "fraction answered 429"),
-                        ("stall-ms", "pause streams this long at their midpoint"),
-                        ("stall-rate", "fraction of streams that stall (default 1)"),
-                        ("drop-rate", "fraction of streams closed mid-stream"),
-                        ("malformed-rate", "fraction of streams with one broken SSE event")]:
-        a(f"--fault-{name}", type=float, default=1.0 if name == "stall-rate" else 0.0, help=help_)
+    a("--reasoning", metavar="SHARE|N", help="chat answers start with reasoning: a share (0.3, 30%%) or N tokens")
+    a("--reasoning-field", choices=REASONING_FIELDS, default="reasoning_content", help="delta field of reasoning")
+    a("--tool-calls", action="store_true", help="chat requests that offer `tools` get a tool call as their answer")
+    a("--image-patch", type=int, default=PATCH, help=f"vision patch side in pixels (default {PATCH})")
+    a("--image-merge", type=int, default=MERGE, help=f"spatial merge of patches (default {MERGE})")
+    for name, help_ in [("error-rate", "HTTP 500"), ("reject-rate", "HTTP 429"), ("stall-rate", "stalls (default 1)"),
+                        ("drop-rate", "dropped streams"), ("malformed-rate", "one broken SSE event")]:
+        a(f"--fault-{name}", type=float, default=1.0 if name == "stall-rate" else 0.0, help=f"fraction of {help_}")
+    a("--fault-stall-ms", type=float, default=0.0, help="pause streams this long at their midpoint")
     a("--fault-seed", type=int, default=0)
     a("--log-level", default="warning")
     return parser
@@ -124,14 +108,14 @@ def parse_models(specs: list[str] | None, loras: list[str]) -> tuple[dict[str, s
     return models, adapters
 
 
+def from_args(cls, args, prefix: str = "", **given):
+    """A `cls` from the options named like its fields (`--PREFIX-FIELD`), and `given`."""
+    return cls(**{f.name: getattr(args, prefix + f.name) for f in fields(cls) if hasattr(args, prefix + f.name)}
+               | given)
+
+
 def engine_configs(args, models: dict[str, str], adapters: dict[str, str]) -> dict[str, EngineConfig]:
-    base = EngineConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                        kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-                        policy=args.policy, enable_prefix_caching=not args.no_prefix_caching,
-                        prefix_cache_ttl=args.prefix_cache_ttl, dtype=args.dtype,
-                        device=args.device, seed=args.seed, lora_rank=args.lora_rank, max_loras=args.max_loras,
-                        otlp_traces_endpoint=args.otlp_traces_endpoint)
+    base = from_args(EngineConfig, args, enable_prefix_caching=not args.no_prefix_caching)
     if args.emulate and args.num_blocks is None and args.kv_cache_bytes is None:
         from .pacing import Pacer
         base = replace(base, num_blocks=Pacer(PROFILES[args.emulate]).num_blocks(args.block_size))
@@ -145,21 +129,15 @@ async def serve(args) -> int:
     import uvicorn
 
     from .engine import AsyncEngine, EngineLoop, ProcessBackend, build_cores
-    from .metrics import Metrics
-    from .pacing import Pacer
     from .server import Served
 
     torch.set_num_threads(args.threads)
-    models, adapters = parse_models(args.model, args.lora)
+    models, adapters = parse_models(args.models, args.lora)
     configs = engine_configs(args, models, adapters)
-    faults = FaultConfig(args.fault_error_rate, args.fault_reject_rate, args.fault_stall_ms, args.fault_stall_rate,
-                         args.fault_drop_rate, args.fault_malformed_rate, args.fault_seed)
-    faults.validate()
+    faults = Faults(from_args(FaultConfig, args, "fault_"))
     answer = AnswerOptions(parse_reasoning(args.reasoning), args.reasoning_field, args.tool_calls)
-    images = ImageOptions(args.image_patch, args.image_merge)
-    images.validate()
-    app, state = build_app(ServerOptions(api_key(args), args.max_waiting, args.max_body_bytes, answer, images),
-                           Faults(faults))
+    images = from_args(ImageOptions, args, "image_")
+    app, state = build_app(ServerOptions(api_key(args), args.max_waiting, args.max_body_bytes, answer, images), faults)
 
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -180,30 +158,21 @@ async def serve(args) -> int:
         backend = ProcessBackend(configs, args.emulate, args.threads)
         engine = AsyncEngine(backend.cores, backend)
         await loop.run_in_executor(None, backend.start, engine.deliver, loop)
-        render = backend.render_metrics
     else:
-        metrics = Metrics()
-        pacer = Pacer(PROFILES[args.emulate]) if args.emulate else None
-        cores = await loop.run_in_executor(None, build_cores, configs, metrics, pacer)
-        backend = EngineLoop(cores, lambda outs: loop.call_soon_threadsafe(engine.deliver, outs))
+        cores, metrics = await loop.run_in_executor(None, build_cores, configs, args.emulate)
+        backend = EngineLoop(cores, lambda outs: loop.call_soon_threadsafe(engine.deliver, outs), metrics)
         engine = AsyncEngine(cores, backend)
-        backend.start()
-
-        async def render() -> bytes:
-            return metrics.render()
     for name, cfg in configs.items():
-        state.served[name] = Served(name, name)
+        state.served[name] = Served(name)
         for i, adapter in enumerate(cfg.lora_names, start=1):
-            state.served[adapter] = Served(adapter, name, i, parent=name)
-    state.render_metrics, state.engine = render, engine
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.01)
-    if serving.done():  # stopped by a signal during startup (0), or could not serve (1)
-        engine.stop()
-        return 0 if server.should_exit else 1
-    shown = f"[{host}]" if ":" in host else host
-    print(f"engine-stub ready: http://{shown}:{port}", flush=True)
+            state.served[adapter] = Served(name, i, parent=name)
+    state.engine = engine
     try:
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.01)
+        if serving.done():  # stopped by a signal during startup (0), or could not serve (1)
+            return 0 if server.should_exit else 1
+        print(f"engine-stub ready: http://{f'[{host}]' if ':' in host else host}:{port}", flush=True)
         await serving
     finally:
         engine.stop()
@@ -228,12 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("uvicorn.error").addFilter(_QuietDrops())
     try:
         return asyncio.run(serve(args))
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:  # bad options: 2; the engine could not start (device, memory, process): 1
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # the engine could not start (device, memory, engine process)
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ValueError) else 1
     except KeyboardInterrupt:
         return 0
 

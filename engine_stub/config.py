@@ -64,35 +64,23 @@ class EngineConfig:
     # at modest load (chat at ~2 req/s ran 17 preemptions in 40 requests with half of it)
     DEFAULT_NUM_BLOCKS = 1024
 
-    def kv_bytes_per_block(self, elem_bytes: int) -> int:
-        m = self.model
-        return 2 * m.layers * m.kv_heads * m.head_dim * self.block_size * elem_bytes
-
     def resolved(self) -> "EngineConfig":
         """Fix device, dtype, block count and max_model_len; raise ValueError on nonsense."""
         import torch
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        device = self.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif device.startswith("cuda") and not torch.cuda.is_available():
+        check_range(self, "", "block_size max_num_seqs max_num_batched_tokens max_model_len", 1)
+        check_range(self, "", "prefix_cache_ttl", 0)
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device
+        if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"--device {device}: no CUDA device is available (use --device cpu)")
-        dtype = self.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if _native_bf16(device) else "float32"
+        dtype = ("bfloat16" if _native_bf16(device) else "float32") if self.dtype == "auto" else self.dtype
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"--dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-        elem = 4 if dtype == "float32" else 2
-        num_blocks = self.num_blocks
-        if num_blocks is None:
-            num_blocks = (self.kv_cache_bytes // self.kv_bytes_per_block(elem)
-                          if self.kv_cache_bytes else self.DEFAULT_NUM_BLOCKS)
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.prefix_cache_ttl is not None and not self.prefix_cache_ttl >= 0:
-            raise ValueError(f"--prefix-cache-ttl must be >= 0 seconds, got {self.prefix_cache_ttl}")
+        m, elem = self.model, 4 if dtype == "float32" else 2
+        num_blocks = self.num_blocks if self.num_blocks is not None else (  # a block: K and V of every layer
+            self.kv_cache_bytes // (2 * m.layers * m.kv_heads * m.head_dim * self.block_size * elem)
+            if self.kv_cache_bytes else self.DEFAULT_NUM_BLOCKS)
         if self.otlp_traces_endpoint:
             from .tracing import traces_url
             traces_url(self.otlp_traces_endpoint)
@@ -101,6 +89,15 @@ class EngineConfig:
         # one request must always fit in the whole pool, or preemption could never make room
         max_len = min(self.max_model_len, num_blocks * self.block_size, self.model.max_position)
         return replace(self, device=device, dtype=dtype, num_blocks=num_blocks, max_model_len=max_len)
+
+
+def check_range(obj, prefix: str, names: str, low: float, high: float | None = None) -> None:
+    """ValueError naming the first option `--PREFIX-NAME` (NAME a field of obj) outside [low, high]; None is unset."""
+    for name in names.split():
+        value = getattr(obj, name)
+        if value is not None and not (low <= value and (high is None or value <= high)):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise ValueError(f"--{prefix}{name.replace('_', '-')} must be {bound}, got {value}")
 
 
 def _native_bf16(device: str) -> bool:

@@ -7,7 +7,7 @@ child process).
 ModelRunner puts decodes (one new token) first in the flat batch so attention can batch them;
 prefill chunks follow. Only requests whose chunk reaches the end of their known tokens sample.
 ProcessBackend keeps model compute from holding the server's GIL: same surface as EngineLoop
-for AsyncEngine (add / abort / num_waiting / stop); outputs and metrics travel over
+(add / abort / num_waiting / render_metrics / stop); outputs and metrics travel over
 multiprocessing queues (one message per engine step).
 """
 from __future__ import annotations
@@ -50,19 +50,15 @@ class ModelRunner:
         bs, dev = self.block_size, self.device
         items = sorted(items, key=lambda it: it[1] != 1)  # decodes first (stable)
         ids, pos, slots, logits_idx, sampling = [], [], [], [], []
-        n_dec = 0
         dec_tables, dec_lens, prefills = [], [], []
         for req, n in items:
-            start = req.num_computed_tokens
+            start, table, offset = req.num_computed_tokens, req.block_ids, len(ids)
             end = start + n
-            table = req.block_ids
-            offset = len(ids)
             ids.extend(req.token_ids[start:end])
             pos.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             nb = -(-end // bs)
             if n == 1:
-                n_dec += 1
                 dec_tables.append(table[:nb])
                 dec_lens.append(end)
             else:
@@ -72,13 +68,13 @@ class ModelRunner:
                 logits_idx.append(offset + n - 1)
                 sampling.append(req)
         dec_bt = dec_mask = None
-        if n_dec:
+        if dec_tables:
             width = max(len(t) for t in dec_tables)
             dec_bt = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables], device=dev)
             lens = torch.tensor(dec_lens, device=dev)
             valid = self._arange[: width * bs][None, :] < lens[:, None]
             dec_mask = torch.zeros(valid.shape, device=dev).masked_fill_(~valid, float("-inf"))[None, :, None, :]
-        meta = AttentionMetadata(torch.tensor(slots, device=dev), n_dec, dec_bt, dec_mask, prefills)
+        meta = AttentionMetadata(torch.tensor(slots, device=dev), len(dec_tables), dec_bt, dec_mask, prefills)
         lora = [req.lora_id for req, n in items for _ in range(n)] if any(r.lora_id for r, _ in items) else None
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta,
                 torch.tensor(logits_idx, device=dev, dtype=torch.long), sampling, lora)
@@ -87,8 +83,6 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> tuple[list[EngineRequest], list[int]]:
         """Run one step; returns the requests that sampled and their new tokens."""
         ids, pos, meta, logits_idx, sampling, lora = self.prepare(out.items)
-        if not sampling:
-            logits_idx = logits_idx[:0]
         logits = self.model(ids, pos, self.attn, meta, logits_idx, lora)
         if not sampling:
             return [], []
@@ -99,7 +93,6 @@ class ModelRunner:
 class RequestOutput:
     request_id: str
     text: str                 # newly detokenized text of this step
-    num_new_tokens: int
     finished: bool
     finish_reason: str | None
     prompt_tokens: int
@@ -112,9 +105,7 @@ class EngineCore:
                  pacer: Pacer | None = None, spans=None) -> None:
         self.cfg, self.name, self.metrics, self.pacer = cfg, name, metrics, pacer
         self.spans = spans  # tracing.SpanExporter with --otlp-traces-endpoint
-        self.device = torch.device(cfg.device)
-        dtype = getattr(torch, cfg.dtype)
-        spec = cfg.model
+        self.device, dtype, spec = torch.device(cfg.device), getattr(torch, cfg.dtype), cfg.model
         self.tokenizer = Tokenizer(spec.vocab_size)
         self.model = TinyGPT(spec, len(cfg.lora_names), cfg.lora_rank).to(self.device, dtype).eval()
         self.kv = PagedKVCache(spec.layers, cfg.num_blocks, cfg.block_size, spec.kv_heads, spec.head_dim,
@@ -129,9 +120,7 @@ class EngineCore:
 
     def add(self, req: EngineRequest) -> None:
         self._seq += 1
-        req.seq = self._seq
-        req.queued_time = time.perf_counter()
-        req.detok = IncrementalDetokenizer(self.tokenizer)
+        req.seq, req.queued_time, req.detok = self._seq, time.perf_counter(), IncrementalDetokenizer(self.tokenizer)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
 
@@ -164,11 +153,9 @@ class EngineCore:
         if m is not None:
             m.iteration_tokens.observe(sched.num_tokens)
             m.generation_tokens.inc(len(reqs))
-            if sched.preempted:
-                m.preemptions.inc(len(sched.preempted))
-            if sched.prefix_queries:
-                m.prefix_queries.inc(sched.prefix_queries)
-                m.prefix_hits.inc(sched.prefix_hits)
+            m.preemptions.inc(len(sched.preempted))
+            m.prefix_queries.inc(sched.prefix_queries)
+            m.prefix_hits.inc(sched.prefix_hits)
             self.update_gauges()
         return outputs
 
@@ -183,11 +170,8 @@ class EngineCore:
         elif m is not None:
             m.itl.observe(now - req.last_token_time)
         req.last_token_time = now
-        reason = None
-        if (tok == EOS and not p.ignore_eos) or tok in p.stop_token_ids:
-            reason = "stop"
-        elif req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len:
-            reason = "length"
+        reason = "stop" if (tok == EOS and not p.ignore_eos) or tok in p.stop_token_ids else \
+            "length" if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len else None
         text = req.detok.step([tok])
         if reason is not None:
             text += req.detok.flush()
@@ -195,7 +179,7 @@ class EngineCore:
             self.requests.pop(req.request_id, None)
             self.runner.sampler.forget(req.request_id)
             self._observe_finish(req, now)
-        return RequestOutput(req.request_id, text, 1, reason is not None, reason, req.num_prompt_tokens,
+        return RequestOutput(req.request_id, text, reason is not None, reason, req.num_prompt_tokens,
                              req.num_output_tokens, req.num_cached_tokens)
 
     def _observe_finish(self, req: EngineRequest, now: float) -> None:
@@ -221,7 +205,7 @@ class EngineCore:
         outs = []
         for req in list(self.requests.values()):
             self.abort(req.request_id)
-            outs.append(RequestOutput(req.request_id, "", 0, True, "abort", req.num_prompt_tokens,
+            outs.append(RequestOutput(req.request_id, "", True, "abort", req.num_prompt_tokens,
                                       req.num_output_tokens, req.num_cached_tokens))
         return outs
 
@@ -243,17 +227,16 @@ class EngineCore:
 
 
 class EngineLoop:
-    """The engine thread: applies queued adds/aborts, steps every core round-robin and emits one
-    batch of outputs per round. add/abort are thread-safe; emit runs on the engine thread."""
+    """The engine thread (started at once): applies queued adds/aborts, steps every core round-robin
+    and emits one batch of outputs per round. add/abort are thread-safe; emit runs on the engine thread."""
 
-    def __init__(self, cores: dict[str, EngineCore], emit: Callable[[list[RequestOutput]], None]) -> None:
-        self.cores, self.emit = cores, emit
+    def __init__(self, cores: dict[str, EngineCore], emit: Callable[[list[RequestOutput]], None],
+                 metrics: Metrics | None = None) -> None:
+        self.cores, self.emit, self.metrics = cores, emit, metrics
         self._commands: deque = deque()
         self._wake = threading.Event()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-
-    def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
@@ -274,6 +257,9 @@ class EngineLoop:
 
     def num_waiting(self, core: str) -> int:
         return len(self.cores[core].scheduler.waiting) + sum(1 for c, _ in list(self._commands) if c == core)
+
+    async def render_metrics(self) -> bytes:
+        return self.metrics.render()
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -320,9 +306,6 @@ class AsyncEngine:
         if self._sinks.pop(request_id, None) is not None:
             self.backend.abort(request_id)
 
-    def num_waiting(self, core: str) -> int:
-        return self.backend.num_waiting(core)
-
     def deliver(self, outputs: list[RequestOutput]) -> None:
         sinks = self._sinks
         for o in outputs:
@@ -334,39 +317,32 @@ class AsyncEngine:
         self.backend.stop()
 
 
-def build_cores(configs: dict[str, EngineConfig], metrics, pacer: Pacer | None) -> dict[str, EngineCore]:
-    cores, spans = {}, None
+def build_cores(configs: dict[str, EngineConfig], emulate: str | None) -> tuple[dict[str, EngineCore], Metrics]:
+    """A warmed-up core per model; they share the metrics, the pacer (`--emulate`) and the span exporter."""
+    cores, metrics, pacer, spans = {}, Metrics(), Pacer(PROFILES[emulate]) if emulate else None, None
     endpoint = next(iter(configs.values())).otlp_traces_endpoint
     if endpoint:
         from .tracing import SpanExporter
         spans = SpanExporter(endpoint)
     for name, cfg in configs.items():
-        core = EngineCore(cfg, name, metrics.for_model(name) if metrics else None, pacer, spans)
+        cores[name] = core = EngineCore(cfg, name, ModelMetrics(metrics, name), pacer, spans)
         core.warmup()
-        if core.metrics is not None:
-            core.update_gauges()
-        cores[name] = core
-    return cores
+        core.update_gauges()
+    return cores, metrics
 
 
 def _child(configs: dict[str, EngineConfig], emulate: str | None, threads: int, inbox, outbox) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop
     torch.set_num_threads(threads)
-    metrics = Metrics()
-    cores = build_cores(configs, metrics, Pacer(PROFILES[emulate]) if emulate else None)
+    cores, metrics = build_cores(configs, emulate)
 
-    def emit(outputs):
-        outbox.put(("out", outputs, {n: len(c.scheduler.waiting) for n, c in cores.items()}))
-
-    loop = EngineLoop(cores, emit)
-    loop.start()
+    loop = EngineLoop(cores, lambda outs: outbox.put(("out", outs, {n: len(c.scheduler.waiting)
+                                                                   for n, c in cores.items()})))
     outbox.put(("ready", None, None))
     while True:
         msg = inbox.get()
-        if msg[0] == "add":
-            loop.add(msg[1], msg[2])
-        elif msg[0] == "abort":
-            loop.abort(msg[1])
+        if msg[0] in ("add", "abort"):
+            getattr(loop, msg[0])(*msg[1:])
         elif msg[0] == "metrics":
             outbox.put(("metrics", metrics.render(), None))
         else:
@@ -381,8 +357,8 @@ class ProcessBackend:
         self.proc = ctx.Process(target=_child, args=(configs, emulate, threads, self.inbox, self.outbox),
                                 name="engine-stub-engine", daemon=True)
         self.cores = {n: SimpleNamespace(cfg=c, tokenizer=Tokenizer(c.model.vocab_size)) for n, c in configs.items()}
-        self._waiting = {n: 0 for n in configs}
-        self._pending = {n: 0 for n in configs}  # sent, not yet reflected in a step report
+        # waiting: as of the child's last step report; pending: sent to the child since then
+        self._waiting, self._pending = dict.fromkeys(configs, 0), dict.fromkeys(configs, 0)
         self._metrics: asyncio.Future | None = None
         self._metrics_lock = asyncio.Lock()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from .config import check_range
+
 
 @dataclass
 class FaultConfig:
@@ -20,12 +22,9 @@ class FaultConfig:
     malformed_rate: float = 0.0
     seed: int = 0
 
-    def validate(self) -> None:
-        for name in ("error_rate", "reject_rate", "stall_rate", "drop_rate", "malformed_rate"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"--fault-{name.replace('_', '-')} must be in [0, 1]")
-        if self.stall_ms < 0:
-            raise ValueError("--fault-stall-ms must be >= 0")
+    def __post_init__(self) -> None:
+        check_range(self, "fault-", "error_rate reject_rate stall_rate drop_rate malformed_rate", 0, 1)
+        check_range(self, "fault-", "stall_ms", 0)
 
 
 @dataclass

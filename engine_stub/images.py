@@ -24,6 +24,8 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from .config import check_range
+
 PATCH = 14                  # ViT patch side in pixels (Qwen2-VL)
 MERGE = 2                   # spatial merge: merge x merge patches become one token
 MAX_SIDE = 8192             # pixels a side; anything larger is refused, not counted
@@ -63,11 +65,8 @@ class ImageOptions:
     patch: int = PATCH
     merge: int = MERGE
 
-    def validate(self) -> None:
-        if self.patch < 1:
-            raise ValueError("--image-patch must be >= 1")
-        if self.merge < 1:
-            raise ValueError("--image-merge must be >= 1")
+    def __post_init__(self) -> None:
+        check_range(self, "image-", "patch merge", 1)
 
 
 @dataclass(frozen=True)
@@ -140,8 +139,7 @@ def image_size(source: str | bytes) -> tuple[int, int]:
 def load_image(url: str) -> Image:
     """Decode a data: URL once: its size and the hash that keys its placeholder ids."""
     data = decode_data_url(url)
-    w, h = image_size(data)
-    return Image(w, h, hashlib.sha256(data).digest())
+    return Image(*image_size(data), hashlib.sha256(data).digest())
 
 
 def chat_images(messages: list[dict], max_images: int = MAX_IMAGES) -> list[Image]:
@@ -179,8 +177,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
     length, ctype = struct.unpack(">I4s", data[8:16])
     if length != 13 or ctype != b"IHDR":
         raise ImageError("PNG does not start with a valid IHDR chunk")
-    w, h, depth, colour, compression, filt, interlace = struct.unpack(">IIBBBBB", data[16:29])
-    (crc,) = struct.unpack(">I", data[29:33])
+    w, h, depth, colour, compression, filt, interlace, crc = struct.unpack(">IIBBBBBI", data[16:33])
     if zlib.crc32(data[12:29]) != crc:
         raise ImageError("PNG IHDR chunk has a bad CRC")
     if depth not in _PNG_DEPTHS.get(colour, ()) or compression or filt or interlace > 1:
@@ -199,8 +196,7 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
             i += 1
         if i >= n:
             break
-        marker = data[i]
-        i += 1
+        marker, i = data[i], i + 1
         if marker in _JPEG_STANDALONE:
             continue
         if marker in (0xD9, 0xDA) or marker == 0x00:

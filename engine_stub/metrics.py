@@ -25,36 +25,28 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         L = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Requests in model execution batches.", L, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", L, registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", L,
-                              registry=r)
-        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemptions.", L, registry=r)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", L,
-                                      registry=r)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", L, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", L, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                                         L, registry=r)
+        g = lambda name, doc: Gauge(name, doc, L, registry=r)  # noqa: E731
+        c = lambda name, doc: Counter(name, doc, L, registry=r)  # noqa: E731
+        h = lambda name, doc, b: Histogram(name, doc, L, buckets=b, registry=r)  # noqa: E731
+        self.running = g("vllm:num_requests_running", "Requests in model execution batches.")
+        self.waiting = g("vllm:num_requests_waiting", "Requests waiting to be processed.")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemptions.")
+        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
+        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                L + ["finished_reason"], registry=r)
-        self.iteration_tokens = Histogram("vllm:iteration_tokens_total", "Tokens per engine step.", L,
-                                          buckets=TOKEN_BUCKETS, registry=r)
-        h = lambda name, doc, b: Histogram(name, doc, L, buckets=b, registry=r)  # noqa: E731
+        self.iteration_tokens = h("vllm:iteration_tokens_total", "Tokens per engine step.", TOKEN_BUCKETS)
         self.ttft = h("vllm:time_to_first_token_seconds", "Time to first token in seconds.", TTFT_BUCKETS)
         self.itl = h("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", ITL_BUCKETS)
-        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.",
-                     REQUEST_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds.", REQUEST_BUCKETS)
         self.queue = h("vllm:request_queue_time_seconds", "Time spent in WAITING phase.", REQUEST_BUCKETS)
         self.prefill = h("vllm:request_prefill_time_seconds", "Time spent in PREFILL phase.", REQUEST_BUCKETS)
         self.decode = h("vllm:request_decode_time_seconds", "Time spent in DECODE phase.", REQUEST_BUCKETS)
-        self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt tokens per request.", L,
-                                    buckets=TOKEN_BUCKETS, registry=r)
-        self.gen_len = Histogram("vllm:request_generation_tokens", "Generation tokens per request.", L,
-                                 buckets=TOKEN_BUCKETS, registry=r)
-
-    def for_model(self, name: str) -> "ModelMetrics":
-        return ModelMetrics(self, name)
+        self.prompt_len = h("vllm:request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.gen_len = h("vllm:request_generation_tokens", "Generation tokens per request.", TOKEN_BUCKETS)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -78,8 +78,7 @@ class TinyGPT(nn.Module):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
-        self.layers = nn.ModuleList(Block(spec, n_loras + 1 if n_loras else 0, lora_rank)
-                                    for _ in range(spec.layers))
+        self.layers = nn.ModuleList(Block(spec, n_loras + 1 if n_loras else 0, lora_rank) for _ in range(spec.layers))
         self.norm = nn.RMSNorm(spec.hidden, eps=1e-6)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         cos, sin = rope_tables(spec)

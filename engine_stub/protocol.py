@@ -46,12 +46,11 @@ class _Sampling(BaseModel):
             raise ValueError("stop cannot contain an empty string")
         if len(stops) > MAX_STOPS or max(map(len, stops), default=0) > MAX_STOP_CHARS:
             raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
-        return v
+        return stops
 
     @property
     def stop_strings(self) -> list[str]:
-        s = self.stop
-        return [s] if isinstance(s, str) else s or []
+        return self.stop or []
 
     @property
     def include_usage(self) -> bool:
@@ -73,9 +72,7 @@ class CompletionRequest(_Sampling):
 
     def prompts(self) -> list[Union[str, list[int]]]:
         p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        return list(p)
+        return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
 
 
 class ChatMessage(BaseModel):
@@ -91,18 +88,12 @@ class ChatRequest(_Sampling):
 
 
 class _Function(BaseModel):
-    model_config = ConfigDict(extra="allow")
     name: str
     parameters: dict | None = None
 
 
 class _Tool(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Literal["function"] = "function"
-    function: _Function
-
-
-class _NamedToolChoice(BaseModel):
+    """A tool, or a tool_choice naming one."""
     type: Literal["function"] = "function"
     function: _Function
 
@@ -110,7 +101,7 @@ class _NamedToolChoice(BaseModel):
 class ChatExtras(BaseModel):
     """Types of the chat fields answer.py reads from a request's extras (as vLLM's protocol)."""
     tools: list[_Tool] | None = None
-    tool_choice: Union[Literal["none", "auto", "required"], _NamedToolChoice, None] = None
+    tool_choice: Union[Literal["none", "auto", "required"], _Tool, None] = None
     chat_template_kwargs: dict | None = None
 
 
@@ -127,44 +118,38 @@ class ChunkWriter:
     """Pre-renders the constant parts of a stream's SSE events; only the text is encoded per step."""
 
     def __init__(self, chat: bool, rid: str, model: str) -> None:
-        self.chat, self.created = chat, int(time.time())
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        self.head = f'data: {{"id":{json.dumps(rid)},"object":"{obj}","created":{self.created},' \
+        self.chat, self.created, self.rid, self.model = chat, int(time.time()), rid, model
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.head = f'data: {{"id":{json.dumps(rid)},"object":"{self.obj}","created":{self.created},' \
                     f'"model":{json.dumps(model)},"choices":['
-        self.rid, self.model = rid, model
+        self.started: set[int] = set()   # chat choices whose role chunk went out
 
     def content(self, index: int, text: str, finish_reason: str | None) -> str:
-        if self.chat:
-            return self.delta(index, f'{{"content":{json.dumps(text)}}}' if text or finish_reason is None else "{}",
-                              finish_reason)
+        """A completions chunk."""
         fr = "null" if finish_reason is None else f'"{finish_reason}"'
         body = f'{{"index":{index},"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr},' \
                f'"stop_reason":null}}'
         return f"{self.head}{body}]}}\n\n"
 
     def delta(self, index: int, delta: str, finish_reason: str | None) -> str:
-        """A chat chunk around `delta`, a JSON object (answer.ChoiceDeltas renders reasoning and tool calls)."""
-        fr = "null" if finish_reason is None else f'"{finish_reason}"'
-        return f'{self.head}{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{fr}}}]}}\n\n'
-
-    def role(self, index: int) -> str:
-        return (f'{self.head}{{"index":{index},"delta":{{"role":"assistant","content":""}},'
-                f'"logprobs":null,"finish_reason":null}}]}}\n\n')
+        """A chat chunk around `delta`, a JSON object (answer.ChoiceDeltas renders reasoning and tool calls),
+        after the choice's role chunk when it is its first."""
+        first, fr = index not in self.started, "null" if finish_reason is None else f'"{finish_reason}"'
+        self.started.add(index)
+        role = self.delta(index, '{"role":"assistant","content":""}', None) if first else ""
+        return f'{role}{self.head}{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{fr}}}]}}\n\n'
 
     def usage(self, u: dict) -> str:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return "data: " + json.dumps({"id": self.rid, "object": obj, "created": self.created,
+        return "data: " + json.dumps({"id": self.rid, "object": self.obj, "created": self.created,
                                       "model": self.model, "choices": [], "usage": u}) + "\n\n"
 
-    def final(self, texts: list[str], reasons: list[str | None], u: dict, messages: list[dict] | None = None) -> dict:
+    def final(self, texts: list[str], reasons: list[str | None], u: dict, messages: list[dict] | None) -> dict:
+        """The non-streamed response (chat: `messages`, from answer.ChoiceDeltas)."""
         if self.chat:
-            messages = messages or [{"role": "assistant", "content": t} for t in texts]
             choices = [{"index": i, "message": m, "logprobs": None, "finish_reason": r}
                        for i, (m, r) in enumerate(zip(messages, reasons))]
-            obj = "chat.completion"
         else:
             choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r, "stop_reason": None}
                        for i, (t, r) in enumerate(zip(texts, reasons))]
-            obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": choices, "usage": u}
+        return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": u}

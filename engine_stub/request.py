@@ -42,7 +42,6 @@ class EngineRequest:
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the full blocks of token_ids
     num_cached_tokens: int = 0                # prefix-cache hit at the last admission
-    num_preemptions: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     first_scheduled_time: float | None = None

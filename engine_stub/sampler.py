@@ -47,8 +47,7 @@ class Sampler:
         if all(greedy):
             return logits.argmax(-1).tolist()
         best = logits.argmax(-1) if any(greedy) else None
-        temps = torch.tensor([1.0 if g else r.params.temperature for g, r in zip(greedy, reqs)],
-                             device=self.device)
+        temps = torch.tensor([1.0 if g else r.params.temperature for g, r in zip(greedy, reqs)], device=self.device)
         logits.div_(temps[:, None])
         if any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in reqs):
             logits = _top_k_top_p(logits, reqs)

@@ -48,8 +48,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         if self.cfg.policy == "prefill-first":
-            self._admit(out, budget=max(self.cfg.max_num_batched_tokens, self.cfg.max_model_len),
-                        whole_prompts=True)
+            self._admit(out, budget=max(self.cfg.max_num_batched_tokens, self.cfg.max_model_len), whole_prompts=True)
             if out.items:
                 return out
             self._schedule_running(out, budget=self.cfg.max_num_seqs)
@@ -117,7 +116,6 @@ class Scheduler:
         self.blocks.free_request(req)
         req.num_computed_tokens = 0
         req.status = Status.WAITING
-        req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
@@ -125,10 +123,7 @@ class Scheduler:
         """Remove a request (finished or aborted) and free its blocks; idempotent."""
         if req.status is Status.FINISHED:
             return
-        if req.status is Status.RUNNING:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
+        (self.running if req.status is Status.RUNNING else self.waiting).remove(req)
         req.status = Status.FINISHED
         req.finish_reason = reason
         self.blocks.free_request(req)

@@ -11,8 +11,7 @@ import hmac
 import re
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -60,7 +59,7 @@ def error_response(e: APIError) -> JSONResponse:
 
 @dataclass
 class Served:
-    name: str
+    """A served model name (the key of State.served): a base model or a LoRA adapter on one."""
     core: str           # the EngineCore serving it
     lora_id: int = 0
     parent: str | None = None
@@ -75,13 +74,11 @@ class ServerOptions:
     images: ImageOptions = ImageOptions()       # image tokens of chat requests (images.py)
 
 
+@dataclass
 class State:
     """What the app needs once the engine is up (set by the CLI after startup)."""
-
-    def __init__(self) -> None:
-        self.engine: AsyncEngine | None = None
-        self.served: dict[str, Served] = {}
-        self.render_metrics: Callable[[], Awaitable[bytes]] | None = None
+    engine: AsyncEngine | None = None
+    served: dict[str, Served] = field(default_factory=dict)
 
 
 def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
@@ -116,19 +113,16 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
 
     @app.get("/metrics")
     async def metrics():
-        body = await state.render_metrics() if state.render_metrics else b""
+        body = await state.engine.backend.render_metrics() if state.engine is not None else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models():
-        created = int(time.time())
-        data = []
-        for s in state.served.values():
-            core = state.engine.cores[s.core]
-            data.append({"id": s.name, "object": "model", "created": created, "owned_by": "engine-stub",
-                         "root": core.cfg.model.name, "parent": s.parent,
-                         "max_model_len": core.cfg.max_model_len})
-        return {"object": "list", "data": data}
+        created, cfg = int(time.time()), {name: core.cfg for name, core in state.engine.cores.items()}
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "engine-stub",
+             "root": cfg[s.core].model.name, "parent": s.parent, "max_model_len": cfg[s.core].max_model_len}
+            for name, s in state.served.items()]}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -149,8 +143,7 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
             loc = ".".join(str(x) for x in err["loc"])
             param = str(err["loc"][0]) if err["loc"] else None
             raise APIError(400, f"invalid request: {loc}: {err['msg']}" if loc else err["msg"], param) from None
-        names = list(state.served)
-        model = req.model if req.model is not None else names[0]
+        model = req.model if req.model is not None else next(iter(state.served))
         served = state.served.get(model)
         if served is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
@@ -161,7 +154,7 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         fault = faults.draw()
         if fault.error:
             raise APIError(500, "injected fault: internal error")
-        if fault.reject or (opts.max_waiting and engine.num_waiting(served.core) >= opts.max_waiting):
+        if fault.reject or (opts.max_waiting and engine.backend.num_waiting(served.core) >= opts.max_waiting):
             raise APIError(429, "too many requests waiting; retry later", retry_after=1)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         ids = [f"{rid}-{i}" for i in range(len(prompts))]
@@ -200,14 +193,12 @@ class _Guard:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            error = None
             if self.key is not None:
                 scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
                 if not (hmac.compare_digest(token, self.key) and scheme.lower() == b"bearer"):
-                    error = APIError(401, "invalid or missing API key")
-            if error is None and self.state.engine is None:
+                    return await error_response(APIError(401, "invalid or missing API key"))(scope, receive, send)
+            if self.state.engine is None:
                 error = APIError(503, "the engine is starting", retry_after=1)
-            if error is not None:
                 return await error_response(error)(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -233,20 +224,16 @@ async def _read_json(request: Request, limit: int):
     return body
 
 
-def _prompt_ids(core: EngineCore, req, chat: bool, image_opts: ImageOptions = ImageOptions()) -> list[list[int]]:
+def _prompt_ids(core: EngineCore, req, chat: bool, image_opts: ImageOptions) -> list[list[int]]:
     tok, vocab = core.tokenizer, core.cfg.model.vocab_size
     if chat:
         return [_chat_prompt(core, req, image_opts)]
-    out = []
-    for p in req.prompts():
-        if isinstance(p, str):
-            out.append(tok.encode(p))
-        else:
-            bad = next((t for t in p if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise APIError(400, f"token id {bad} is out of vocabulary range [0, {vocab})", "prompt")
-            out.append(list(p))
-    return out
+    prompts = req.prompts()
+    for p in prompts:
+        bad = None if isinstance(p, str) else next((t for t in p if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is out of vocabulary range [0, {vocab})", "prompt")
+    return [tok.encode(p) if isinstance(p, str) else list(p) for p in prompts]
 
 
 def _chat_prompt(core: EngineCore, req, image_opts: ImageOptions) -> list[int]:
@@ -330,8 +317,10 @@ class _StopText:
         return out, bool(hits)
 
 
-async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], stops: list[str]):
-    """Yield (index, text, finish_reason, output) per engine step until every choice is done."""
+async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], stops: list[str],
+                   finals: dict[int, RequestOutput]):
+    """Yield (index, text, finish_reason, output) per engine step until every choice is done;
+    each choice's last output goes to finals[index]."""
     index = {rid: i for i, rid in enumerate(ids)}
     stop_text = [_StopText(stops) for _ in ids]
     pending = len(ids)
@@ -349,44 +338,42 @@ async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], st
         if reason is not None:
             stop_text[i] = None
             pending -= 1
+            finals[i] = o
         yield i, text, reason, o
 
 
+def _usage(finals: dict[int, RequestOutput], choices: list[ChoiceDeltas] | None) -> dict:
+    """The usage of the finished choices, with their reasoning tokens when the answer plan reports them."""
+    done = finals.values()
+    reasoning = sum(choices[i].reasoning_tokens(o.completion_tokens) for i, o in finals.items()) \
+        if choices is not None and choices[0].p.report else None
+    return usage(sum(o.prompt_tokens for o in done), sum(o.completion_tokens for o in done),
+                 sum(o.cached_tokens for o in done), reasoning)
+
+
 async def _collect(engine, queue, ids, stops, shape: AnswerPlan | None = None):
-    texts, reasons = [""] * len(ids), [None] * len(ids)
+    texts, reasons, finals = [""] * len(ids), [None] * len(ids), {}
     choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
-    prompt = completion = cached = reasoning = 0
-    async for i, text, reason, o in _outputs(engine, queue, ids, stops):
+    async for i, text, reason, o in _outputs(engine, queue, ids, stops, finals):
         texts[i] += text
         if choices is not None:
             choices[i].delta(text, o.completion_tokens, reason is not None)
-        if reason is not None:
-            reasons[i] = choices[i].finish_reason(reason) if choices is not None else reason
-            prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
-                cached + o.cached_tokens
-            reasoning += choices[i].reasoning_tokens(o.completion_tokens) if choices is not None else 0
-    report = shape is not None and shape.report
+        reasons[i] = choices[i].finish_reason(reason) if choices is not None else reason
     messages = [c.message() for c in choices] if choices is not None else None
-    return texts, reasons, usage(prompt, completion, cached, reasoning if report else None), messages
+    return texts, reasons, _usage(finals, choices), messages
 
 
 async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, fault: RequestFaults,
                   stops: list[str], max_tokens: int, watcher: asyncio.Future, shape: AnswerPlan | None = None):
     try:
-        events, midpoint, faulted = 0, max(1, max_tokens // 2), False
-        started = [False] * len(ids)
+        events, midpoint, faulted, finals = 0, max(1, max_tokens // 2), False, {}
         choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
-        prompt = completion = cached = reasoning = 0
-        async for i, text, reason, o in _outputs(engine, queue, ids, stops):
+        async for i, text, reason, o in _outputs(engine, queue, ids, stops, finals):
             if choices is None:
-                event = writer.content(i, text, reason)
+                yield writer.content(i, text, reason)
             else:
                 c = choices[i]
-                event = writer.delta(i, c.delta(text, o.completion_tokens, reason is not None), c.finish_reason(reason))
-            if writer.chat and not started[i]:
-                started[i] = True
-                event = writer.role(i) + event
-            yield event
+                yield writer.delta(i, c.delta(text, o.completion_tokens, reason is not None), c.finish_reason(reason))
             events += 1
             # a busy engine may deliver the tokens in fewer events than midpoint: the last one carries the fault
             if not faulted and (events >= midpoint or reason is not None):
@@ -397,15 +384,10 @@ async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, 
                     yield f'{writer.head}{{"index":{i},"text":"\n\n'
                 if fault.drop:
                     raise DroppedConnection("injected fault: connection dropped")
-            if reason is not None:
-                prompt, completion, cached = prompt + o.prompt_tokens, completion + o.completion_tokens, \
-                    cached + o.cached_tokens
-                reasoning += choices[i].reasoning_tokens(o.completion_tokens) if choices is not None else 0
         if watcher.done():  # the client is gone: nothing more to say
             return
         if include_usage:
-            report = shape is not None and shape.report
-            yield writer.usage(usage(prompt, completion, cached, reasoning if report else None))
+            yield writer.usage(_usage(finals, choices))
         yield "data: [DONE]\n\n"
     finally:
         watcher.cancel()

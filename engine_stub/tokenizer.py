@@ -13,8 +13,7 @@ from typing import Sequence
 
 from .images import is_image_part
 
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-            "<unused7>"]
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<unused7>"]
 PAD, BOS, EOS, IM_START, IM_END, VISION_START, VISION_END = range(7)
 BYTE_OFFSET = len(SPECIALS)
 
@@ -78,10 +77,7 @@ class Tokenizer:
         self.encode_word = lru_cache(maxsize=1 << 16)(self._encode_word)
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for word in _PRETOKEN.findall(text):
-            ids.extend(self.encode_word(word))
-        return ids
+        return list(itertools.chain.from_iterable(map(self.encode_word, _PRETOKEN.findall(text))))
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         out, i, n = [], 0, len(word)
@@ -109,24 +105,15 @@ class Tokenizer:
         pending = iter(images)
         for m in messages:
             ids.append(IM_START)
-            content = m.get("content")
-            if images and isinstance(content, list) and any(is_image_part(p) for p in content):
-                text = f"{m['role']}\n"
-                for part in content:
-                    if is_image_part(part):
-                        ids.extend(self.encode(text))
-                        ids.extend(next(pending))
-                        text = ""
-                    elif isinstance(part, dict):
-                        text += part.get("text", "")
-                ids.extend(self.encode(text))
-            else:
-                ids.extend(self.encode(f"{m['role']}\n{_content_text(content)}"))
-            ids.append(IM_END)
-            ids.extend(self.encode("\n"))
-        ids.append(IM_START)
-        ids.extend(self.encode("assistant\n"))
-        return ids
+            content, text = m.get("content"), f"{m['role']}\n"
+            for part in content if isinstance(content, list) else [{"text": content or ""}]:
+                if images and is_image_part(part):
+                    ids += [*self.encode(text), *next(pending)]
+                    text = ""
+                elif isinstance(part, dict):
+                    text += part.get("text", "")
+            ids += [*self.encode(text), IM_END, *self.encode("\n")]
+        return [*ids, IM_START, *self.encode("assistant\n")]
 
     def generation_banned_ids(self) -> list[int]:
         """Tokens the sampler never emits: specials other than EOS, control bytes and bytes that
@@ -134,14 +121,6 @@ class Tokenizer:
         banned = [i for i in range(len(SPECIALS)) if i != EOS]
         banned += [BYTE_OFFSET + b for b in range(256) if (b < 32 and b not in (9, 10)) or b >= 127]
         return banned
-
-
-def _content_text(content) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 class IncrementalDetokenizer:
