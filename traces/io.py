@@ -28,27 +28,18 @@ def read_text(path: str | Path) -> tuple[pa.Table, dict]:
     fmt = "csv" if path.suffix.lower() == ".csv" else "jsonl"
     if fmt == "csv":
         names = common.csv_header(path)
-        unknown = [n for n in names if n not in BY_NAME]
-        if unknown:
-            raise TraceError(f"column(s) {', '.join(unknown)} are not trace columns; import the file with "
-                             f"`replay trace import csv {path} --map ...` to keep them in 'extra'", file=str(path))
-    try:
-        common.check_file(path)
-        keys = names if fmt == "csv" else list(next(generic.jsonl_batches(path))[1][0])
-    except StopIteration:
-        keys = []
-    missing = [c for c in REQUIRED if c not in keys]
-    if missing:
+        if unknown := [n for n in names if n not in BY_NAME]:
+            raise TraceError(f"column(s) {', '.join(unknown)} are not trace columns; `replay trace import csv "
+                             f"{path} --map ...` keeps them in 'extra'", file=str(path))
+    keys = names if fmt == "csv" else list(next(generic.jsonl_batches(path))[1][0])  # (the first object's keys)
+    if missing := [c for c in REQUIRED if c not in keys]:
         raise TraceError(f"missing required column(s) {', '.join(missing)}; present: {', '.join(keys) or 'none'}",
                          file=str(path))
-    meta_src: dict = {"source": {}}
     opts = argparse.Namespace(format=fmt, map="arrival_ns=arrival_ns:ns")
-    tables = list(generic.read(path, opts, meta_src))
-    table = pa.concat_tables(tables, promote_options="permissive")
+    table = pa.concat_tables(generic.read(path, opts, {"source": {}}), promote_options="permissive")
     if "extra" in table.column_names and table.column("extra").null_count == table.num_rows:
         table = table.drop_columns(["extra"])
-    meta = {}
-    mp = _meta_path(path)
+    meta, mp = {}, _meta_path(path)
     if mp.exists():
         try:
             meta = json.loads(mp.read_text())

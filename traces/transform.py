@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,10 @@ def _new(trace: Trace, table: pa.Table, op: dict[str, Any], sort: bool = False) 
     return Trace(table, meta, sort=sort)
 
 
-def _set_arrivals(table: pa.Table, arr: np.ndarray) -> pa.Table:
-    return table.set_column(table.schema.get_field_index("arrival_ns"), "arrival_ns", pa.array(arr, pa.int64()))
+def _set(table: pa.Table, name: str, col: Any) -> pa.Table:
+    """`table` with column `name` replaced (a numpy array: int64 arrivals)."""
+    col = pa.array(col, pa.int64()) if isinstance(col, np.ndarray) else col
+    return table.set_column(table.schema.get_field_index(name), name, col)
 
 
 def _arr(trace: Trace) -> np.ndarray:
@@ -40,13 +43,11 @@ def speed(trace: Trace, factor: float) -> Trace:
     """Replay `factor` times faster: arrival / factor (exact rational, nearest ns)."""
     if not factor > 0:
         raise TraceError(f"speed factor must be > 0, got {factor}")
-    q = Fraction(factor).limit_denominator(10**6)
-    a = _arr(trace)
-    num, den = q.numerator, q.denominator
+    a, (num, den) = _arr(trace), Fraction(factor).limit_denominator(10**6).as_integer_ratio()
     if len(a) and int(a.max()) * den // num > INT64_MAX:
         raise TraceError(f"speed {factor:g} moves the last arrival past 2^63 ns (292 years)")
     out = (a // num) * den + ((a % num) * den + num // 2) // num
-    return _new(trace, _set_arrivals(trace.table, out), {"op": "speed", "factor": factor})
+    return _new(trace, _set(trace.table, "arrival_ns", out), {"op": "speed", "factor": factor})
 
 
 def rate(trace: Trace, target: float) -> Trace:
@@ -66,7 +67,7 @@ def time_slice(trace: Trace, start_s: float, end_s: float | None) -> Trace:
     lo = int(round(start_s * 1e9))
     keep = (a >= lo) & (a < (int(round(end_s * 1e9)) if end_s is not None else np.iinfo(np.int64).max))
     table = trace.table.filter(pa.array(keep))
-    table = _set_arrivals(table, table.column("arrival_ns").to_numpy() - lo)
+    table = _set(table, "arrival_ns", table.column("arrival_ns").to_numpy() - lo)
     return _new(trace, table, {"op": "slice", "start_s": start_s, "end_s": end_s})
 
 
@@ -98,8 +99,7 @@ def map_model(trace: Trace, mapping: dict[str, str]) -> Trace:
         raise TraceError("cannot map models: the trace has no model column")
     labels = trace.table.column("model").cast(pa.string()).to_numpy(zero_copy_only=False)
     new = np.array([mapping.get(x, x) if x is not None else None for x in labels], dtype=object)
-    table = trace.table.set_column(trace.table.schema.get_field_index("model"), "model", pa.array(new, pa.string()))
-    return _new(trace, table, {"op": "map_model", "mapping": mapping})
+    return _new(trace, _set(trace.table, "model", pa.array(new, pa.string())), {"op": "map_model", "mapping": mapping})
 
 
 def merge(trace: Trace, other: Trace, name: str = "other") -> Trace:
@@ -107,12 +107,10 @@ def merge(trace: Trace, other: Trace, name: str = "other") -> Trace:
     are prefixed with `name:`. Columns missing on one side are null there."""
     a, b = trace.table, other.table
     if "request_id" in a.column_names and "request_id" in b.column_names:
-        clash = pc.any(pc.is_in(b.column("request_id"), value_set=a.column("request_id").combine_chunks())).as_py()
-        if clash:
-            b = b.set_column(b.schema.get_field_index("request_id"), "request_id",
-                             pc.binary_join_element_wise(f"{name}:", b.column("request_id"), ""))
-    a, b = (t.set_column(t.schema.get_field_index("model"), "model", t.column("model").cast(pa.string()))
-            if "model" in t.column_names else t for t in (a, b))  # dictionaries differ: merge as strings
+        if pc.any(pc.is_in(b.column("request_id"), value_set=a.column("request_id").combine_chunks())).as_py():
+            b = _set(b, "request_id", pc.binary_join_element_wise(f"{name}:", b.column("request_id"), ""))
+    a, b = (_set(t, "model", t.column("model").cast(pa.string())) if "model" in t.column_names else t
+            for t in (a, b))  # dictionaries differ: merge as strings
     table = pa.concat_tables([a, b], promote_options="permissive")
     return _new(trace, table, {"op": "merge", "other": name, "rows": other.num_rows}, sort=True)
 
@@ -125,7 +123,7 @@ def shift(trace: Trace, seconds: float) -> Trace:
     a = a + ns
     if (a < 0).any():
         raise TraceError(f"shift by {seconds} s would make arrivals negative (first arrival {a.min() / 1e9:.3f} s)")
-    return _new(trace, _set_arrivals(trace.table, a), {"op": "shift", "seconds": seconds})
+    return _new(trace, _set(trace.table, "arrival_ns", a), {"op": "shift", "seconds": seconds})
 
 
 def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
@@ -134,10 +132,9 @@ def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
     t = trace.table
     col = pc.max_element_wise(t.column(column), lo) if lo is not None else t.column(column)
     col = pc.min_element_wise(col, hi) if hi is not None else col
-    t = t.set_column(t.schema.get_field_index(column), column, col.cast(pa.int32()))
+    t = _set(t, column, col.cast(pa.int32()))
     if column == "output_tokens" and "reasoning_tokens" in t.column_names:  # still a part of the output
-        i = t.schema.get_field_index("reasoning_tokens")
-        t = t.set_column(i, "reasoning_tokens", pc.min_element_wise(t.column(i), col).cast(pa.int32()))
+        t = _set(t, "reasoning_tokens", pc.min_element_wise(t.column("reasoning_tokens"), col).cast(pa.int32()))
     bs = trace.metadata.get("block_size")
     if column == "input_tokens" and bs and "hash_ids" in t.column_names and hi is not None:
         h = t.column("hash_ids").combine_chunks()
@@ -147,7 +144,7 @@ def clip(trace: Trace, column: str, lo: int | None, hi: int | None) -> Trace:
         flat = h.flatten().to_numpy()[pos < np.repeat(allowed, lens)]
         offsets = np.concatenate([[0], np.cumsum(allowed)])
         new = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(flat, pa.int64()), mask=h.is_null())
-        t = t.set_column(t.schema.get_field_index("hash_ids"), "hash_ids", new)
+        t = _set(t, "hash_ids", new)
     return _new(trace, t, {"op": f"clip_{column}", "min": lo, "max": hi})
 
 
@@ -185,7 +182,7 @@ def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
     out = spread_buckets(a, q, jitter)
     op = {"op": "dequantize", "quantum_ns": q, "quantum_from": source, **({"jitter_ns": jitter} if jitter else {}),
           "spread": int((out != a).sum())}
-    return _new(trace, _set_arrivals(trace.table, out), op)
+    return _new(trace, _set(trace.table, "arrival_ns", out), op)
 
 
 def dequantize_message(op: dict[str, Any]) -> str:
@@ -198,43 +195,34 @@ def dequantize_message(op: dict[str, Any]) -> str:
     return f"dequantize: spread {op['spread']:,} requests evenly over their {q} buckets{jitter}"
 
 
-def _range(s: str) -> tuple[int | None, int | None]:
+def _range(s: str, num: Any = int, empty_lo: Any = None) -> tuple[Any, Any]:
     lo, _, hi = s.partition(":")
-    return (int(lo) if lo else None, int(hi) if hi else None)
+    return (num(lo) if lo else empty_lo, num(hi) if hi else None)
+
+
+# CLI transforms: option name without dashes -> (trace, value as given, seed) -> Trace
+OPS = {"speed": lambda t, v, _: speed(t, float(v)), "rate": lambda t, v, _: rate(t, float(v)),
+       "slice": lambda t, v, _: time_slice(t, *_range(v, float, 0.0)),
+       "head": lambda t, v, _: head(t, int(v)), "sample": lambda t, v, seed: sample(t, float(v), seed),
+       "model": lambda t, v, _: filter_values(t, "model", v.split(",")),
+       "client_id": lambda t, v, _: filter_values(t, "client_id", v.split(",")),
+       "map_model": lambda t, v, _: map_model(t, dict(kv.split("=", 1) for kv in v.split(","))),
+       "merge": lambda t, v, _: merge(t, Trace.read(v), Path(v).stem), "shift": lambda t, v, _: shift(t, float(v)),
+       "clip_input": lambda t, v, _: clip(t, "input_tokens", *_range(v)),
+       "clip_output": lambda t, v, _: clip(t, "output_tokens", *_range(v)),
+       "dequantize": lambda t, v, _: dequantize(t, int(float(v) * 1e6) if v else None)}
 
 
 def apply(trace: Trace, op: str, value: str, seed: int = 0) -> Trace:
     """Apply one CLI transform (`op` as the option name without dashes, `value` as given)."""
+    if op not in OPS:
+        raise TraceError(f"unknown transform {op}")
     try:
-        if op == "speed":
-            return speed(trace, float(value))
-        if op == "rate":
-            return rate(trace, float(value))
-        if op == "slice":
-            lo, _, hi = value.partition(":")
-            return time_slice(trace, float(lo or 0), float(hi) if hi else None)
-        if op == "head":
-            return head(trace, int(value))
-        if op == "sample":
-            return sample(trace, float(value), seed)
-        if op in ("model", "client_id"):
-            return filter_values(trace, op, value.split(","))
-        if op == "map_model":
-            return map_model(trace, dict(kv.split("=", 1) for kv in value.split(",")))
-        if op == "merge":
-            from pathlib import Path
-            return merge(trace, Trace.read(value), Path(value).stem)
-        if op == "shift":
-            return shift(trace, float(value))
-        if op in ("clip_input", "clip_output"):
-            return clip(trace, op.replace("clip_", "") + "_tokens", *_range(value))
-        if op == "dequantize":
-            return dequantize(trace, int(float(value) * 1e6) if value else None)
+        return OPS[op](trace, value, seed)
     except (ValueError, ArithmeticError) as e:  # ArithmeticError: out of int64 ns (--slice 1e10:, --speed 1e-300)
         if isinstance(e, TraceError):
             raise
         raise TraceError(f"--{op.replace('_', '-')} {value!r}: {e}") from None
-    raise TraceError(f"unknown transform {op}")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 `replay run`); `timing_warnings`, a gap or a delay that would keep a replay waiting for ever."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
     if not path.exists():
         raise TraceError("file not found", file=file)
     bs = Trace.read_metadata(path).get("block_size")
-    rows, lo, hi, names, ids, graph = 0, None, None, [], [], {}
+    rows, lo, hi, names, kept = 0, math.inf, -math.inf, [], {}  # kept: the id and graph columns' chunks
     try:
         total = pq.ParquetFile(path).metadata.num_rows
         for b in Trace.iter_batches(path, batch_size=batch_size):
@@ -46,39 +47,39 @@ def validate_file(path: str | Path, *, sort: bool = False, batch_size: int = 1 <
                 raise TraceError(e.rule, file=file, column=e.column, total_rows=None if e.rows is None else total,
                                  rows=None if e.rows is None else [r + rows for r in e.rows]) from None
             mm = pc.min_max(t.column("arrival_ns"))
-            first = t.column("arrival_ns")[0].as_py()
-            if hi is not None and first < hi and not sort:
+            if t.column("arrival_ns")[0].as_py() < hi and not sort:
                 raise TraceError("arrival_ns must be non-decreasing (use --sort to sort the trace)", file=file,
                                  column="arrival_ns", rows=[rows], total_rows=total)
-            lo = mm["min"].as_py() if lo is None else min(lo, mm["min"].as_py())
-            hi = mm["max"].as_py() if hi is None else max(hi, mm["max"].as_py())
+            lo, hi = min(lo, mm["min"].as_py()), max(hi, mm["max"].as_py())
             names = t.column_names
-            if "request_id" in names:
-                ids.extend(t.column("request_id").chunks)
-            for c in ("task_id", "depends_on"):
-                if c in names:
-                    graph.setdefault(c, []).extend(t.column(c).chunks)
+            for c in {"request_id", "task_id", "depends_on"} & set(names):
+                kept.setdefault(c, []).extend(t.column(c).chunks)
             rows += t.num_rows
     except (OSError, pa.ArrowException) as e:
         from .trace import not_parquet
         raise not_parquet(file, e) from None
     if not rows:
         raise TraceError("the trace is empty (0 rows)", file=file)
-    if ids:
-        col = pa.chunked_array(ids, pa.string())
-        dup = pc.filter(vc := pc.value_counts(col), pc.greater(vc.field("counts"), 1))
-        if len(dup):
-            first = dup.field("values")[0].as_py()
-            raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})", file=file,
-                             column="request_id", total_rows=rows,
-                             rows=np.flatnonzero(pc.equal(col, first).to_numpy(zero_copy_only=False)).tolist())
-    if "depends_on" in graph:
+    if ids := kept.get("request_id"):
+        unique_ids(ids, file, total_rows=rows)
+    if "depends_on" in kept:
         from .graph import check_graph
         rid = pa.chunked_array(ids, pa.string()) if ids else pa.array(np.arange(rows)).cast(pa.string())
-        check_graph(rid, pa.chunked_array(graph["task_id"], pa.string()) if "task_id" in graph else None,
-                    pa.chunked_array(graph["depends_on"], pa.list_(pa.string())), file=file)
+        check_graph(rid, pa.chunked_array(kept["task_id"], pa.string()) if "task_id" in kept else None,
+                    pa.chunked_array(kept["depends_on"], pa.list_(pa.string())), file=file)
     return {"rows": rows, "duration_s": (hi - lo) / 1e9,
             "columns": schema_for(sorted({*names, "request_id"})).names}
+
+
+def unique_ids(chunks: list[pa.Array], file: str, total_rows: int | None = None) -> None:
+    """Raise naming the rows of the first duplicated request_id among `chunks` (a file's ids)."""
+    col = pa.chunked_array(chunks, pa.string())
+    dup = pc.filter(vc := pc.value_counts(col), pc.greater(vc.field("counts"), 1))
+    if len(dup):
+        first = dup.field("values")[0].as_py()
+        raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})", file=file,
+                         column="request_id", total_rows=total_rows,
+                         rows=np.flatnonzero(pc.equal(col, first).to_numpy(zero_copy_only=False)).tolist())
 
 
 WAIT_WARN_S = 3600.0   # a gap between arrivals or a delay_s at least this long, that dwarfs the rest

@@ -26,9 +26,8 @@ FORMATS = {
 }
 
 # Options of `replay trace import` (the CLI defines the same ones, with help).
-OPTION_DEFAULTS: dict[str, Any] = {"sort": False, "drop_failed": False, "map": None, "dequantize": "none",
-                                   "quantum_ms": None, "tokenizer": None, "rate": None, "arrivals": None, "seed": 0,
-                                   "limit": None}
+OPTION_DEFAULTS: dict[str, Any] = {"sort": False, "drop_failed": False, "map": None, "dequantize": "none", "seed": 0,
+                                   **dict.fromkeys(("quantum_ms", "tokenizer", "rate", "arrivals", "limit"))}
 
 
 def module(fmt: str) -> ModuleType:
@@ -49,9 +48,8 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
         from .common import reject_arrival_options
         reject_arrival_options(opts, f"{fmt} files carry their own arrival times")
     if opts.dequantize != "none" and not hasattr(mod, "postprocess"):
-        raise TraceError(f"--dequantize applies to bucketed formats (mooncake, aibrix), not {fmt}; "
-                         f"import without it, then `replay trace transform {Path(out).name} --dequantize '' -o "
-                         "OUT.parquet` spreads requests over their detected buckets (or --dequantize MS)")
+        raise TraceError(f"--dequantize applies to bucketed formats (mooncake, aibrix), not {fmt}; import without it, then "
+                         f"`replay trace transform {out.name} --dequantize '' -o OUT.parquet` spreads requests over the buckets")
     meta: dict[str, Any] = {"source": {"format": fmt, "file": src.name}}
     with TraceSink(out, file=str(src), sort=opts.sort, drop_failed=opts.drop_failed) as sink:
         for table in mod.read(src, opts, meta):

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..errors import TraceError
 from ..trace import Trace
-from .common import json_columns, jsonl_batches
+from .common import export_source, json_columns, jsonl_batches
 from .mooncake import postprocess  # noqa: F401 - --dequantize applies to AIBrix groups too
 
 DOC = "AIBrix JSONL: {timestamp (ms), requests: [{prompt, prompt_length, output_length, session_id}]}"
@@ -58,18 +58,16 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
 
 def export(trace: Trace, out: Path) -> None:
     """AIBrix JSONL: consecutive requests with the same arrival form one group."""
-    t = trace.table
-    cap = trace.metadata.get("source", {}).get("capitalised_keys", False)
-    key = (lambda k: k.replace("_", " ").title().replace("Id", "ID")) if cap else (lambda k: k)
-    ns = t.column("arrival_ns").to_numpy() + int(trace.metadata.get("time_origin_ns") or 0)
-    ms = (ns // 10**6).tolist()
-    cols = {src: t.column(name).to_pylist() for src, (name, _) in FIELDS.items() if name in t.column_names}
+    t, (src, ns) = trace.table, export_source(trace, "aibrix")
+    key = (lambda k: k.replace("_", " ").title().replace("Id", "ID")) if src.get("capitalised_keys") else (lambda k: k)
+    ms = ns // 10**6
+    cols = {k: t.column(name).to_pylist() for k, (name, _) in FIELDS.items() if name in t.column_names}
     extras = t.column("extra").to_pylist() if "extra" in t.column_names else [None] * t.num_rows
-    starts = np.flatnonzero(np.concatenate([[True], np.diff(ns // 10**6) != 0])).tolist() + [t.num_rows]
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(ms) != 0])).tolist() + [t.num_rows]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for a, b in zip(starts[:-1], starts[1:]):
-            group: dict[str, Any] = {key("timestamp"): ms[a]}
+            group: dict[str, Any] = {key("timestamp"): int(ms[a])}
             reqs = []
             for i in range(a, b):
                 r = {key(k): int(v[i]) if k == "session_id" and v[i].isdigit() else v[i]

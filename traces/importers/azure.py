@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
+from .common import csv_tables, export_source, extra_columns, write_csv
 from .timeparse import format_iso, iso_ns, merge_time_format
 DOC = "Azure LLM inference trace CSV: TIMESTAMP (ISO-8601 UTC), ContextTokens, GeneratedTokens"
 TIME, INPUT, OUTPUT = "TIMESTAMP", "ContextTokens", "GeneratedTokens"
@@ -26,35 +26,24 @@ LICENSE = "CC-BY-4.0 (Azure Public Dataset)"
 
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64(), IMAGES: pa.int64()},
-                                 [TIME, INPUT, OUTPUT])
-    others = [n for n in names if n not in KNOWN]
-    meta["source"].update(license=LICENSE, columns=names, **file_layout(src))
     meta["time_origin_kind"] = "unix_epoch_utc"
-    row0, fmt = 0, None
-    for t in batches:
+    fmt = None
+    for row0, t, extra in csv_tables(src, meta, {INPUT: pa.int64(), OUTPUT: pa.int64(), IMAGES: pa.int64()},
+                                     [TIME, INPUT, OUTPUT], KNOWN, license=LICENSE):
         ns, f = iso_ns(t.column(TIME), file=str(src), column=TIME, row0=row0)
-        fmt = merge_time_format(fmt, f)
-        meta["original_time_format"] = fmt
+        meta["original_time_format"] = fmt = merge_time_format(fmt, f)
         cols = {"arrival_ns": pa.array(ns, pa.int64()), "input_tokens": t.column(INPUT),
-                "output_tokens": t.column(OUTPUT)}
-        if IMAGES in names:
-            cols["num_images"] = t.column(IMAGES)
-        extra = extra_json(t, others)
-        if extra is not None:
-            cols["extra"] = extra
-        row0 += t.num_rows
-        yield pa.table(cols)
+                "output_tokens": t.column(OUTPUT), "num_images": t.column(IMAGES) if IMAGES in t.column_names else None,
+                "extra": extra}
+        yield pa.table({k: v for k, v in cols.items() if v is not None})
     if fmt is not None:
         meta["timestamp_quantum_ns"] = 10 ** (9 - max(fmt["fraction_digits"]))
 
 
 def export(trace: Trace, out: Path) -> None:
     """Write the trace back as an Azure CSV in the source's time format and line ends."""
-    t, meta = trace.table, trace.metadata
-    src = meta.get("source", {}) if meta.get("source", {}).get("format") == "azure" else {}
-    origin = int(meta.get("time_origin_ns") or 0)
-    ts = format_iso(t.column("arrival_ns").to_numpy() + origin, meta.get("original_time_format"))
+    t, (src, ns) = trace.table, export_source(trace, "azure")
+    ts = format_iso(ns, trace.metadata.get("original_time_format"))
     has_images = "num_images" in t.column_names
     names = src.get("columns") or [TIME, INPUT, OUTPUT, *([IMAGES] if has_images else [])]
     # a trace imported before num_images existed still has NumImages in `extra`

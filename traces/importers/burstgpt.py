@@ -21,37 +21,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..trace import Trace
-from .common import csv_batches, extra_columns, extra_json, file_layout, write_csv
-from .timeparse import decimal_ns
+from .common import csv_tables, export_source, extra_columns, write_csv
+from .timeparse import decimal_ns, decimal_text
 DOC = "BurstGPT CSV: Timestamp (s), Model, Request tokens, Response tokens, Total tokens, Log Type"
 TIME, MODEL, REQ, RESP, TOTAL, LOG = "Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"
 SESSION, ELAPSED = "Session ID", "Elapsed time"
 LICENSE = "CC-BY-4.0 (BurstGPT, HPMLL)"
 MAPPED = {MODEL: "model", REQ: "input_tokens", RESP: "output_tokens", LOG: "client_id", SESSION: "session_id"}
+KNOWN, TYPES = (TIME, TOTAL, ELAPSED, *MAPPED), {REQ: pa.int64(), RESP: pa.int64(), TOTAL: pa.int64(), ELAPSED: pa.float64()}
 
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    names, batches = csv_batches(src, {REQ: pa.int64(), RESP: pa.int64(), TOTAL: pa.int64(),
-                                       ELAPSED: pa.float64()}, [TIME, REQ, RESP])
-    others = [n for n in names if n not in (TIME, TOTAL, ELAPSED, *MAPPED)]
-    meta["source"].update(license=LICENSE, columns=names, **file_layout(src))
-    meta["time_origin_kind"] = "seconds_since_first_midnight"
-    meta["original_time_format"] = {"kind": "decimal", "unit": "s"}
-    row0 = 0
-    for t in batches:
+    meta.update(time_origin_kind="seconds_since_first_midnight", original_time_format={"kind": "decimal", "unit": "s"})
+    for row0, t, extra in csv_tables(src, meta, TYPES, [TIME, REQ, RESP], KNOWN, license=LICENSE):
         cols = {"arrival_ns": pa.array(decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0))}
-        for src_name, name in MAPPED.items():
-            if src_name in names:
-                cols[name] = t.column(src_name)
+        cols.update({name: t.column(s) for s, name in MAPPED.items() if s in t.column_names})
         cols["failed_in_source"] = pc.equal(t.column(RESP), 0)
-        if ELAPSED in names:
+        if ELAPSED in t.column_names:
             cols["observed_latency_s"] = t.column(ELAPSED)
-        extra = extra_json(t, others) if others else None
-        if TOTAL in names:
+        if TOTAL in t.column_names:
             extra = _total_mismatch(t, extra)
-        if others or TOTAL in names:  # the same columns in every batch, even where all null
+        if TOTAL in t.column_names or set(t.column_names) - set(KNOWN):  # the same columns in every batch
             cols["extra"] = extra if extra is not None else pa.nulls(t.num_rows, pa.string())
-        row0 += t.num_rows
         yield pa.table(cols)
 
 
@@ -65,27 +56,20 @@ def _total_mismatch(t: pa.Table, extra: pa.Array | None) -> pa.Array | None:
         return extra
     rows = [json.loads(e) if e else {} for e in extra.to_pylist()] if extra is not None else [{} for _ in range(t.num_rows)]
     for i in bad:
-        v = t.column(TOTAL)[int(i)].as_py()
-        rows[i][TOTAL] = v
+        rows[i][TOTAL] = t.column(TOTAL)[int(i)].as_py()
     return pa.array([json.dumps(r) if r else None for r in rows], pa.string())
 
 
 def export(trace: Trace, out: Path) -> None:
     """Write a BurstGPT CSV (Timestamp in seconds since the source origin, shortest exact decimal)."""
-    t, meta = trace.table, trace.metadata
-    src = meta.get("source", {}) if meta.get("source", {}).get("format") == "burstgpt" else {}
+    t, (src, ns) = trace.table, export_source(trace, "burstgpt")
     names = src.get("columns") or [TIME, MODEL, REQ, RESP, TOTAL, LOG]
-    ns = t.column("arrival_ns").to_numpy() + int(meta.get("time_origin_ns") or 0)
-    secs, frac = np.divmod(ns, 10**9)
-    frac_s = pc.utf8_rtrim(pc.utf8_lpad(pa.array(frac).cast(pa.string()), 9, "0"), characters="0")
-    ts = pc.if_else(pa.array(frac == 0), pa.array(secs).cast(pa.string()),
-                    pc.binary_join_element_wise(pa.array(secs).cast(pa.string()), frac_s, "."))
-    others = [n for n in names if n not in (TIME, TOTAL, ELAPSED, REQ, RESP, *MAPPED)]
+    others = [n for n in names if n not in KNOWN]
     ex = extra_columns(t, [*others, TOTAL])
     inp, out_tok = t.column("input_tokens"), t.column("output_tokens")
     total = pc.add(inp.cast(pa.int64()), out_tok.cast(pa.int64()))
     total = pa.array([e if e is not None else s for e, s in zip(ex[TOTAL], total.to_pylist())], pa.int64())
-    cols = {TIME: ts, REQ: inp, RESP: out_tok, TOTAL: total,
+    cols = {TIME: decimal_text(ns, 10**9), REQ: inp, RESP: out_tok, TOTAL: total,
             **{k: pa.array(v, pa.string()) for k, v in ex.items() if k != TOTAL}}
     for src_name, name in MAPPED.items():
         if name in t.column_names and src_name not in (REQ, RESP):

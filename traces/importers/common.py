@@ -14,13 +14,9 @@ import pyarrow.csv as pcsv
 
 from ..errors import TraceError
 from ..schema import check_blocks  # noqa: F401 - importers use it from here
-from .timeparse import Num, decimal_ns, num_text
+from .timeparse import Num, decimal_ns, first_rows, num_text
 
 CSV_BLOCK = 16 << 20
-
-
-def _rows(mask: np.ndarray, row0: int) -> list[int]:
-    return (np.flatnonzero(mask)[:11] + row0).tolist()
 
 
 def check_file(path: Path) -> None:
@@ -51,66 +47,52 @@ def csv_header(path: Path) -> list[str]:
         raise TraceError(f"cannot read the CSV header: {e}", file=str(path)) from None
     if not names or not any(n.strip() for n in names):
         raise TraceError("the CSV header is empty", file=str(path))
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
+    if dup := sorted({n for n in names if names.count(n) > 1}):
         raise TraceError(f"duplicate CSV column name(s) {dup}", file=str(path))
     return names
 
 
-def csv_batches(path: Path, types: dict[str, pa.DataType], required: list[str]) -> tuple[list[str], Iterator[pa.Table]]:
-    """Stream a CSV in ~16 MB blocks. Columns in `types` are parsed by Arrow with that type,
-    every other column is kept as its verbatim string. CRLF and a missing final newline are fine."""
+def csv_tables(path: Path, meta: dict[str, Any], types: dict[str, pa.DataType], required: list[str],
+               known: Any = (), **source: Any) -> Iterator[tuple[int, pa.Table, pa.Array | None]]:
+    """Stream a CSV in ~16 MB blocks as (first data row, table, `extra_json` of the columns not in
+    `known`). Columns in `types` are parsed by Arrow with that type, every other column is kept
+    as its verbatim string; CRLF and a missing final newline are fine. Records `source`, the
+    columns and the line ends in meta["source"] (for export)."""
     names = csv_header(path)
-    missing = [c for c in required if c not in names]
-    if missing:
-        raise TraceError(f"missing column(s) {', '.join(missing)}; the header has: {', '.join(names)}",
-                         file=str(path))
-    col_types = {n: types.get(n, pa.string()) for n in names}
+    if missing := [c for c in required if c not in names]:
+        raise TraceError(f"missing column(s) {', '.join(missing)}; the header has: {', '.join(names)}", file=str(path))
+    meta["source"].update({**source, "columns": names, **file_layout(path)})
+    others, row0 = [n for n in names if n not in known], 0
+    convert = pcsv.ConvertOptions(column_types={n: types.get(n, pa.string()) for n in names}, strings_can_be_null=False)
+    try:  # parsing runs in a thread (Arrow releases the GIL) while the caller converts and writes
+        for batch in prefetch(pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
+                                            convert_options=convert)):
+            t = pa.Table.from_batches([batch])
+            yield row0, t, extra_json(t, others)
+            row0 += t.num_rows
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as e:
+        raise _csv_error(path, e, types) from None
 
-    def gen() -> Iterator[pa.Table]:
-        try:  # parsing runs in a thread (Arrow releases the GIL) while the caller converts and writes
-            reader = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
-                                   convert_options=pcsv.ConvertOptions(column_types=col_types,
-                                                                       strings_can_be_null=False))
-            for batch in prefetch(reader):
-                yield pa.Table.from_batches([batch])
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as e:
-            raise _csv_error(path, e, types) from None
-    return names, gen()
+
+def export_source(trace: Any, fmt: str | None = None) -> tuple[dict[str, Any], np.ndarray]:
+    """For export: the trace's metadata `source` if it was imported from `fmt` (else {}), and
+    its arrivals as absolute ns in the source's clock."""
+    src, meta = trace.metadata.get("source", {}), trace.metadata
+    ns = trace.table.column("arrival_ns").to_numpy() + int(meta.get("time_origin_ns") or 0)
+    return (src if fmt and src.get("format") == fmt else {}), ns
 
 
 def prefetch(it, depth: int = 2) -> Iterator:
     """Iterate `it` in a background thread, at most `depth` items ahead (bounded memory);
     its exceptions are re-raised here."""
-    import queue
-    import threading
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    done = object()
-
-    def run() -> None:
-        try:
-            for x in it:
-                if stop.is_set():
-                    return
-                q.put((True, x))
-            q.put((True, done))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put((False, e))
-
-    threading.Thread(target=run, daemon=True).start()
-    try:
-        while True:
-            ok, x = q.get()
-            if not ok:
-                raise x
-            if x is done:
-                return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+    it, done = iter(it), object()
+    with ThreadPoolExecutor(1) as pool:  # one worker: the items come in order
+        ahead = deque(pool.submit(next, it, done) for _ in range(depth))
+        while (x := ahead.popleft().result()) is not done:
+            ahead.append(pool.submit(next, it, done))
             yield x
-    finally:
-        stop.set()
-        while not q.empty():  # unblock the producer so the thread ends
-            q.get_nowait()
 
 
 def _csv_error(path: Path, e: Exception, types: dict[str, pa.DataType]) -> TraceError:
@@ -118,8 +100,7 @@ def _csv_error(path: Path, e: Exception, types: dict[str, pa.DataType]) -> Trace
     msg = str(e).split("\n")[0][:300]
     if "conversion error" in msg:
         for name, typ in types.items():
-            bad = _first_unparsable(path, name, typ)
-            if bad:
+            if bad := _first_unparsable(path, name, typ):
                 return TraceError(f"expected {typ} values: {msg}", file=str(path), column=name, rows=bad)
     return TraceError(f"not a valid CSV file: {msg}", file=str(path))
 
@@ -133,7 +114,7 @@ def _first_unparsable(path: Path, name: str, typ: pa.DataType) -> list[int]:
     s = t.column(name).combine_chunks()
     pattern = r"^\s*[-+]?\d+\s*$" if pa.types.is_integer(typ) else r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
     ok = pc.match_substring_regex(s, pattern).fill_null(True).to_numpy(zero_copy_only=False)
-    return _rows(~ok, 0)
+    return first_rows(~ok, 0)
 
 
 def extra_json(table: pa.Table, columns: list[str]) -> pa.Array | None:
@@ -143,6 +124,14 @@ def extra_json(table: pa.Table, columns: list[str]) -> pa.Array | None:
     cols = {c: table.column(c).to_pylist() for c in columns}
     return pa.array([json.dumps(dict(zip(columns, vals)), ensure_ascii=False) for vals in zip(*cols.values())],
                     pa.string())
+
+
+def load_json(data: bytes, where: str = "", **at: Any) -> Any:
+    """`data` as one JSON document; invalid JSON is an error saying `where` (e.g. 'line 3')."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise TraceError(f"{where}{': ' * bool(where)}invalid JSON ({str(e).split(';')[0][:120]})", **at) from None
 
 
 _DECODER = json.JSONDecoder(parse_float=Num)  # one decoder: json.loads(parse_float=...) builds one per line
@@ -158,7 +147,7 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
-            try:
+            try:  # (not `load_json`: a call per line costs 20% here)
                 obj = _DECODER.decode(raw.decode("utf-8"))
             except (ValueError, RecursionError) as e:
                 raise TraceError(f"line {lineno}: invalid JSON ({str(e).split(';')[0][:120]})", file=str(path)) from None
@@ -167,8 +156,7 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
             batch.append(obj)
             if len(batch) >= batch_rows:
                 yield row0, batch
-                row0 += len(batch)
-                batch = []
+                row0, batch = row0 + len(batch), []
     if batch:
         yield row0, batch
     elif row0 == 0:
@@ -243,8 +231,7 @@ def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], t
     `unit_ns`) -> absolute `arrival_ns`; `fields` maps source key -> (column, type); every
     other key not in `consumed` goes to `extra` verbatim (always present, null where none)."""
     for key in (time_key, *required):
-        missing = [i for i, o in enumerate(objs) if o.get(key) is None]
-        if missing:
+        if missing := [i for i, o in enumerate(objs) if o.get(key) is None]:
             raise TraceError(f"missing or null {key!r}", file=file, column=key, rows=[row0 + i for i in missing])
     text = pa.array([num_text(o[time_key]) for o in objs], pa.string())
     cols = {"arrival_ns": pa.array(decimal_ns(text, unit_ns, file=file, column=time_key, row0=row0), pa.int64())}
@@ -296,9 +283,8 @@ class SynthArrivals:
         self.proc, self.t, self.first = proc, 0, True
         self.rng = np.random.default_rng(proc["seed"])
         meta["source"]["arrivals"] = proc
-        meta.update(time_origin_kind="synthetic",
-                    original_time_format={"kind": "none", "arrivals": proc["process"], "rate": proc["rate"],
-                                          "seed": proc["seed"], **({"cv": proc["cv"]} if "cv" in proc else {})})
+        meta.update(time_origin_kind="synthetic", original_time_format={
+            "kind": "none", "arrivals": proc["process"], **{k: v for k, v in proc.items() if k in ("rate", "seed", "cv")}})
         mean, cv = 1e9 / proc["rate"], proc.get("cv", 1.0)
         if proc["process"] == "gamma":
             self.draw = lambda n: self.rng.gamma(1 / cv**2, mean * cv**2, n)

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 
 from ..errors import TraceError
 from ..schema import BY_NAME
-from .common import (SynthArrivals, arrival_process, column, csv_batches, csv_header, extra_json, file_layout,
-                     jsonl_batches, objs_extra, reject_arrival_options)
+from .common import (SynthArrivals, arrival_process, column, csv_header, csv_tables, jsonl_batches,
+                     objs_extra, reject_arrival_options)
 from .timeparse import UNIT_NS, decimal_ns, iso_ns, merge_time_format, num_text
 
 DOC = "any CSV or JSON-lines file, columns mapped with --map target=source[:unit]"
@@ -55,9 +55,8 @@ def parse_map(spec: str | None, names: list[str], opts: Any = None, file: str | 
     if "arrival_ns" in mapping:
         reject_arrival_options(opts, f"this file has an arrival column ({mapping['arrival_ns']})", file=file)
     elif not synth:
-        raise TraceError("no arrival column: map one with --map arrival=COLUMN:UNIT (unit s, ms, us, ns or iso), "
-                         "or give --rate R [--arrivals poisson|gamma:CV|weibull:CV] to synthesize seeded arrivals "
-                         "for a lengths-only file", file=file)
+        raise TraceError("no arrival column: map one with --map arrival=COLUMN:UNIT (s, ms, us, ns or iso), or give "
+                         "--rate R [--arrivals poisson|gamma:CV|weibull:CV] for seeded arrivals", file=file)
     for req in ("input_tokens", "output_tokens"):
         if req not in mapping:
             raise TraceError(f"no {req} column: map one with --map {req}=COLUMN", file=file)
@@ -89,15 +88,11 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
 
 
 def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    names = csv_header(src)
-    mapping, unit = parse_map(getattr(opts, "map", None), names, opts, str(src))
+    mapping, unit = parse_map(getattr(opts, "map", None), csv_header(src), opts, str(src))
     arrivals = SynthArrivals(arrival_process(opts), meta) if "arrival_ns" not in mapping else None
     ints = {s: pa.int64() for t, s in mapping.items() if t in ("input_tokens", "output_tokens", "turn", "num_images")}
-    _, batches = csv_batches(src, ints, list(mapping.values()))
-    others = [n for n in names if n not in mapping.values()]
-    meta["source"].update(columns=names, map=mapping, arrival_unit=unit, **file_layout(src))
-    row0 = 0
-    for t in batches:
+    for row0, t, extra in csv_tables(src, meta, ints, list(mapping.values()), mapping.values(), map=mapping,
+                                     arrival_unit=unit):
         cols = {"arrival_ns": arrivals(t.num_rows)} if arrivals else {}
         for target, source in mapping.items():
             c = t.column(source)
@@ -108,10 +103,8 @@ def _read_csv(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iter
             elif pa.types.is_string(c.type) and BY_NAME[target].nullable and target != "model":
                 c = pc.if_else(pc.equal(c, ""), pa.scalar(None, pa.string()), c)  # empty cell = null
             cols[target] = c
-        extra = extra_json(t, others)
         if extra is not None and "extra" not in mapping:
             cols["extra"] = extra
-        row0 += t.num_rows
         yield pa.table(cols)
 
 
@@ -133,14 +126,13 @@ def _read_jsonl(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> It
                 cols[target] = _arrival(text, unit, meta, str(src), source, row0)
             else:
                 typ = BY_NAME[target].type
-                typ = pa.string() if pa.types.is_dictionary(typ) else typ
-                typ = pa.int64() if pa.types.is_integer(typ) else typ
+                typ = pa.string() if pa.types.is_dictionary(typ) else pa.int64() if pa.types.is_integer(typ) else typ
                 cols[target] = column(objs, source, typ, file=str(src), row0=row0)
         extra = objs_extra(objs, set(mapping.values()))
         if "extra" not in mapping:
             cols["extra"] = extra if extra is not None else pa.nulls(len(objs), pa.string())
         elif extra is not None:  # a canonical `extra` column is taken as it is; nothing may be lost
             keys = sorted({k for o in objs for k in o if k not in mapping.values()})
-            raise TraceError(f"key(s) {keys} are not trace columns and an 'extra' column exists; "
-                             "map them (--map) or drop them", file=str(src))
+            raise TraceError(f"key(s) {keys} are not trace columns and an 'extra' column exists; map (--map) or drop them",
+                             file=str(src))
         yield pa.table(cols)

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..trace import Trace
-from .common import check_blocks, json_columns, jsonl_batches
+from .common import check_blocks, export_source, json_columns, jsonl_batches
 
 DOC = "Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks)"
 BLOCK_SIZE = 512
@@ -56,9 +56,7 @@ def export(trace: Trace, out: Path) -> None:
 def write_jsonl(trace: Trace, out: Path, to_time, names: dict[str, str], time_key: str = "timestamp") -> None:
     """One JSON object per row: `time_key` from `to_time(absolute ns) -> list`, renamed columns
     (digit-only string ids written back as integers), and the row's `extra` keys merged in."""
-    t = trace.table
-    ns = t.column("arrival_ns").to_numpy() + int(trace.metadata.get("time_origin_ns") or 0)
-    times = to_time(ns)
+    t, times = trace.table, to_time(export_source(trace)[1])
     cols = {v: t.column(k).to_pylist() for k, v in names.items() if k in t.column_names}
     for k in ("request_id", "parent_id"):
         if names.get(k) in cols:

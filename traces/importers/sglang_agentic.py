@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import TraceError
-from .common import SynthArrivals, arrival_process, check_file
+from .common import SynthArrivals, arrival_process, check_file, load_json
 from .weka import number
 
 DOC = "SGLang agentic-trace JSON: {metadata, conversations: [[{messages, prompt_tokens, output_tokens?}]]}"
@@ -48,11 +48,7 @@ def _table(rows: list[dict], src: Path) -> pa.Table:
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
     check_file(src)
-    try:
-        with open(src, "rb") as f:
-            doc = json.load(f)
-    except (ValueError, RecursionError) as e:
-        raise TraceError(f"invalid JSON ({str(e).split(';')[0][:120]})", file=str(src)) from None
+    doc = load_json(src.read_bytes(), file=str(src))
     convs = doc.get("conversations") if isinstance(doc, dict) else None
     if not isinstance(convs, list) or not convs:
         raise TraceError("expected a JSON object with a non-empty 'conversations' list", file=str(src))

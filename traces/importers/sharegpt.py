@@ -30,44 +30,37 @@ USER, ASSISTANT = {"human", "user"}, {"gpt", "assistant", "chatgpt", "bard", "bi
 def iter_json_items(path: Path, chunk: int = 1 << 20) -> Iterator[Any]:
     """Items of a top-level JSON array (or JSON lines), decoded one at a time."""
     check_file(path)
-    dec = json.JSONDecoder()
+    dec, n, eof = json.JSONDecoder(), 0, False
     with open(path, encoding="utf-8") as f:
         try:
-            buf, pos, eof = f.read(chunk), 0, False
+            buf = f.read(chunk).lstrip()
+            array = buf.startswith("[")
+            pos = int(array)
+            while True:
+                while pos < len(buf) and buf[pos] in " \t\r\n" + ("," if n else ""):
+                    pos += 1
+                if array and buf[pos:pos + 1] == "]":
+                    return
+                if pos >= len(buf) and eof:
+                    if array:
+                        raise TraceError("unterminated JSON array", file=str(path))
+                    return
+                try:
+                    item, pos = dec.raw_decode(buf, pos)
+                except json.JSONDecodeError as e:
+                    if eof:
+                        raise TraceError(f"invalid JSON in item {n}: {e.msg} (char {e.pos})", file=str(path)) from None
+                    more = f.read(chunk)
+                    eof, buf, pos = not more, buf[pos:] + more, 0
+                    continue
+                except RecursionError:
+                    raise TraceError(f"item {n} is nested too deeply", file=str(path)) from None
+                except ValueError as e:  # an integer past Python's int_max_str_digits (4300 digits)
+                    raise TraceError(f"invalid JSON in item {n}: {str(e).split(';')[0]}", file=str(path)) from None
+                yield item
+                n += 1
         except UnicodeDecodeError as e:
             raise TraceError(f"not UTF-8 text: {e}", file=str(path)) from None
-        buf = buf.lstrip()
-        array = buf.startswith("[")
-        pos = 1 if array else 0
-        n = 0
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n" + ("," if n else ""):
-                pos += 1
-            if array and buf[pos:pos + 1] == "]":
-                return
-            if pos >= len(buf) and eof:
-                if array:
-                    raise TraceError("unterminated JSON array", file=str(path))
-                return
-            try:
-                item, end = dec.raw_decode(buf, pos)
-            except json.JSONDecodeError as e:
-                if eof:
-                    raise TraceError(f"invalid JSON in item {n}: {e.msg} (char {e.pos})", file=str(path)) from None
-                try:
-                    more = f.read(chunk)
-                except UnicodeDecodeError as ue:
-                    raise TraceError(f"not UTF-8 text: {ue}", file=str(path)) from None
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            except RecursionError:
-                raise TraceError(f"item {n} is nested too deeply", file=str(path)) from None
-            except ValueError as e:  # an integer past Python's int_max_str_digits (4300 digits)
-                raise TraceError(f"invalid JSON in item {n}: {str(e).split(';')[0]}", file=str(path)) from None
-            yield item
-            n += 1
-            pos = end
 
 
 def _counter(path: str | None):
@@ -105,8 +98,7 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
             reply = msgs[i + 1] if i + 1 < len(msgs) and msgs[i + 1].get("from") in ASSISTANT else None
             rows.append({"request_id": f"{cid}:{turn}", "session_id": cid, "turn": turn,
                          "parent_id": f"{cid}:{turn - 1}" if turn else None, "prompt": m["value"],
-                         "input_tokens": count(m["value"]),
-                         "output_tokens": count(reply["value"]) if reply else None,
+                         "input_tokens": count(m["value"]), "output_tokens": count(reply["value"]) if reply else None,
                          "extra": json.dumps(rest, ensure_ascii=False) if rest else None})
             turn += 1
         conv += 1

@@ -21,6 +21,12 @@ import pyarrow.parquet as pq
 from ..errors import TraceError
 from ..schema import SCHEMA_VERSION
 from ..trace import conform
+from ..validate import unique_ids
+from .timeparse import first_rows
+
+
+def _arrivals(table: pa.Table, ns: np.ndarray) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("arrival_ns"), "arrival_ns", pa.array(ns, pa.int64()))
 
 
 class TraceSink:
@@ -35,22 +41,20 @@ class TraceSink:
         self.schema: pa.Schema | None = None
         self.writer: pq.ParquetWriter | None = None
         self.held: list[pa.Table] = []
-        self.ids: list[pa.ChunkedArray] = []  # source-given ids, checked for uniqueness at close
+        self.ids: list[pa.Array] = []  # source-given ids, checked for uniqueness at close
 
     def write(self, table: pa.Table) -> None:
         row0 = self.source_rows
         self.source_rows += table.num_rows
-        if table.num_rows == 0:
-            return
         if self.drop_failed and "failed_in_source" in table.column_names:
             keep = pc.invert(pc.fill_null(table.column("failed_in_source"), False))
-            self.dropped += table.num_rows - pc.sum(keep.cast(pa.int64())).as_py()
+            self.dropped += table.num_rows - (pc.sum(keep.cast(pa.int64())).as_py() or 0)
             table = table.filter(keep)
-            if table.num_rows == 0:
-                return
+        if table.num_rows == 0:
+            return
         arr = table.column("arrival_ns").to_numpy().astype(np.int64)
         if "request_id" in table.column_names:
-            self.ids.append(table.column("request_id").cast(pa.string()))
+            self.ids.extend(table.column("request_id").cast(pa.string()).chunks)
         if self.sort:
             self.held.append(table)
             self.rows += table.num_rows
@@ -58,13 +62,11 @@ class TraceSink:
         prev = np.concatenate([[self.last if self.last is not None else arr[0]], arr[:-1]])
         if (arr < prev).any():
             raise TraceError("arrival times must be non-decreasing (use --sort to sort the trace)",
-                             file=self.file, column="arrival_ns", rows=(np.flatnonzero(arr < prev)[:11] + row0).tolist())
+                             file=self.file, column="arrival_ns", rows=first_rows(arr < prev, row0))
         if self.origin is None:
             self.origin = int(arr[0])
         self.last = int(arr[-1])
-        table = table.set_column(table.schema.get_field_index("arrival_ns"), "arrival_ns",
-                                 pa.array(arr - self.origin, pa.int64()))
-        self._append(self._conform(table, row0))
+        self._append(self._conform(_arrivals(table, arr - self.origin), row0))
         self.rows += table.num_rows
 
     def _conform(self, table: pa.Table, row0: int) -> pa.Table:
@@ -98,32 +100,18 @@ class TraceSink:
             arr = table.column("arrival_ns").to_numpy().astype(np.int64)
             order = np.argsort(arr, kind="stable")
             self.origin = int(arr[order[0]])
-            table = table.take(order).set_column(table.schema.get_field_index("arrival_ns"), "arrival_ns",
-                                                 pa.array(arr[order] - self.origin, pa.int64()))
-            self._append(self._conform(table, 0))
+            self._append(self._conform(_arrivals(table.take(order), arr[order] - self.origin), 0))
         if self.writer is None:
-            raise TraceError("no requests in the input" + (" after --drop-failed" if self.dropped else ""),
-                             file=self.file)
+            raise TraceError("no requests in the input" + " after --drop-failed" * bool(self.dropped), file=self.file)
         if self.ids:
-            self._check_unique_ids()
+            unique_ids(self.ids, self.file)
         meta = {"schema_version": SCHEMA_VERSION, **metadata, "time_origin_ns": self.origin,
-                "rows": {"source": self.source_rows, "written": self.rows,
-                         "dropped_failed": self.dropped}}
+                "rows": {"source": self.source_rows, "written": self.rows, "dropped_failed": self.dropped}}
         self.writer.add_key_value_metadata({k: json.dumps(v) for k, v in meta.items()})
         self.writer.close()
         self.writer = None
         self.tmp.replace(self.out)
         return meta
-
-    def _check_unique_ids(self) -> None:
-        ids = pa.chunked_array([c for col in self.ids for c in col.chunks], pa.string())
-        counts = pc.value_counts(ids)
-        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-        if len(dup):
-            first = dup.field("values")[0].as_py()
-            rows = np.flatnonzero(pc.equal(ids, first).to_numpy(zero_copy_only=False)).tolist()
-            raise TraceError(f"request ids must be unique ({len(dup)} duplicated, e.g. {first!r})",
-                             file=self.file, column="request_id", rows=rows)
 
     def abort(self) -> None:
         if self.writer is not None:

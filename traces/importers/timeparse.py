@@ -20,7 +20,8 @@ _ISO = (r"^(?P<date>\d{4}-\d{2}-\d{2})(?P<sep>[T ])(?P<time>\d{2}:\d{2}:\d{2})"
         r"(?:\.(?P<frac>\d{1,9}))?(?P<zone>Z|[+-]\d{2}:\d{2})?$")
 
 
-def _rows(mask: np.ndarray, row0: int) -> list[int]:
+def first_rows(mask: np.ndarray, row0: int) -> list[int]:
+    """The first 11 rows where `mask` holds, as data rows of the file (the errors' `rows`)."""
     return (np.flatnonzero(mask)[:11] + row0).tolist()
 
 
@@ -37,13 +38,7 @@ class Num(float):
 
 def num_text(v: Any) -> str | None:
     """Decimal text of a JSON value for `decimal_ns` (None stays None; strings verbatim)."""
-    if v is None:
-        return None
-    if isinstance(v, Num):
-        return v.text
-    if isinstance(v, bool):
-        return "not a number"
-    return str(v)
+    return None if v is None else v.text if isinstance(v, Num) else "not a number" if isinstance(v, bool) else str(v)
 
 
 def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, column: str,
@@ -60,13 +55,13 @@ def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, colu
     if not bad.any():
         bad = ((pc.utf8_length(ip).to_numpy() + pc.utf8_length(fp).to_numpy()) == 0)
     if bad.any():
-        raise TraceError("not a number", file=file, column=column, rows=_rows(bad, row0))
+        raise TraceError("not a number", file=file, column=column, rows=first_rows(bad, row0))
     fp = pc.utf8_rtrim(fp, characters="0")
     digits = pc.utf8_ltrim(pc.binary_join_element_wise(ip, fp, ""), characters="0")
     nd = pc.utf8_length(digits).to_numpy()
     if (nd > 18).any():
         raise TraceError("too many significant digits for exact nanoseconds", file=file, column=column,
-                         rows=_rows(nd > 18, row0))
+                         rows=first_rows(nd > 18, row0))
     mant = pc.if_else(pc.equal(digits, ""), "0", digits).cast(pa.int64()).to_numpy()
     exp = pc.if_else(pc.equal(ep, ""), "0", pc.replace_substring(ep, "+", "")).cast(pa.int64()).to_numpy()
     shift = exp + int(round(np.log10(unit_ns))) - pc.utf8_length(fp).to_numpy()
@@ -75,7 +70,7 @@ def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, colu
     with np.errstate(over="ignore"):
         big = up & ((shift > 18) | (mant.astype(np.float64) * 10.0 ** np.minimum(shift, 300) > 9.2e18))
     if big.any():
-        raise TraceError("time overflows int64 nanoseconds", file=file, column=column, rows=_rows(big, row0))
+        raise TraceError("time overflows int64 nanoseconds", file=file, column=column, rows=first_rows(big, row0))
     out[up] = mant[up] * 10 ** shift[up]
     d = 10 ** np.minimum(-shift[down], 18)
     q, r = np.divmod(mant[down], d)
@@ -113,35 +108,25 @@ def iso_ns(arr: pa.Array | pa.ChunkedArray, *, file: str, column: str, row0: int
 
 
 def _iso_ns_regex(arr: pa.Array, *, file: str, column: str, row0: int = 0) -> tuple[np.ndarray, dict]:
-    """Slow path of `iso_ns`: one regex per row; finds the offending rows, handles mixed zones."""
+    """Slow path of `iso_ns`: one regex per row finds the offending rows and the format; pandas
+    parses the (then valid) text, mixed zones included."""
+    import pandas as pd
     m = pc.extract_regex(arr, _ISO)
     bad = m.is_null().to_numpy(zero_copy_only=False)
     if bad.any():
         ex = arr[int(np.flatnonzero(bad)[0])].as_py()
         raise TraceError(f"not an ISO-8601 timestamp (e.g. {ex!r}; expected YYYY-MM-DD hh:mm:ss[.fffffff][Z|+hh:mm])",
-                         file=file, column=column, rows=_rows(bad, row0))
-    zone, frac = m.field("zone"), m.field("frac")
-    base = pc.binary_join_element_wise(m.field("date"), m.field("time"), "T")
-    try:
-        secs = base.cast(pa.timestamp("s")).cast(pa.int64()).to_numpy()
-    except pa.ArrowInvalid as e:
-        raise TraceError(f"invalid date or time: {str(e)[:200]}", file=file, column=column) from None
-    nd = pc.utf8_length(frac).to_numpy()
-    frac_ns = pc.utf8_rpad(pc.if_else(pc.equal(frac, ""), "0", frac), 9, "0").cast(pa.int64()).to_numpy()
-    off = np.zeros(len(arr), dtype=np.int64)
-    has = pc.equal(pc.utf8_length(zone), 6)
-    if pc.any(has).as_py():
-        hh = pc.utf8_slice_codeunits(zone, 1, 3)
-        mm = pc.utf8_slice_codeunits(zone, 4, 6)
-        mins = pc.add(pc.multiply(pc.if_else(has, hh, "0").cast(pa.int64()), 60),
-                      pc.if_else(has, mm, "0").cast(pa.int64())).to_numpy()
-        sgn = np.where(pc.starts_with(zone, "-").to_numpy(zero_copy_only=False), -1, 1)
-        off = sgn * mins * 60
-    ns = (secs - off) * 10**9 + frac_ns
-    digits = np.unique(nd)
+                         file=file, column=column, rows=first_rows(bad, row0))
+    ts = pd.to_datetime(arr.to_pandas(), format="ISO8601", utc=True, errors="coerce")  # naive = UTC, exact to the ns
+    bad = (ts.isna() | (ts < pd.Timestamp.min.tz_localize("UTC")) | (ts > pd.Timestamp.max.tz_localize("UTC"))).to_numpy()
+    if bad.any():
+        ex = arr[int(np.flatnonzero(bad)[0])].as_py()
+        raise TraceError(f"invalid date or time (e.g. {ex!r}; int64 ns hold the years 1678-2261)", file=file,
+                         column=column, rows=first_rows(bad, row0))
+    ns = pd.DatetimeIndex(ts).as_unit("ns").asi8
     fmt = {"kind": "iso8601", "sep": pc.unique(m.field("sep")).to_pylist(),
-           "fraction_digits": [int(d) for d in digits],
-           "zones": sorted(pc.unique(zone).to_pylist())}
+           "fraction_digits": [int(d) for d in np.unique(pc.utf8_length(m.field("frac")).to_numpy())],
+           "zones": sorted(pc.unique(m.field("zone")).to_pylist())}
     return ns, fmt
 
 
@@ -163,23 +148,22 @@ def format_iso(ns: np.ndarray, fmt: dict | None) -> pa.Array:
     zones = [z for z in fmt["zones"] if z]
     zone = "" if not zones else ("Z" if zones == ["Z"] else "+00:00")
     ns = np.asarray(ns, dtype=np.int64)
-    secs, frac = np.divmod(ns, 10**9)
-    base = pc.strftime(pa.array(secs, pa.int64()).cast(pa.timestamp("s")), format=f"%Y-%m-%d{sep}%H:%M:%S")
-    if digits:
-        fs = pc.utf8_lpad(pa.array(frac // 10 ** (9 - digits)).cast(pa.string()), digits, "0")
-        fs = pc.binary_join_element_wise(".", fs, "")
-        if omit_zero:
-            fs = pc.if_else(pa.array(frac == 0), "", fs)
-        base = pc.binary_join_element_wise(base, fs, "")
-    return pc.binary_join_element_wise(base, zone, "") if zone else base
+    text = pc.strftime(pa.array(ns).cast(pa.timestamp("ns")), format=f"%Y-%m-%d{sep}%H:%M:%S")  # ss.fffffffff
+    text = pc.utf8_slice_codeunits(text, 0, 20 + digits if digits else 19)  # the fraction cut, not rounded
+    if omit_zero:
+        text = pc.if_else(pa.array(ns % 10**9 == 0), pc.utf8_slice_codeunits(text, 0, 19), text)
+    return pc.binary_join_element_wise(text, zone, "") if zone else text
+
+
+def decimal_text(ns: np.ndarray, unit_ns: int) -> pa.Array:
+    """Absolute ns as the shortest exact decimal text in `unit_ns` units (`40`, `185.25`)."""
+    whole, frac = np.divmod(np.asarray(ns, dtype=np.int64), unit_ns)
+    w = pa.array(whole).cast(pa.string())
+    frac_s = pc.utf8_rtrim(pc.utf8_lpad(pa.array(frac).cast(pa.string()), len(str(unit_ns)) - 1, "0"), characters="0")
+    return pc.if_else(pa.array(frac == 0), w, pc.binary_join_element_wise(w, frac_s, "."))
 
 
 def ns_to_decimal(ns: np.ndarray, unit_ns: int) -> list[int | float]:
     """Absolute ns as JSON numbers in `unit_ns` units: ints when whole, else the float whose
     shortest repr is the exact decimal (so `json.dumps` writes e.g. 1.234 back verbatim)."""
-    whole, frac = np.divmod(np.asarray(ns, dtype=np.int64), unit_ns)
-    digits = len(str(unit_ns)) - 1
-    out: list[int | float] = whole.tolist()
-    for i in np.flatnonzero(frac):
-        out[i] = float(f"{whole[i]}.{int(frac[i]):0{digits}d}")
-    return out
+    return [float(x) if "." in x else int(x) for x in decimal_text(ns, unit_ns).to_pylist()]

@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from ..trace import Trace
 from ..errors import TraceError
-from .common import (SynthArrivals, arrival_process, csv_batches, csv_header, extra_columns, extra_json, file_layout,
+from .common import (SynthArrivals, arrival_process, csv_header, csv_tables, export_source, extra_columns,
                      reject_arrival_options, write_csv)
-from .timeparse import decimal_ns, ns_to_decimal
+from .timeparse import decimal_ns, decimal_text
 DOC = "Vidur CSV: arrived_at (s), num_prefill_tokens, num_decode_tokens (lengths-only files: --rate)"
 SYNTH_ARRIVALS = True  # accepts --rate/--arrivals (for files without arrived_at)
 TIME, INPUT, OUTPUT = "arrived_at", "num_prefill_tokens", "num_decode_tokens"
@@ -29,38 +29,26 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
     if TIME in csv_header(src):
         reject_arrival_options(opts, "this file has arrival times", file=str(src), column=TIME)
     elif proc is None:
-        raise TraceError(f"no {TIME} column: a lengths-only file needs --rate R (req/s) and optionally "
-                         f"--arrivals poisson|gamma:CV|weibull:CV and --seed S for synthesized arrivals", file=str(src))
-    names, batches = csv_batches(src, {INPUT: pa.int64(), OUTPUT: pa.int64()}, [INPUT, OUTPUT, *[TIME] * (not proc)])
-    others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
-    meta["source"].update(columns=names, **file_layout(src))
-    if proc:
-        arrivals = SynthArrivals(proc, meta)
-    else:
+        raise TraceError(f"no {TIME} column: a lengths-only file needs --rate R (req/s) [--arrivals "
+                         "poisson|gamma:CV|weibull:CV] [--seed S] for synthesized arrivals", file=str(src))
+    arrivals = SynthArrivals(proc, meta) if proc else None
+    if not proc:
         meta.update(time_origin_kind="trace_start", original_time_format={"kind": "decimal", "unit": "s"})
-    row0 = 0
-    for t in batches:
-        ns = arrivals(t.num_rows) if proc else pa.array(
-            decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0))
-        cols = {"arrival_ns": ns, "input_tokens": t.column(INPUT), "output_tokens": t.column(OUTPUT)}
-        extra = extra_json(t, others)
-        if extra is not None:
-            cols["extra"] = extra
-        row0 += t.num_rows
-        yield pa.table(cols)
+    for row0, t, extra in csv_tables(src, meta, {INPUT: pa.int64(), OUTPUT: pa.int64()},
+                                     [INPUT, OUTPUT, *[TIME] * (not proc)], (TIME, INPUT, OUTPUT)):
+        ns = arrivals(t.num_rows) if proc else decimal_ns(t.column(TIME), 10**9, file=str(src), column=TIME, row0=row0)
+        cols = {"arrival_ns": pa.array(ns, pa.int64()), "input_tokens": t.column(INPUT), "output_tokens": t.column(OUTPUT)}
+        yield pa.table({**cols, "extra": extra} if extra is not None else cols)
 
 
 def export(trace: Trace, out: Path) -> None:
     """Vidur CSV with exact decimal seconds."""
-    t, meta = trace.table, trace.metadata
-    src = meta.get("source", {}) if meta.get("source", {}).get("format") == "vidur" else {}
+    t, (src, ns) = trace.table, export_source(trace, "vidur")
     names = src.get("columns") or [TIME, INPUT, OUTPUT]
     if TIME not in names:  # imported from a lengths-only file: write the synthesized arrivals
         i = int(names[0] == "")  # after Vidur's unnamed index column
         names = [*names[:i], TIME, *names[i:]]
-    ns = t.column("arrival_ns").to_numpy() + int(meta.get("time_origin_ns") or 0)
     others = [n for n in names if n not in (TIME, INPUT, OUTPUT)]
-    cols = {TIME: pa.array([str(x) for x in ns_to_decimal(ns, 10**9)]), INPUT: t.column("input_tokens"),
-            OUTPUT: t.column("output_tokens"),
+    cols = {TIME: decimal_text(ns, 10**9), INPUT: t.column("input_tokens"), OUTPUT: t.column("output_tokens"),
             **{k: pa.array(v, pa.string()) for k, v in extra_columns(t, others).items()}}
     write_csv(pa.table({n: cols[n] for n in names}), out, src or None)

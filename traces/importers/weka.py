@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import TraceError
-from .common import check_blocks, check_file
+from .common import check_blocks, check_file, load_json
 
 DOC = "Weka agentic JSON/JSONL (AIPerf, inference-perf): {id, block_size, requests: [{t, in, out, hash_ids}|subagent]}"
 CALL_KEYS = {"t", "type", "model", "in", "out", "hash_ids"}
@@ -57,16 +57,8 @@ def number(obj: dict, key: str, where: str, *, whole: bool = False, need: bool =
     if v is None and not need:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e9 or (whole and v != int(v)):
-        raise TraceError(f"{where}: {key!r} must be a {'whole ' if whole else ''}number >= 0, "
-                         f"got {json.dumps(v)[:60]}")
+        raise TraceError(f"{where}: {key!r} must be a {'whole ' * whole}number >= 0, got {json.dumps(v)[:60]}")
     return int(v) if whole else float(v)
-
-
-def _load(data: bytes, where: str) -> Any:
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise TraceError(f"{where}: invalid JSON ({str(e).split(';')[0][:120]})") from None
 
 
 def _traces(src: Path) -> Iterator[tuple[str, Any]]:
@@ -76,7 +68,7 @@ def _traces(src: Path) -> Iterator[tuple[str, Any]]:
         if not files:
             raise TraceError("no .json trace files in the directory")
         for p in files:
-            yield p.name, _load(p.read_bytes(), p.name)
+            yield p.name, load_json(p.read_bytes(), p.name)
         return
     check_file(src)
     with open(src, "rb") as f:
@@ -89,9 +81,9 @@ def _traces(src: Path) -> Iterator[tuple[str, Any]]:
             yield "line 1", obj
             for i, line in enumerate(f, 2):
                 if line.strip():
-                    yield f"line {i}", _load(line, f"line {i}")
+                    yield f"line {i}", load_json(line, f"line {i}")
             return
-        doc = _load(first + f.read(), "the file")
+        doc = load_json(first + f.read(), "the file")
     for i, obj in enumerate(doc if isinstance(doc, list) else [doc]):
         yield f"trace {i}", obj
 
@@ -179,8 +171,7 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
             ids.add(tid)
             b, scope = number(tr, "block_size", where, whole=True), tr.get("hash_id_scope", "local")
             if b < 1 or b != (bs or b):
-                raise TraceError(f"{where}: block_size {b} (traces of one file must share one block_size > 0, "
-                                 f"earlier: {bs})")
+                raise TraceError(f"{where}: block_size {b} (traces of one file must share one block_size > 0; earlier: {bs})")
             if scope not in ("local", "global") or scopes - {scope}:
                 raise TraceError(f"{where}: hash_id_scope {scope!r} (expected 'local' or 'global', one per file)")
             bs, calls = b, []
