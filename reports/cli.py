@@ -8,22 +8,21 @@ import math
 import re
 import sys
 
-WINDOW_HELP = "'30s' (seconds) or '200' (requests)"
+NO_RUN = "no such file or run directory"
 
 
 def _window_args(p: argparse.ArgumentParser) -> None:
     """Options every analysing command shares: the measured window and --json."""
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    p.add_argument("--warmup", metavar="SPEC", help=f"exclude the start of the run: {WINDOW_HELP}")
-    p.add_argument("--cooldown", metavar="SPEC", help=f"exclude the end of the run: {WINDOW_HELP}")
+    for option, end in (("--warmup", "start"), ("--cooldown", "end")):
+        p.add_argument(option, metavar="SPEC", help=f"exclude the run's {end}: '30s' (seconds) or '200' (requests)")
     p.add_argument("--steady-state", type=float, metavar="FRAC",
                    help="measure only the longest span with in-flight concurrency >= FRAC x peak")
 
 
 def confidence_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, metavar="C",
-                   help="each verdict's confidence, from 0.5 to below 1 (default: the SLO spec's `confidence:`, "
-                        "else 0.95)")
+                   help="each verdict's confidence, 0.5 to below 1 (default: the SLO spec's, else 0.95)")
 
 
 def _window(args) -> dict:
@@ -50,8 +49,7 @@ def _report_suffix(args) -> str:
 
 def cmd_report(args) -> int:
     from pathlib import Path
-    from . import summarize_run
-    from .text import format_summary
+    from . import format_summary, summarize_run
     suffix = "" if args.force or args.no_write else _report_suffix(args)
     out = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
     if getattr(args, "spans", None):
@@ -68,12 +66,9 @@ def cmd_report(args) -> int:
         slo.confidence = check_confidence(args.confidence)
     summary = summarize_run(args.run, slo=slo, window_s=args.window_s, write=not args.no_write,
                             suffix=suffix, **_window(args))
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
-        print(format_summary(summary), end="")
+    print(json.dumps(summary, indent=1) if args.json else format_summary(summary), end="\n" if args.json else "")
     log = sys.stderr if args.json else sys.stdout
-    for name, path in summary.get("files", {}).items():
+    for path in summary.get("files", {}).values():
         print(f"wrote {path}", file=log)
     if suffix:
         print("(the run's own summary.json and report.html are kept; --force writes over them)", file=log)
@@ -120,8 +115,7 @@ def _non_inferiority(args) -> int:
     from .slo import check_confidence, load_slo
     for option, value in (("--fail-on-regression", args.fail_on_regression), ("--html", args.html)):
         if value is not None:
-            raise ReportError(f"{option} does not go with --not-worse-by (the non-inferiority test has its own "
-                              "verdict and exit code)")
+            raise ReportError(f"{option} does not go with --not-worse-by: the non-inferiority test has its own verdict")
     margin = _amount(args.not_worse_by, "--not-worse-by", "%")
     error_margin = _amount(args.error_margin or "1", "--error-margin", "pt")
     metrics = [m.strip() for m in args.metrics.split(",") if m.strip()] if args.metrics else NI_METRICS
@@ -143,49 +137,35 @@ def cmd_import(args) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    # One line of help per option; docs/reports.md and docs/verdicts.md hold the detail.
     p = sub.add_parser("report", help="summarise a run: terminal table, summary.json, summary.md, report.html",
-                       description="Compute tail latency, throughput, goodput and breakdowns of a run and "
-                                   "write summary.json, summary.md and report.html into the run directory.")
+                       description="Summarise a run (docs/reports.md): summary.json, summary.md, report.html.")
     p.add_argument("run", help="run directory (with records.parquet) or a records file")
-    p.add_argument("--slo", help="SLO spec (YAML/TOML/pyproject.toml): per-request thresholds for goodput; "
-                                 "objectives are gated in the report too")
+    p.add_argument("--slo", help="SLO spec (YAML/TOML/pyproject.toml): goodput thresholds and gated objectives")
     confidence_arg(p)
     p.add_argument("--window-s", type=float, help="time-series window length (default: about 100 windows)")
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
-    p.add_argument("--spans", metavar="FILE", help="server spans an OpenTelemetry collector's file exporter wrote "
-                   "(OTLP/JSON lines, .gz too): converted into RUN/spans.parquet and joined by trace id to the "
-                   "records of a `replay run --otlp` run")
-    p.add_argument("--force", action="store_true",
-                   help="with --warmup/--cooldown/--steady-state/--slo/--window-s, write over the run's own "
-                        "summary.json, summary.md and report.html (default: beside them, named after the options, "
-                        "e.g. summary.warmup-30s.json)")
+    p.add_argument("--spans", metavar="FILE", help="a collector's OTLP/JSON span file to join by trace id")
+    p.add_argument("--force", action="store_true", help="with window or SLO options, write over the run's own files")
     _window_args(p)
-    p.set_defaults(func=cmd_report, inputs={"run": "no such file or run directory"})
+    p.set_defaults(func=cmd_report, inputs={"run": NO_RUN})
 
     p = sub.add_parser("gate", help="check a run against an SLO spec (exit 0 pass, 1 fail, 2 undecided)",
-                       description="Evaluate every objective of an SLO spec on a run at a stated confidence "
-                                   "(docs/verdicts.md). Exit 0: all hold; 1: an objective failed; 2: undecided "
-                                   "(too few requests to tell at that confidence) or could not evaluate (no "
-                                   "samples, bad input).")
+                       description="Judge every objective of an SLO spec on a run at a confidence (docs/verdicts.md). "
+                                   "Exit 0: all hold; 1: one failed; 2: undecided or cannot evaluate.")
     p.add_argument("run", help="run directory or records file")
     p.add_argument("--slo", required=True, help="SLO spec: YAML, TOML or a pyproject.toml with [tool.replay.slo]")
     p.add_argument("--as-measured", "--judge-as-measured", "--allow-client-bottleneck", dest="as_measured",
-                   action="store_true", help="judge every figure at its measured value (k6's semantics): no "
-                   "confidence bounds, and no bias bound where a replay behind its schedule may have moved it")
+                   action="store_true", help="judge measured values: no confidence bounds, no bias bound (k6's way)")
     confidence_arg(p)
-    p.add_argument("--whole-run", action="store_true", help="judge every request, also where the run has a "
-                   "warm-up or a level shift (default: its steady window, docs/verdicts.md#steady-state)")
+    p.add_argument("--whole-run", action="store_true", help="judge every request, not only the steady window")
     _window_args(p)
-    p.set_defaults(func=cmd_gate, inputs={"run": "no such file or run directory"})
+    p.set_defaults(func=cmd_gate, inputs={"run": NO_RUN})
 
-    p = sub.add_parser("compare", help="compare two runs: per-metric deltas with CIs, rank tests, a verdict; "
-                                       "--not-worse-by: a non-inferiority test (exit 0 pass, 1 fail, 2 inconclusive)",
-                       description="Compare a candidate run with a base run. Exit 0, or 1 with "
-                                   "--fail-on-regression PCT when a metric regressed significantly by more "
-                                   "than PCT percent; 2 when a run has no successful requests. With --not-worse-by "
-                                   "PCT: is the candidate not worse than the base by more than PCT percent on each "
-                                   "metric, at a stated confidence (docs/verdicts.md, A/B)? Exit 0 pass, 1 fail "
-                                   "(worse by more, with confidence), 2 inconclusive.")
+    p = sub.add_parser("compare", help="compare two runs (deltas with CIs, a verdict) or test non-inferiority",
+                       description="Compare a candidate run with a base run (docs/reports.md). Exit 0; 1 with "
+                                   "--fail-on-regression PCT on a significant regression by more than PCT percent, or "
+                                   "with --not-worse-by PCT when worse by more; 2: no successes, or inconclusive.")
     p.add_argument("base", help="base run directory or records file")
     p.add_argument("cand", help="candidate run directory or records file")
     p.add_argument("--fail-on-regression", type=float, metavar="PCT",
@@ -194,18 +174,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="smallest relative change reported as a change (default 1%%)")
     p.add_argument("--slo", help="SLO spec whose per-request thresholds define attainment")
     p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
-    p.add_argument("--not-worse-by", metavar="PCT",
-                   help="non-inferiority test: PASS when each metric of the candidate is, with confidence, at most "
-                        "PCT percent above the base's, FAIL when it is more. PCT in percent: 5 or 5%% (not 0.05)")
+    p.add_argument("--not-worse-by", metavar="PCT", help="non-inferiority test, margin in percent: 5 or 5%% (not 0.05)")
     p.add_argument("--error-margin", metavar="PTS",
-                   help="with --not-worse-by: error_rate's margin, a difference in percentage points: 0.5 or 0.5pt "
-                        "(default 1)")
+                   help="with --not-worse-by: error_rate's margin in percentage points, 0.5 or 0.5pt (default 1)")
     p.add_argument("--metrics", metavar="LIST",
-                   help="with --not-worse-by: comma-separated <latency>.<percentile> and error_rate (default "
-                        "ttft_ms.p50,ttft_ms.p99,tpot_ms.p50,tpot_ms.p99,e2e_ms.p99,error_rate)")
+                   help="with --not-worse-by: <latency>.<percentile> and error_rate, comma-separated")
     confidence_arg(p)
     _window_args(p)
-    p.set_defaults(func=cmd_compare, inputs={"base": "no such file or run directory", "cand": "no such file or run directory"})
+    p.set_defaults(func=cmd_compare, inputs={"base": NO_RUN, "cand": NO_RUN})
 
     p = sub.add_parser("import-results", help="convert another tool's per-request results into a run directory",
                        description="Convert vLLM `bench serve --save-detailed` JSON or AIPerf "

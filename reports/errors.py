@@ -19,10 +19,9 @@ class ReportError(ValueError):
         msg = rule
         if rows is not None:
             rows = list(rows)
-            shown = ", ".join(str(r) for r in rows[:10])
             more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
             of = f" (of {total_rows} rows)" if total_rows is not None else ""
-            msg += f": rows {shown}{more}{of}"
+            msg += f": rows {', '.join(map(str, rows[:10]))}{more}{of}"
         super().__init__(": ".join([*where, msg]))
 
 

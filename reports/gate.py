@@ -25,15 +25,17 @@ import pyarrow.compute as pc
 from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
-from .validity import RATES as BIAS_RATES, Bias, bias_of
+from .validity import RATES as BIAS_RATES, Bias, assess, bias_of, load_cpu
 from .certificate import certificate, sentence
 from .metrics import POOLED
+from .records import ANALYSIS_COLUMNS, conform_records, load_run
 from .schema import STATUSES
+from .servertime import attach
 from .sequential import judged, look_confidence
 from .steady import judged_window, of_run
 from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
 from .stats import PERCENTILES, order_statistics
-from .text import markdown_table, render_table
+from .text import render_table
 
 COLUMNS = ["objective", "scope", "measured", "limit", "n", "bounds", "verdict"]
 BOUND_COLUMN = "bias bound"
@@ -122,14 +124,8 @@ class GateResult:
             lines.append(f"  {e['status']} x{e['count']}: {msg}")
         return "\n".join(lines) + "\n"
 
-    def markdown(self) -> str:
-        return markdown_table(self.columns, self._rows())
-
     def to_dict(self) -> dict:
-        return {"exit_code": self.exit_code, "attainment": self.attainment,
-                "goodput_rps": self.goodput_rps, "notes": self.notes,
-                "rows": [asdict(r) for r in self.rows], "statuses": self.statuses,
-                "first_errors": self.first_errors, "unfinished": self.unfinished, "stimulus": self.stimulus}
+        return {"exit_code": self.exit_code, **asdict(self)}
 
 
 def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
@@ -163,10 +159,9 @@ def unfinished(config: dict | None, records: int, not_sent: int) -> str | None:
     rows = ((config or {}).get("config") or {}).get("rows") or ((config or {}).get("trace") or {}).get("rows")
     if status is None or not rows or (status in FINISHED and records >= rows):
         return None
-    if records < rows:
-        return f"the run did not finish (run.json status {status}): {records:,} of {rows:,} trace rows have records"
-    return (f"the run did not finish (run.json status {status}): {records - not_sent:,} of {rows:,} trace rows "
-            "were sent")
+    done = (f"{records:,} of {rows:,} trace rows have records" if records < rows else
+            f"{records - not_sent:,} of {rows:,} trace rows were sent")
+    return f"the run did not finish (run.json status {status}): {done}"
 
 
 def _verdict_text(r: GateRow) -> str:
@@ -270,8 +265,7 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: 
                                   if ends and key == "good" else [])
         return _row(obj, scope, value, n, conf, bound, counts=counts)
     x = an.task_values(rows) if obj.metric in TASK_METRICS else an.values(obj.metric, rows)
-    n = len(x)
-    if n == 0:
+    if (n := len(x)) == 0:
         return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
                        "no tasks in the run (no task_id)" if obj.metric in TASK_METRICS and an.tasks is None
                        else "no server span joined a successful request" if obj.metric in SPAN_METRICS
@@ -296,9 +290,7 @@ def _scalar_bound(metric: str, value: float, rows: np.ndarray, ends: Ends) -> tu
         if metric != "attainment":
             best *= f
         return None if worst == best == value else (min(worst, best), max(worst, best))
-    if metric in BIAS_RATES and f > 1:
-        return (value, value * f)
-    return None
+    return (value, value * f) if metric in BIAS_RATES and f > 1 else None
 
 
 def _mean_bounds(x: np.ndarray, conf: float) -> tuple[float, float]:
@@ -417,19 +409,11 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
     if isinstance(run_dir_or_records, Analysis):
         return gate(run_dir_or_records, spec, as_measured, confidence=confidence, whole_run=whole_run)
     with plain_pages():
-        run = None
-        if isinstance(run_dir_or_records, pa.Table):
-            from .records import conform_records
-            table = conform_records(run_dir_or_records)
-        else:
-            from .records import ANALYSIS_COLUMNS, load_run
-            run = load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS)
-            table = run.records
-        an = analyze(table, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
-        from .validity import assess, load_cpu
+        run = None if isinstance(run_dir_or_records, pa.Table) else load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS)
+        an = analyze(run.records if run else conform_records(run_dir_or_records), warmup=warmup, cooldown=cooldown,
+                     steady_state=steady_state, slo=spec)
         config, cpu = (run.config, load_cpu(run.dir)) if run else (None, None)
         an.bottleneck = assess(an, config, cpu)
         if run is not None:
-            from .servertime import attach
             attach(an, run)
         return gate(an, spec, as_measured, config, confidence, certificate(an, config, cpu), whole_run)

@@ -6,39 +6,34 @@ key/value tables (wall-clock epochs as ISO UTC), not JSON dumps.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from pathlib import Path
 
 from .svg import chart
-from .text import (DEPTH_COLUMNS, TASK_COLUMNS, _depth_rows, _headline, _reasoning_rows, _task_rows, fmt,  # noqa: F401
-                   fmt_ci, latency_names)
+from .text import (DEPTH_COLUMNS, LAT_COLUMNS as TEXT_LAT_COLUMNS, TASK_COLUMNS, depth_rows, fmt,  # noqa: F401
+                   fmt_ci, lat_row, latency_names, reasoning_rows, run_rows, task_rows)
 
 TEMPLATES = Path(__file__).parent / "templates"
 
-LAT_COLUMNS = ["metric", "n (samples)", "mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)",
-               "p99.9 (ms)", "max (ms)", "p99 95% CI (ms)"]
+LAT_COLUMNS = ["metric", "n (samples)", *[f"{c} (ms)" for c in TEXT_LAT_COLUMNS[2:]]]
 REASONING_COLUMNS = ["model", "with reasoning (requests)", "reasoning p50 (tokens)", "reasoning p50 (ms)",
                      "reasoning p99 (ms)", "TTFT p50 (ms)", "TTFA p50 (ms)", "TTFA p99 (ms)", "answer p50 (ms)"]
 COMPARE_COLUMNS = ["metric", "unit", "base (unit)", "cand (unit)", "delta (unit)", "delta (%)",
                    "99% CI of delta (%)", "p (probability)", "verdict"]
 
 
+UNITS = {"error_rate": "fraction", "attainment": "fraction", "requests_per_s": "req/s", "output_tokens_per_s": "tok/s"}
+
+
 def compare_unit(metric: str) -> str:
     """The unit of a compare row, from its metric's name (compare.py's rows)."""
-    if "rank test" in metric:
-        return "probability"
-    if "_ms" in metric:
-        return "ms"
-    return {"error_rate": "fraction", "attainment": "fraction", "requests_per_s": "req/s",
-            "output_tokens_per_s": "tok/s"}.get(metric, "-")
+    return "probability" if "rank test" in metric else "ms" if "_ms" in metric else UNITS.get(metric, "-")
 
 
 def _env():
     import jinja2
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["fmt"] = fmt
-    env.filters["pct"] = lambda v: "-" if v is None else fmt(100 * v)
+    env.filters.update(fmt=fmt, pct=lambda v: "-" if v is None else fmt(100 * v))
     return env
 
 
@@ -64,40 +59,34 @@ def kv_rows(d: dict, prefix: str = "") -> list[tuple[str, str]]:
             rows.append((key, f"{iso_utc(float(v))} (epoch {v:.3f} s)"))
         elif isinstance(v, (list, tuple)):
             rows.append((key, ", ".join(fmt(x) if not isinstance(x, (dict, list)) else str(x) for x in v) or "-"))
-        elif v is None or v == {}:
-            rows.append((key, "-"))
         else:
-            rows.append((key, fmt(v)))
+            rows.append((key, "-" if v == {} else fmt(v)))   # fmt(None): "-"
     return rows
 
 
 def _bound(b: dict | None, what: str) -> str:
     if not b:
         return "none"
-    if b["by"] == "time":
-        return f"{what} {fmt(b['value'])} s (cut at {fmt(b['cut_s'])} s)"
-    return f"{what} {int(b['value']):,} requests (cut at {fmt(b['cut_s'])} s)"
+    amount = f"{fmt(b['value'])} s" if b["by"] == "time" else f"{int(b['value']):,} requests"
+    return f"{what} {amount} (cut at {fmt(b['cut_s'])} s)"
 
 
 def window_rows(s: dict) -> list[tuple[str, str]]:
     """The measured window in words; times in s from the records' t0 (like the plots' x axis)."""
-    w = s["window"]
-    st = w.get("steady_state")
-    rows = [("warm-up excluded", _bound(w.get("warmup"), "first")),
+    w, st, ts = s["window"], s["window"].get("steady_state"), s.get("timeseries") or {}
+    return [("warm-up excluded", _bound(w.get("warmup"), "first")),
             ("cool-down excluded", _bound(w.get("cooldown"), "last")),
             ("steady state", f">= {fmt(100 * st['fraction'])}% of peak concurrency: {fmt(st['start_s'])} to "
                              f"{fmt(st['end_s'])} s" if st else "off"),
-            ("requests excluded", f"{w.get('excluded', 0):,} of {s['counts']['records']:,}")]
-    if w.get("start_s") is not None:
-        rows.append(("measured span (s)", f"{fmt(w['start_s'])} to {fmt(w['end_s'])}"))
-    rows.append(("duration D (s)", fmt(s["throughput"]["duration_s"])))
-    ts = s.get("timeseries") or {}
-    if ts.get("window_s"):
-        rows.append(("time-series window (s)", f"{fmt(ts['window_s'])} ({len(ts['t_s'])} windows)"))
-    return rows
+            ("requests excluded", f"{w.get('excluded', 0):,} of {s['counts']['records']:,}"),
+            *([("measured span (s)", f"{fmt(w['start_s'])} to {fmt(w['end_s'])}")]
+              if w.get("start_s") is not None else []),
+            ("duration D (s)", fmt(s["throughput"]["duration_s"])),
+            *([("time-series window (s)", f"{fmt(ts['window_s'])} ({len(ts['t_s'])} windows)")]
+              if ts.get("window_s") else [])]
 
 
-# The terminal headline's labels (text._headline) with their units, for the HTML page.
+# The terminal headline's labels (text.run_rows) with their units, for the HTML page.
 HEADLINE_UNITS = {"ok / failed": "ok / failed (requests)", "requests/s": "throughput (req/s)",
                   "output tokens/s": "output throughput (tok/s)", "total tokens/s": "total throughput (tok/s)",
                   "goodput req/s": "goodput (req/s)", "token goodput/s": "token goodput (tok/s)"}
@@ -105,7 +94,7 @@ HEADLINE_UNITS = {"ok / failed": "ok / failed (requests)", "requests/s": "throug
 
 def headline_rows(s: dict) -> list[list[object]]:
     rows = []
-    for k, v in _headline(s):
+    for k, v in run_rows(s):
         if k.startswith("attainment"):      # a fraction in text; a percentage with its unit here
             k, v = k.replace("attainment", "attainment (% of issued)", 1), (None if v is None else 100 * v)
         rows.append([HEADLINE_UNITS.get(k, k), v])
@@ -140,38 +129,32 @@ def _charts(s: dict, plots: dict) -> list[str]:
     if ts.get("t_s"):
         t, xlim = _series_x(ts)
         win = s.get("window") or {}
-        band = None
-        if win.get("start_s") is not None:
-            band = (win["start_s"] - ts["t0_s"], win["end_s"] - ts["t0_s"])
-        per = f"{fmt(ts['window_s'])} s windows"
-        common = {"xlabel": f"time (s), {per}", "band": band, "xlim": xlim}
-        rate = {"label": "offered req/s (right)", "x": t, "y": ts["offered_rps"], "axis": 2, "color": "#999",
-                "dash": 1}
+        band = None if win.get("start_s") is None else (win["start_s"] - ts["t0_s"], win["end_s"] - ts["t0_s"])
+        common = {"xlabel": f"time (s), {fmt(ts['window_s'])} s windows", "band": band, "xlim": xlim}
+
+        def lines(*pairs: tuple[str, str], src: dict = ts, **style) -> list[dict]:
+            return [{"label": label, "x": t, "y": src[k], **style} for label, k in pairs]
+        rate = lines(("offered req/s (right)", "offered_rps"), axis=2, color="#999", dash=1)
         for metric, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-            out.append(chart([{"label": f"{name} p50", "x": t, "y": ts[f"{metric}_p50"]},
-                              {"label": f"{name} p99", "x": t, "y": ts[f"{metric}_p99"]}, rate],
+            out.append(chart(lines(*[(f"{name} {q}", f"{metric}_{q}") for q in ("p50", "p99")]) + rate,
                              title=f"{name} over time (by send time) with the arrival rate",
                              ylabel=f"{name} (ms)", y2label="req/s", **common))
-        out.append(chart([{"label": "offered (by schedule)", "x": t, "y": ts["offered_rps"]},
-                          {"label": "completed ok", "x": t, "y": ts["achieved_rps"]},
-                          {"label": "goodput", "x": t, "y": ts["goodput_rps"]},
-                          {"label": "errors", "x": t, "y": ts["errors_per_s"]}],
+        out.append(chart(lines(("offered (by schedule)", "offered_rps"), ("completed ok", "achieved_rps"),
+                               ("goodput", "goodput_rps"), ("errors", "errors_per_s")),
                          title="Request rates and goodput over time", ylabel="req/s", **common))
-        out.append(chart([{"label": "in flight (time-weighted mean)", "x": t, "y": ts["inflight"]}],
-                         title="In-flight concurrency", ylabel="requests", **common))
-        out.append(chart([{"label": "lag p50", "x": t, "y": ts["lag_ms_p50"]},
-                          {"label": "lag p99", "x": t, "y": ts["lag_ms_p99"]}],
+        out.append(chart(lines(("in flight (time-weighted mean)", "inflight")), title="In-flight concurrency",
+                         ylabel="requests", **common))
+        out.append(chart(lines(("lag p50", "lag_ms_p50"), ("lag p99", "lag_ms_p99")),
                          title="Dispatch lag (sent - scheduled)", ylabel="lag (ms)", **common))
         srv = ts.get("server") or {}
         if "kv_cache_usage" in srv:
-            out.append(chart([{"label": "KV cache usage", "x": t, "y": srv["kv_cache_usage"]}],
-                             title="Server KV-cache usage", ylabel="fraction of KV blocks", **common))
-        queue = [{"label": k, "x": t, "y": srv[k]} for k in ("running", "waiting") if k in srv]
+            out.append(chart(lines(("KV cache usage", "kv_cache_usage"), src=srv), title="Server KV-cache usage",
+                             ylabel="fraction of KV blocks", **common))
+        queue = lines(*[(k, k) for k in ("running", "waiting") if k in srv], src=srv)
         if "preemptions" in srv:
-            queue.append({"label": "preemptions per window (right)", "x": t, "y": srv["preemptions"], "axis": 2})
+            queue += lines(("preemptions per window (right)", "preemptions"), src=srv, axis=2)
         if queue:
-            out.append(chart(queue, title="Server queue depth", ylabel="requests", y2label="preemptions",
-                             **common))
+            out.append(chart(queue, title="Server queue depth", ylabel="requests", y2label="preemptions", **common))
     imgs = (s.get("breakdowns") or {}).get("num_images") or []
     if len(imgs) > 1:
         x = [int(r["key"].rstrip("+")) for r in imgs]
@@ -190,8 +173,7 @@ def _charts(s: dict, plots: dict) -> list[str]:
 
 def render_report(summary: dict, plots: dict) -> str:
     s = summary
-    lat_rows = [[k, d["n"], d["mean"], d["p50"], d["p90"], d["p95"], d["p99"], d["p99.9"], d["max"],
-                 (d.get("ci") or {}).get("p99")] for k, d in ((k, s["latency"][k]) for k in latency_names(s)) if d["n"]]
+    lat_rows = [lat_row(k, s["latency"][k]) for k in latency_names(s) if s["latency"][k]["n"]]
     cfg = s["run"]["config"]
     started = next((cfg[k] for k in ("t0_wall", "started_wall") if cfg and _is_wall(k, cfg.get(k))), None)
     slo = s["goodput"]["slo"]
@@ -199,9 +181,9 @@ def render_report(summary: dict, plots: dict) -> str:
     return _env().get_template("report.html.j2").render(
         s=s, headline=headline_rows(s), lat_columns=LAT_COLUMNS, lat_rows=lat_rows, charts=_charts(s, plots),
         server_charts=server_charts(s) if s.get("server_time") else [],
-        reasoning_columns=REASONING_COLUMNS, reasoning_rows=_reasoning_rows(s) if s["reasoning"]["requests"] else [],
-        task_columns=TASK_COLUMNS, task_rows=_task_rows(s) if s.get("tasks") else [],
-        depth_columns=DEPTH_COLUMNS, depth_rows=_depth_rows(s) if s.get("tasks") else [],
+        reasoning_columns=REASONING_COLUMNS, reasoning_rows=reasoning_rows(s) if s["reasoning"]["requests"] else [],
+        task_columns=TASK_COLUMNS, task_rows=task_rows(s) if s.get("tasks") else [],
+        depth_columns=DEPTH_COLUMNS, depth_rows=depth_rows(s) if s.get("tasks") else [],
         config_rows=kv_rows(cfg) if cfg else None, started=iso_utc(started) if started else None,
         window_rows=window_rows(s), warnings=[(short_warning(w), w) for w in s["warnings"]],
         slo_rows=kv_rows({k: v for k, v in slo.items() if v not in (None, {}, [])}) if slo else None)

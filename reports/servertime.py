@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .validity import LATE_MS
 from .breakdown import length_buckets
@@ -67,10 +68,8 @@ class ServerTime:
 
 
 def load_spans(run_dir: Path | None) -> pa.Table | None:
-    path = Path(run_dir) / SPANS_FILE if run_dir is not None else None
-    if path is None or not path.exists():
+    if run_dir is None or not (path := Path(run_dir) / SPANS_FILE).exists():
         return None
-    import pyarrow.parquet as pq
     try:
         t = pq.read_table(path)
         return pa.table({f.name: t.column(f.name).cast(f.type) if f.name in t.column_names
@@ -105,22 +104,15 @@ def attach(an, run) -> None:
 
     def pick(name: str) -> np.ndarray:
         return np.append(as_f64(sp.column(name)), np.nan)[at]
-    received = pick("received_s")
-    missing = traced & ~joined & ~rejected
-    n_match = int(matched.sum())
+    received, missing, n_own = pick("received_s"), traced & ~joined & ~rejected, int(own.sum())
     counts = {"spans": sp.num_rows, "traced": int(traced.sum()), "joined": int(joined.sum()),
               "missing_ok": int((missing & rm.ok).sum()), "missing_failed": int((missing & ~rm.ok).sum()),
-              "rejected": int((traced & rejected).sum()), "impossible": resolved["impossible"],
-              "duplicate": resolved["duplicate"],
-              "unmatched": sp.num_rows - n_match - int(own.sum()), "own": int(own.sum()), "deadline_s": deadline,
+              "rejected": int((traced & rejected).sum()), **{k: resolved[k] for k in ("impossible", "duplicate")},
+              "unmatched": sp.num_rows - int(matched.sum()) - n_own, "own": n_own, "deadline_s": deadline,
               "late": int((joined & (received > deadline)).sum()) if deadline is not None else None}
-    keep = joined & rm.ok
-    cols = {}
-    for name, src in (("server_ttft_ms", "ttft_s"), ("server_e2e_ms", "e2e_s"), ("queue_ms", "queue_s"),
-                      ("prefill_ms", "prefill_s"), ("decode_ms", "decode_s")):
-        v = pick(src) * 1e3
-        v[~keep] = np.nan
-        cols[name] = v
+    cols = {name: np.where(joined & rm.ok, pick(src) * 1e3, np.nan) for name, src in (
+        ("server_ttft_ms", "ttft_s"), ("server_e2e_ms", "e2e_s"), ("queue_ms", "queue_s"), ("prefill_ms", "prefill_s"),
+        ("decode_ms", "decode_s"))}
     ttft = rm.columns["ttft_ms"]
     cols["net_ms"] = ttft - cols["server_ttft_ms"]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -316,19 +308,16 @@ def section(an, run, ts: dict) -> dict | None:
                 "overall": {k: _pct(*grouped_percentiles(rm.columns[k][m], np.zeros(int(m.sum()), np.int64), 1,
                                                          [50, 90, 99]), 0) for k in SPAN_METRICS},
                 "ttft_tail": tail_parts(an, "ttft_ms", "p99"), "ttft_mean": tail_parts(an, "ttft_ms", "mean"),
-                "e2e_mean": tail_parts(an, "e2e_ms", "mean"),
-                "by_model": _grouped(rm, m, *rm.model),
+                "e2e_mean": tail_parts(an, "e2e_ms", "mean"), "by_model": _grouped(rm, m, *rm.model),
                 "by_input_length": _grouped(rm, m, *length_buckets(rm.input_len))}
     if ts.get("t_s"):
-        win = _window(rm, ts)
-        st["timeseries"] = {f"{k}_{q}": grouped_percentiles(rm.columns[k], win, len(ts["t_s"]), [50, 99])[1][:, j].tolist()
+        win, nwin, pt = _window(rm, ts), len(ts["t_s"]), parts(rm)
+        st["timeseries"] = {f"{k}_{q}": grouped_percentiles(rm.columns[k], win, nwin, [50, 99])[1][:, j].tolist()
                             for k in ("net_ms", "queue_ms", "prefill_ms", "decode_ms") for j, q in enumerate(("p50", "p99"))}
-        pt = parts(rm)
         rows = an.server.joined & rm.ok & ~np.isnan(sum(pt.values()))
-        c = np.bincount(win[rows], minlength=len(ts["t_s"]))
+        c = np.bincount(win[rows], minlength=nwin)
         with np.errstate(invalid="ignore", divide="ignore"):
-            st["timeseries"] |= {f"{k}_mean": (np.bincount(win[rows], weights=v[rows],
-                                                           minlength=len(ts["t_s"])) / c).tolist()
+            st["timeseries"] |= {f"{k}_mean": (np.bincount(win[rows], weights=v[rows], minlength=nwin) / c).tolist()
                                  for k, v in pt.items()}
         st["map"] = bottleneck_map(an, ts)
         st["segments"] = segments(an, st["map"], run.config, ts)
@@ -346,8 +335,7 @@ def section(an, run, ts: dict) -> dict | None:
     st["sentence"] = sentence(st) + (f" ({c['impossible']:,} impossible server spans ignored: above the client's "
                                      "TTFT or E2E, or other token counts)" if c.get("impossible") else "")
     bad = {k: c[k] for k in ("missing_ok", "rejected", "impossible", "duplicate", "unmatched", "late") if c.get(k)}
-    st["warning"] = None if not bad else (
-        f"server spans: {c['joined']:,} of {c['traced']:,} traced requests joined; "
+    st["warning"] = None if not bad else (f"server spans: {c['joined']:,} of {c['traced']:,} traced requests joined; "
         + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in bad.items()) + " (counted, never guessed)")
     return st
 

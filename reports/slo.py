@@ -10,6 +10,7 @@ import operator
 import re
 import reprlib
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated
 
@@ -44,31 +45,26 @@ class Objective:
     op: str
     limit: float
 
-    def holds(self, measured: float) -> bool:
-        return bool(OPS[self.op](measured, self.limit))
-
 
 def parse_objective(text: object, where: str | None = None, src: object = None) -> Objective:
+    error = partial(SloSpecError, file=src, field=where)
     if not isinstance(text, str):
-        raise SloSpecError(f"an objective is a string like 'ttft_ms.p99 <= 800', got {text!r}",
-                           file=src, field=where)
+        raise error(f"an objective is a string like 'ttft_ms.p99 <= 800', got {text!r}")
     m = _OBJ.match(text)
     if not m:
         n = len(re.findall(r"[<>]=?", text))
         # YAML continues a plain scalar onto a deeper-indented line: two list items become one string
         folded = (f"; it holds {n} objectives in one string: in YAML give each its own '- ' line, every "
                   "dash at the same indentation (a deeper-indented line continues the one above)") if n > 1 else ""
-        raise SloSpecError(f"cannot parse {text!r}: expected '<metric>.<stat> <op> <number>' "
-                           f"(e.g. 'ttft_ms.p99 <= 800') or '<scalar> <op> <number>' "
-                           f"(e.g. 'attainment >= 0.95'){folded}", file=src, field=where)
+        raise error(f"cannot parse {text!r}: expected '<metric>.<stat> <op> <number>' (e.g. 'ttft_ms.p99 <= 800') "
+                    f"or '<scalar> <op> <number>' (e.g. 'attainment >= 0.95'){folded}")
     metric, stat, op, limit = m.group(1), m.group(2), m.group(3), float(m.group(4))
     if stat is None and metric not in SCALARS:
         hint = (f"; did you mean '{metric}.p99'?" if metric in DIST_METRICS else _did_you_mean(metric, SCALARS))
-        raise SloSpecError(f"unknown scalar {metric!r} in {text!r}{hint} (scalars: {', '.join(SCALARS)})",
-                           file=src, field=where)
+        raise error(f"unknown scalar {metric!r} in {text!r}{hint} (scalars: {', '.join(SCALARS)})")
     if stat is not None and metric not in DIST_METRICS:
-        raise SloSpecError(f"unknown metric {metric!r} in {text!r}{_did_you_mean(metric, DIST_METRICS, '.' + stat)} "
-                           f"(metrics: {', '.join(DIST_METRICS)})", file=src, field=where)
+        raise error(f"unknown metric {metric!r} in {text!r}{_did_you_mean(metric, DIST_METRICS, '.' + stat)} "
+                    f"(metrics: {', '.join(DIST_METRICS)})")
     assert stat is None or stat in STATS
     return Objective(text.strip(), metric, stat, op, limit)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +17,15 @@ from .validity import assess, load_cpu
 from .certificate import certificate
 from .steady import of_run
 from .breakdown import LENGTH_EDGES, breakdowns, connections, image_groups, length_buckets, timeseries
+from .gate import gate, unfinished
 from .servertime import attach, section as server_section
 from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
                       request_metrics)
 from .records import ANALYSIS_COLUMNS, Run, load_run
 from .schema import RECORDS_SCHEMA_VERSION, STATUSES
-from .slo import SloSpec, load_slo
+from .slo import load_slo
 from .stats import describe
+from .tasks import tasks_summary
 
 SUMMARY_SCHEMA_VERSION = 1
 REPORTED = ("ttft_ms", "ttfa_ms", "tpot_ms", "tpot_answer_ms", "icl_ms", "icl_answer_ms", "itl_ms",
@@ -51,13 +54,10 @@ def _errors(an: Analysis) -> dict:
     out = {"failed": int(failed.sum()), "by_status": by_status, "by_http_status": {}, "top_messages": []}
     if failed.any():
         sub = an.table.select(["http_status", "error"]).filter(pa.array(failed))
-        for col, key in (("http_status", "by_http_status"), ("error", "top_messages")):
-            vc = pc.value_counts(sub.column(col).drop_null().combine_chunks()).to_pylist()
-            vc.sort(key=lambda d: -d["counts"])
-            if key == "by_http_status":
-                out[key] = {str(d["values"]): d["counts"] for d in vc}
-            else:
-                out[key] = [{"message": d["values"][:300], "count": d["counts"]} for d in vc[:5]]
+        http, msgs = (sorted(pc.value_counts(sub.column(col).drop_null().combine_chunks()).to_pylist(),
+                             key=lambda d: -d["counts"]) for col in ("http_status", "error"))
+        out["by_http_status"] = {str(d["values"]): d["counts"] for d in http}
+        out["top_messages"] = [{"message": d["values"][:300], "count": d["counts"]} for d in msgs[:5]]
     return out
 
 
@@ -68,8 +68,7 @@ def _mismatches(an: Analysis, run: Run) -> dict:
         lc = an.rm.length_checks[kind]
         checked = int(np.count_nonzero(lc.both & rows))
         sel = rows[lc.bad_rows]
-        bad_rows, diff = lc.bad_rows[sel], lc.bad_diff[sel]
-        mismatched = len(bad_rows)
+        bad_rows, diff, mismatched = lc.bad_rows[sel], lc.bad_diff[sel], int(np.count_nonzero(sel))
         out[kind] = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
                      "share": mismatched / checked if checked else None,    # sums of whole numbers:
                      "mean_diff": float(diff.sum()) / mismatched if mismatched else None,   # exact
@@ -84,15 +83,12 @@ def _plots(an: Analysis) -> dict:
     rows = np.flatnonzero(an.mask & an.rm.ok)
     if len(rows) > PLOT_SAMPLES:
         rows = np.sort(rng.choice(rows, PLOT_SAMPLES, replace=False))
-    codes, labels = an.rm.model
-    q = np.linspace(0, 100, 201)
-    cdf: dict = {}
+    (codes, labels), q, cdf = an.rm.model, np.linspace(0, 100, 201), {}
     for metric in ("ttft_ms", "tpot_ms", "e2e_ms") + (("ttfa_ms",) if an.rm.has_reasoning else ()):
         cdf[metric] = {}
         for i, label in enumerate(labels):
             x = an.rm.columns[metric][rows[codes[rows] == i]]
-            x = x[~np.isnan(x)]
-            if len(x):
+            if (x := x[~np.isnan(x)]).size:
                 cdf[metric][label] = (np.percentile(x, q).tolist(), (q / 100).tolist())
     pts = rows if len(rows) <= 3000 else rng.choice(rows, 3000, replace=False)
     return {"cdf": cdf, "scatter": {"input_len": an.rm.input_len[pts].tolist(),
@@ -152,10 +148,8 @@ def _reasoning_share(run: Run, an: Analysis) -> dict:
     tokens over n_out) and `asked_share` as the trace asked (asked_reasoning_tokens over
     output_tokens), over the successes whose row asked a count (else over all successes when
     some reasoned); None when there is none."""
-    okm = an.mask & an.rm.ok
     asked = as_f64(run.column("asked_reasoning_tokens"))
-    said = ~np.isnan(asked)
-    rows = okm & said if said.any() else okm & an.rm.has_reasoning
+    rows = an.mask & an.rm.ok & (~np.isnan(asked) if not np.isnan(asked).all() else an.rm.has_reasoning)
     n_out = np.nansum(an.rm.n_out[rows])
     if not n_out:
         return {"share": None, "asked_share": None}
@@ -166,28 +160,22 @@ def _reasoning_share(run: Run, an: Analysis) -> dict:
 
 def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                   length_edges=LENGTH_EDGES, cpu: pa.Table | None = None) -> dict:
-    rm, m = an.rm, an.mask
-    sc = an.scalars()
+    rm, m, sc, slo = an.rm, an.mask, an.scalars(), an.slo
     okm = m & rm.ok
     n_usage = int(rm.n_out_from_usage[okm].sum())
     n_chunks = int((okm & ~rm.n_out_from_usage & ~np.isnan(rm.n_out)).sum())
-    # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
-    # with two workers, 10-11 s alone), their page faults and allocations contend.
-    latency = _latency(an)
     kinds = {"model": rm.model, "slo_class": rm.slo_class, "input_length": length_buckets(rm.input_len, length_edges)}
     if rm.target is not None and len(rm.target[1]) > 1:   # a fleet: one deployment per model
         kinds["target"] = rm.target
     if rm.images.any():
         kinds["num_images"] = image_groups(rm.images)
-    by = breakdowns(an, kinds)
-    series = timeseries(an, run.server_metrics, window_s)
-    slo: SloSpec | None = an.slo
+    series, stimulus = timeseries(an, run.server_metrics, window_s), certificate(an, run.config, cpu)
+    not_sent = int(np.count_nonzero(rm.status_codes == STATUSES.index("not_sent")))
     summary = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "records_schema_version": RECORDS_SCHEMA_VERSION,
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "run": {"dir": str(run.dir) if run.dir else None, "records": str(run.records_path),
-                "config": run.config},
+        "run": {"dir": str(run.dir) if run.dir else None, "records": str(run.records_path), "config": run.config},
         "window": an.window,
         "steady": of_run(an),   # steady.py: warm-up and level shifts, the window a gate judges
         "counts": {"records": rm.n, "measured": sc["issued"], "ok": sc["ok"], "failed": sc["failed"],
@@ -196,7 +184,9 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                          "used": "completion_tokens" if not n_chunks else ("chunks" if not n_usage else "mixed")},
         "throughput": {k: sc[k] for k in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
                                           "total_tokens_per_s")} | {"duration_s": an.duration_s},
-        "latency": latency,
+        # One thread: on these VMs worker threads made it slower (10M records: 17-18 s wall and CPU
+        # with two workers, 10-11 s alone), their page faults and allocations contend.
+        "latency": _latency(an),
         "reasoning": {**_reasoning(an), **_reasoning_share(run, an)},
         "itl_source": _itl_source(an),
         "goodput": {"slo": slo.to_dict() if slo else None,
@@ -204,22 +194,21 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                     **{k: sc[k] for k in ("good", "issued", "attainment", "goodput_rps", "token_goodput_per_s")}},
         "errors": _errors(an),
         "dispatch_lag": an.bottleneck or assess(an, run.config, cpu),
-        "stimulus": certificate(an, run.config, cpu),
+        "stimulus": stimulus,
         "length_mismatch": _mismatches(an, run),
         "connections": connections(an, run.config),
         "prefix_cache": prefix_cache(run.config, run.server_metrics),
         "tasks": None if an.tasks is None else tasks_summary(an.tasks, rm, m, an.duration_s,
                                                               (slo.per_task if slo else {}).get("task_s")),
-        "breakdowns": by,
+        "breakdowns": breakdowns(an, kinds),
         "timeseries": series,
+        "unfinished": unfinished(run.config, rm.n, not_sent),
+        "state": run_state(series, run.config),
+        "server_time": server_section(an, run, series),
     }
-    from .gate import unfinished
-    summary["unfinished"] = unfinished(run.config, rm.n,
-                                       int(np.count_nonzero(rm.status_codes == STATUSES.index("not_sent"))))
-    summary["state"] = run_state(series, run.config)
-    summary["server_time"] = server_section(an, run, series)
-    summary["warnings"] = _warnings(summary)
-    return summary
+    gated = slo is not None and (slo.objectives or any(c.objectives for c in slo.classes.values()))
+    return summary | {"warnings": _warnings(summary)} | (
+        {"gate": gate(an, slo, config=run.config, stimulus=stimulus).to_dict()} if gated else {})
 
 
 KV_FULL = 0.95     # KV cache usage at or above this share of the pool: full
@@ -232,11 +221,9 @@ def run_state(ts: dict, config: dict | None) -> dict:
     `verdict`: saturated, queueing, healthy, falling_behind, latency_grew, not_observed or unknown;
     `sentence`."""
     def clock(k: int) -> str:
-        t = ts["t_s"][k]
-        wall = (config or {}).get("t0_wall")
+        t, wall = ts["t_s"][k], (config or {}).get("t0_wall")
         if isinstance(wall, (int, float)) and 1e9 < wall < 1e11:
-            import time as _t
-            return _t.strftime("%H:%M:%S UTC", _t.gmtime(wall + ts["t0_s"] + t))
+            return time.strftime("%H:%M:%S UTC", time.gmtime(wall + ts["t0_s"] + t))
         return f"{t:g} s"
     if not ts or not ts.get("t_s"):
         return {"verdict": "unknown", "sentence": "no requests were sent"}
@@ -250,13 +237,12 @@ def run_state(ts: dict, config: dict | None) -> dict:
         full = (kv >= KV_FULL) if kv_max is not None else np.zeros(len(waiting), bool)
         queued = np.nan_to_num(waiting) >= 1 if len(waiting) else np.zeros(len(full), bool)
         kv_txt = f"KV cache peak {kv_max:.0%}" if kv_max is not None else "KV cache not scraped"
+        kv_at = f"KV cache at {kv_max:.0%}, " if kv_max is not None else ""
         out = {"kv_cache_max": kv_max, "queue_max": q_max, "preemptions": n_pre}
         if queued.any() and (full.any() or n_pre):
             k = int(np.argmax(queued | full))
             return {"verdict": "saturated", "from_s": ts["t_s"][k], **out,
-                    "sentence": f"saturated from {clock(k)}: KV cache at {kv_max:.0%}, queue up to {q_max:.0f}, "
-                                f"{n_pre} preemptions" if kv_max is not None else
-                                f"saturated from {clock(k)}: queue up to {q_max:.0f}, {n_pre} preemptions"}
+                    "sentence": f"saturated from {clock(k)}: {kv_at}queue up to {q_max:.0f}, {n_pre} preemptions"}
         if queued.any():
             k = int(np.argmax(queued))
             return {"verdict": "queueing", "from_s": ts["t_s"][k], **out,
@@ -265,8 +251,7 @@ def run_state(ts: dict, config: dict | None) -> dict:
         return {"verdict": "healthy", **out,
                 "sentence": f"healthy: no request waited in the server's queue; {kv_txt}"
                             + (f", {n_pre} preemptions" if n_pre else ", no preemption")}
-    off, ach = np.array(ts["offered_rps"], float), np.array(ts["achieved_rps"], float)
-    infl = np.array(ts["inflight"], float)
+    off, ach, infl = (np.array(ts[k], float) for k in ("offered_rps", "achieved_rps", "inflight"))
     third = max(1, len(infl) // 3)
     grew = len(infl) >= 3 and np.nanmean(infl[-third:]) > 2 * max(1.0, np.nanmean(infl[:third]))
     ratio = np.nansum(ach) / np.nansum(off) if np.nansum(off) else None
@@ -292,15 +277,11 @@ def run_state(ts: dict, config: dict | None) -> dict:
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning
 
 
-from .tasks import tasks_summary  # noqa: E402
-
-
 def _counter_increase(server: pa.Table | None, suffix: str) -> float | None:
     """Increase of a scraped counter over the run, summed over its label sets (resets skipped)."""
     if server is None or not server.num_rows:
         return None
-    names = server.column("name").to_pylist()
-    rows = [i for i, n in enumerate(names) if str(n).endswith(suffix)]
+    rows = [i for i, n in enumerate(server.column("name").to_pylist()) if str(n).endswith(suffix)]
     if not rows:
         return None
     df = server.take(pa.array(rows)).to_pandas().sort_values("time_s")
@@ -317,25 +298,23 @@ def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
     if intended is None and not queries:
         return None
     ratio = hits / queries if queries else None
-    out = {"intended_token_hit_ratio": intended, "server_hits": hits, "server_queries": queries,
-           "server_hit_ratio": ratio, "warning": None}
-    if ratio is not None and intended is not None and ratio > intended + FLATTERED:
-        out["warning"] = (f"the server's prefix cache hit {ratio:.0%} of prompt tokens where the trace's hash_ids "
-                          f"intend {intended:.0%}: the run was flattered by sharing the trace does not have (an "
-                          f"earlier run's prompt bytes repeated with --salt, a warm-up, a common system prompt)")
-    return out
+    warning = (f"the server's prefix cache hit {ratio:.0%} of prompt tokens where the trace's hash_ids intend "
+               f"{intended:.0%}: the run was flattered by sharing the trace does not have (an earlier run's prompt "
+               "bytes repeated with --salt, a warm-up, a common system prompt)"
+               if ratio is not None and intended is not None and ratio > intended + FLATTERED else None)
+    return {"intended_token_hit_ratio": intended, "server_hits": hits, "server_queries": queries,
+            "server_hit_ratio": ratio, "warning": warning}
 
 
 def _warnings(s: dict) -> list[str]:
-    w = [s["unfinished"]] if s.get("unfinished") else []
-    if s["counts"]["measured"] == 0:
+    w, c, r = [s["unfinished"]] if s.get("unfinished") else [], s["counts"], s["reasoning"]
+    if c["measured"] == 0:
         w.append("no requests in the measured window")
-    elif s["counts"]["ok"] == 0:
+    elif c["ok"] == 0:
         w.append("every measured request failed: no latency to report")
-    if s["counts"]["ok_without_tokens"]:
-        w.append(f"{s['counts']['ok_without_tokens']} of {s['counts']['ok']} successful requests streamed no token "
-                 f"although their rows asked for output (an empty 200 from the server?): their latencies are "
-                 f"missing and they count as ok")
+    if c["ok_without_tokens"]:
+        w.append(f"{c['ok_without_tokens']} of {c['ok']} successful requests streamed no token although their rows "
+                 "asked for output (an empty 200 from the server?): their latencies are missing and they count as ok")
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
     st = s.get("steady")
@@ -346,36 +325,29 @@ def _warnings(s: dict) -> list[str]:
                  f"({st['steady']['requests']:,} requests), which a gate judges (--whole-run: every request)")
     if s["stimulus"]["delivered"] is False:
         w.append("the stimulus was not delivered (a gate cannot pass): " + "; ".join(s["stimulus"]["reasons"]))
-    if s["connections"]["warning"]:
-        w.append(s["connections"]["warning"])
-    if (s.get("prefix_cache") or {}).get("warning"):
-        w.append(s["prefix_cache"]["warning"])
-    if (s.get("server_time") or {}).get("warning"):
-        w.append(s["server_time"]["warning"])
-    r = s["reasoning"]
+    w += [x for x in (s["connections"]["warning"], (s.get("prefix_cache") or {}).get("warning"),
+                      (s.get("server_time") or {}).get("warning")) if x]
     if r["no_answer"]:
-        w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the "
-                 f"token budget ran out while reasoning?): they have no TTFA and count as not good under a "
-                 f"ttfa_ms threshold")
+        w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the token "
+                 "budget ran out while reasoning?): they have no TTFA and count as not good under a ttfa_ms threshold")
     if r["hidden"]:
         w.append(f"{r['hidden']} successful requests reported reasoning tokens that the stream did not carry "
-                 f"(hidden reasoning): their TTFT includes the reasoning time")
+                 "(hidden reasoning): their TTFT includes the reasoning time")
     if s["n_out_source"]["used"] == "mixed":
-        w.append("output token counts come from server usage for some requests and chunk counts for "
-                 "others; TPOT mixes both")
-    several = s["itl_source"]["several_tokens"]
-    if several:
-        w.append(f"{several} of {s['counts']['ok']} successful requests streamed chunks of several tokens (their "
-                 f"usage total exceeds the chunk count, e.g. speculative decoding or a stream interval): their "
-                 f"per-token ITL is unknown and left out of itl_ms; icl_ms has their chunk gaps")
+        w.append("output token counts come from server usage for some requests and chunk counts for others; "
+                 "TPOT mixes both")
+    if s["itl_source"]["several_tokens"]:
+        w.append(f"{s['itl_source']['several_tokens']} of {c['ok']} successful requests streamed chunks of several "
+                 "tokens (their usage total exceeds the chunk count, e.g. speculative decoding or a stream interval): "
+                 "their per-token ITL is unknown and left out of itl_ms; icl_ms has their chunk gaps")
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         if set(s["latency"][key].get("thin", [])) - {"p99.9"}:
             w += [f"{key}: {msg}" for msg in s["latency"][key]["warnings"]]
     for kind, mm in s["length_mismatch"].items():
         if mm["mismatched"]:
-            w.append(f"{kind} length: {mm['mismatched']} of {mm['checked']} successful requests got a "
-                     f"different {mm['reported']} than the trace's {mm['requested']} "
-                     f"(mean difference {mm['mean_diff']:+.1f}), e.g. {', '.join(map(str, mm['examples'][:3]))}")
+            w.append(f"{kind} length: {mm['mismatched']} of {mm['checked']} successful requests got a different "
+                     f"{mm['reported']} than the trace's {mm['requested']} (mean difference {mm['mean_diff']:+.1f}), "
+                     f"e.g. {', '.join(map(str, mm['examples'][:3]))}")
     return w
 
 
@@ -399,9 +371,6 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         an.bottleneck = assess(an, run.config, cpu)
         attach(an, run)
         summary = build_summary(run, an, window_s=window_s, length_edges=length_buckets or LENGTH_EDGES, cpu=cpu)
-        if spec is not None and (spec.objectives or any(c.objectives for c in spec.classes.values())):
-            from .gate import gate
-            summary["gate"] = gate(an, spec, config=run.config, stimulus=summary["stimulus"]).to_dict()
         plots = _plots(an) if write else None
     summary = jsonable(summary)
     if write:

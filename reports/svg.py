@@ -46,21 +46,11 @@ def _label(v: float) -> str:
     return f"{v:,.0f}" if a >= 100 else f"{v:.3g}"
 
 
-def _ok(x, y) -> bool:
-    return x is not None and y is not None and math.isfinite(x) and math.isfinite(y)
-
-
-def _finite(vals) -> list[float]:
-    return [v for v in vals if v is not None and math.isfinite(v)]
-
-
 def _range(series: list[dict], key: str, zero: bool) -> tuple[float, float]:
-    vals = [v for s in series for v in _finite(s[key])]
+    vals = [v for s in series for v in s[key] if v is not None and math.isfinite(v)]
     if not vals:
         return 0.0, 1.0
-    lo, hi = min(vals), max(vals)
-    if zero:
-        lo = min(lo, 0.0)
+    lo, hi = min(vals + [0.0] if zero else vals), max(vals)
     return (lo, hi) if hi > lo else (lo, lo + (abs(lo) or 1.0))
 
 
@@ -96,6 +86,29 @@ def _legend(series: list[dict], styles: list[dict], top: float, kind: str) -> tu
     return out, row + 1
 
 
+def _head(title: str, h: float) -> list[str]:
+    """The <svg> element's opening: a white page and the title."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" '
+            f'role="img" aria-label="{html.escape(title)}">',
+            f'<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/>',
+            f'<text x="{L}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
+
+
+def _grid(t: float, y: float, pw: float) -> str:
+    """A horizontal grid line at y and its tick label t on the left axis."""
+    return (f'<line x1="{L}" x2="{L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+            f'<text x="{L - 5}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{_label(t)}</text>')
+
+
+def _frame(pw: float, ph: float, xlabel: str, ylabel: str) -> list[str]:
+    """The plot frame with the x-axis label below it and the y-axis label turned on its left."""
+    return [f'<rect class="frame" x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#555"/>',
+            f'<text x="{L + pw / 2}" y="{T + ph + 32}" font-size="11" text-anchor="middle">'
+            f'{html.escape(xlabel)}</text>',
+            *([f'<text x="14" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
+               f'transform="rotate(-90 14 {T + ph / 2})">{html.escape(ylabel)}</text>'] if ylabel else [])]
+
+
 def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: str | None = None,
           kind: str = "line", band: tuple[float, float] | None = None, logx: bool = False,
           xlim: tuple[float, float] | None = None) -> str:
@@ -105,8 +118,7 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     if logx:
         series = [dict(s, x=[math.log10(x) if x is not None and x > 0 else None for x in s["x"]])
                   for s in series]
-    s1 = [s for s in series if s.get("axis", 1) == 1]
-    s2 = [s for s in series if s.get("axis", 1) == 2]
+    s1, s2 = ([s for s in series if s.get("axis", 1) == axis] for axis in (1, 2))
     x0, x1 = xlim if xlim else _range(series, "x", zero=False)
     ranges = {1: _nice(*_range(s1, "y", zero=True)), 2: _nice(*_range(s2, "y", zero=True), extra=1)}
     pw, ph = W - L - R, PH
@@ -119,7 +131,7 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
         return T + ph - PAD - (y - lo) / (hi - lo) * (ph - 2 * PAD)
 
     def inside(x, y) -> bool:
-        return _ok(x, y) and x0 <= x <= x1
+        return x is not None and y is not None and math.isfinite(x) and math.isfinite(y) and x0 <= x <= x1
 
     # Styles follow the caller's order (legend order); draw order puts the largest first.
     styles = [{"color": s.get("color") or PALETTE[i % len(PALETTE)],
@@ -140,32 +152,21 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     leg_top = T + ph + 44
     legend, rows = _legend(series, styles, leg_top, kind)
     h = leg_top + rows * LEG_ROW
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" '
-           f'role="img" aria-label="{html.escape(title)}">',
-           f'<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/>',
-           f'<text x="{L}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
+    out = _head(title, h)
     if band and all(v is not None for v in band):
         a, b = max(sx(band[0]), L), min(sx(band[1]), L + pw)
         if b > a:
             out.append(f'<rect class="band" x="{a:.1f}" y="{T}" width="{b - a:.1f}" height="{ph}" fill="#eef5ff"/>')
-    for t in _ticks(*ranges[1]):
-        y = sy(t)
-        out.append(f'<line x1="{L}" x2="{L + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-                   f'<text x="{L - 5}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{_label(t)}</text>')
-    if s2:
-        for t in _ticks(*ranges[2]):
-            out.append(f'<text x="{L + pw + 5}" y="{sy(t, 2) + 4:.1f}" font-size="10">{_label(t)}</text>')
+    out += [_grid(t, sy(t), pw) for t in _ticks(*ranges[1])]
+    out += [f'<text x="{L + pw + 5}" y="{sy(t, 2) + 4:.1f}" font-size="10">{_label(t)}</text>'
+            for t in (_ticks(*ranges[2]) if s2 else [])]
     xticks = [float(t) for t in range(math.ceil(x0), math.floor(x1) + 1)] if logx else _ticks(x0, x1, 6)
     for t in xticks:
         x = sx(t)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{T + ph}" y2="{T + ph + 4}" stroke="#555"/>'
                    f'<text x="{x:.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">'
                    f'{_label(10 ** t if logx else t)}</text>')
-    out.append(f'<rect class="frame" x="{L}" y="{T}" width="{pw}" height="{ph}" fill="none" stroke="#555"/>')
-    out.append(f'<text x="{L + pw / 2}" y="{T + ph + 32}" font-size="11" text-anchor="middle">'
-               f'{html.escape(xlabel)}</text>')
-    out.append(f'<text x="14" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
-               f'transform="rotate(-90 14 {T + ph / 2})">{html.escape(ylabel)}</text>')
+    out += _frame(pw, ph, xlabel, ylabel)
     if y2label and s2:
         out.append(f'<text x="{W - 10}" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
                    f'transform="rotate(90 {W - 10} {T + ph / 2})">{html.escape(y2label)}</text>')
@@ -217,12 +218,7 @@ def bars(categories: list[str], stacks: list[dict], *, title: str, xlabel: str, 
     leg_top = T + height + 44
     legend, rows = _legend(stacks, styles, leg_top, "bars")
     h = leg_top + rows * LEG_ROW
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {h}" width="{W}" height="{h}" '
-           f'role="img" aria-label="{html.escape(title)}">', f'<rect x="0" y="0" width="{W}" height="{h}" fill="#fff"/>',
-           f'<text x="{L}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>']
-    for t in _ticks(lo, hi) if ticks else []:
-        out.append(f'<line x1="{L}" x2="{L + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#e5e5e5"/>'
-                   f'<text x="{L - 5}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end">{_label(t)}</text>')
+    out = _head(title, h) + [_grid(t, sy(t), pw) for t in (_ticks(lo, hi) if ticks else [])]
     base = [0.0] * n
     for s, st in zip(stacks, styles):
         label = html.escape(str(s["label"]))
@@ -241,10 +237,4 @@ def bars(categories: list[str], stacks: list[dict], *, title: str, xlabel: str, 
         if i % every == 0:
             out.append(f'<text x="{L + (i + 0.5) * bw:.1f}" y="{T + height + 16}" font-size="10" '
                        f'text-anchor="middle">{html.escape(str(c))}</text>')
-    out.append(f'<rect class="frame" x="{L}" y="{T}" width="{pw}" height="{height}" fill="none" stroke="#555"/>')
-    out.append(f'<text x="{L + pw / 2}" y="{T + height + 32}" font-size="11" text-anchor="middle">'
-               f'{html.escape(xlabel)}</text>')
-    if ylabel:
-        out.append(f'<text x="14" y="{T + height / 2}" font-size="11" text-anchor="middle" '
-                   f'transform="rotate(-90 14 {T + height / 2})">{html.escape(ylabel)}</text>')
-    return "".join(out + legend + ["</svg>"])
+    return "".join(out + _frame(pw, height, xlabel, ylabel) + legend + ["</svg>"])

@@ -102,6 +102,11 @@ def latency_names(s: dict, names=None) -> list[str]:
 _STATS = ("mean", "p50", "p90", "p95", "p99", "p99.9", "max")
 
 
+def lat_row(name: str, d: dict) -> list[object]:
+    """A latency's row: its name, n, the _STATS and the p99's confidence interval."""
+    return [name, d["n"], *[d[k] for k in _STATS], (d.get("ci") or {}).get("p99")]
+
+
 def _latency_rows(s: dict) -> list[list[object]]:
     """One row per latency; where every chunk carried one token, ITL is ICL (inter-token = inter-
     chunk gaps): one row `icl_ms = itl_ms`, not two identical ones."""
@@ -111,64 +116,43 @@ def _latency_rows(s: dict) -> list[list[object]]:
         if not (d and d["n"]):
             continue
         twin = next((r for r in rows if r[0] == name.replace("itl", "icl", 1)), None) if name.startswith("itl") else None
-        if twin is not None and twin[1:9] == [d["n"], *[d[k] for k in _STATS]]:
+        if twin is not None and twin[1:9] == lat_row(name, d)[1:9]:
             twin[0] = f"{twin[0]} = {name}"
-            continue
-        rows.append([name, d["n"], *[d[k] for k in _STATS], (d.get("ci") or {}).get("p99")])
+        else:
+            rows.append(lat_row(name, d))
     return rows
 
 
-def _headline(s: dict) -> list[list[object]]:
+ITL_SOURCES = {"chunk_tokens": "per-chunk usage", "one_token_usage": "1/chunk by usage",
+               "one_token_assumed": "1/chunk assumed", "several_tokens": "several/chunk: left out"}
+
+
+def run_rows(s: dict) -> list[list[object]]:
     c, t, g, lag = s["counts"], s["throughput"], s["goodput"], s["dispatch_lag"]
+    cn, r, src = s.get("connections") or {}, s.get("reasoning") or {}, s.get("itl_source") or {}
+    asked = "" if r.get("asked_share") is None else f" (the trace asked {r['asked_share']:.1%})"
     return [["state", (s.get("state") or {}).get("sentence", "-")],
             ["requests (measured / records)", f"{c['measured']:,} / {c['records']:,}"],
-            ["ok / failed", f"{c['ok']:,} / {c['failed']:,}"],
-            ["duration D (s)", t["duration_s"]],
+            ["ok / failed", f"{c['ok']:,} / {c['failed']:,}"], ["duration D (s)", t["duration_s"]],
             ["requests/s", t["requests_per_s"]], ["output tokens/s", t["output_tokens_per_s"]],
             ["total tokens/s", t["total_tokens_per_s"]],
-            ["attainment" + ("" if g["per_request_slo"] else " (no per-request SLO: success rate)"),
-             g["attainment"]],
+            ["attainment" + ("" if g["per_request_slo"] else " (no per-request SLO: success rate)"), g["attainment"]],
             ["goodput req/s", g["goodput_rps"]], ["token goodput/s", g["token_goodput_per_s"]],
             ["dispatch lag p50 / p99 / max (ms)", f"{fmt(lag['p50'])} / {fmt(lag['p99'])} / {fmt(lag['max'])}"],
             ["n_out from", s["n_out_source"]["used"]],
-            ["ITL tokens from (requests)", _itl_line(s)],
-            ["connections opened / reused (connect p99 ms)", _connections_line(s)],
-            *_share_rows(s),
+            ["ITL tokens from (requests)",
+             ", ".join(f"{v} {src[k]:,}" for k, v in ITL_SOURCES.items() if src.get(k)) or "-"],
+            ["connections opened / reused (connect p99 ms)",
+             f"{cn['opened']:,} / {cn['reused']:,} ({fmt(cn['connect_ms']['p99'])})" if cn.get("recorded") else "-"],
+            *([["reasoning share of output tokens", f"{r['share']:.1%}{asked}"]] if r.get("share") is not None else []),
             *([["where the time went", s["server_time"]["sentence"]]] if s.get("server_time") else [])]
 
 
-def _share_rows(s: dict) -> list[list[object]]:
-    r = s.get("reasoning") or {}
-    if r.get("share") is None:
-        return []
-    asked = "" if r.get("asked_share") is None else f" (the trace asked {r['asked_share']:.1%})"
-    return [["reasoning share of output tokens", f"{r['share']:.1%}{asked}"]]
-
-
-def _connections_line(s: dict) -> str:
-    cn = s.get("connections") or {}
-    if not cn.get("recorded"):
-        return "-"
-    return f"{cn['opened']:,} / {cn['reused']:,} ({fmt(cn['connect_ms']['p99'])})"
-
-
-def _itl_line(s: dict) -> str:
-    src = s.get("itl_source") or {}
-    names = {"chunk_tokens": "per-chunk usage", "one_token_usage": "1/chunk by usage",
-             "one_token_assumed": "1/chunk assumed", "several_tokens": "several/chunk: left out"}
-    parts = [f"{label} {src[k]:,}" for k, label in names.items() if src.get(k)]
-    return ", ".join(parts) or "-"
-
-
-def _reasoning_rows(s: dict) -> list[list[object]]:
+def reasoning_rows(s: dict) -> list[list[object]]:
     """Per model: where a reasoning model's time goes (first token, reasoning, first answer, answer)."""
-    rows = []
-    for r in s["breakdowns"]["model"]:
-        if "reasoning_tokens" in r:
-            rows.append([r["key"], r["reasoning_tokens"]["n"], r["reasoning_tokens"]["p50"], r["reasoning_ms"]["p50"],
-                         r["reasoning_ms"]["p99"], r["ttft_ms"]["p50"], r["ttfa_ms"]["p50"], r["ttfa_ms"]["p99"],
-                         r["answer_ms"]["p50"]])
-    return rows
+    stats = (("reasoning_tokens", "n"), ("reasoning_tokens", "p50"), ("reasoning_ms", "p50"), ("reasoning_ms", "p99"),
+             ("ttft_ms", "p50"), ("ttfa_ms", "p50"), ("ttfa_ms", "p99"), ("answer_ms", "p50"))
+    return [[r["key"], *[r[m][q] for m, q in stats]] for r in s["breakdowns"]["model"] if "reasoning_tokens" in r]
 
 
 def _first_errors(s: dict, k: int = 3) -> str:
@@ -181,13 +165,13 @@ TASK_COLUMNS = ["", "n", "mean", "p50", "p90", "p99", "max"]
 DEPTH_COLUMNS = ["depth", "requests", "ok", "ttft p50 (ms)", "ttft p90 (ms)", "prompt cached"]
 
 
-def _task_rows(s: dict) -> list[list[object]]:
+def task_rows(s: dict) -> list[list[object]]:
     """Agentic tasks: counts, task time, steps, and the critical path's split (seconds)."""
-    t = s["tasks"]
-    rows = [["tasks (completed / good)", f"{t['tasks']:,} ({t['completed']:,} / {t['good']:,})", "", "", "", "", ""],
-            ["task attainment" + (f" (task_s <= {fmt(t['task_s_limit'])})" if t["task_s_limit"] else
-                                  " (completion rate)"), t["task_attainment"], "", "", "", "", ""],
-            ["task goodput / tasks per s", f"{fmt(t['task_goodput_per_s'])} / {fmt(t['tasks_per_s'])}", "", "", "", "", ""]]
+    t, pad = s["tasks"], [""] * 5
+    limit = f" (task_s <= {fmt(t['task_s_limit'])})" if t["task_s_limit"] else " (completion rate)"
+    rows = [["tasks (completed / good)", f"{t['tasks']:,} ({t['completed']:,} / {t['good']:,})", *pad],
+            ["task attainment" + limit, t["task_attainment"], *pad],
+            ["task goodput / tasks per s", f"{fmt(t['task_goodput_per_s'])} / {fmt(t['tasks_per_s'])}", *pad]]
     for name, d in [("task_s", t["task_s"]), ("steps per task", t["steps"])] + [
             (f"critical path: {k[:-2]} s", v) for k, v in t["critical_path"].items()]:
         if d and d.get("n"):
@@ -196,68 +180,59 @@ def _task_rows(s: dict) -> list[list[object]]:
     return rows
 
 
-def _depth_rows(s: dict) -> list[list[object]]:
+def depth_rows(s: dict) -> list[list[object]]:
     return [[d["depth"] if d.get("to", d["depth"]) == d["depth"] else f"{d['depth']}-{d['to']}",
              d["requests"], d["ok"], d["ttft_ms_p50"], d["ttft_ms_p90"],
              "-" if d.get("cached_share") is None else f"{d['cached_share']:.0%}"] for d in s["tasks"]["by_depth"]]
 
 
+GATE_COLUMNS = ["objective", "scope", "measured", "limit", "n", "verdict"]
+GROUPS = (("model", "Per model", (("ttft_ms", "p99"), ("tpot_ms", "p99"))),
+          ("target", "Per target", (("ttft_ms", "p99"), ("tpot_ms", "p99"))),
+          ("num_images", "Per image count", (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("e2e_ms", "p99"))))
+
+
+def _tables(s: dict, markdown: bool = False) -> list[tuple[str, list[str], list[list[object]]]]:
+    """The summary's tables after the headline, in order, as (title, columns, rows); the per-group
+    ones only on the terminal."""
+    out = [("Latency (ms, successful requests)", LAT_COLUMNS, _latency_rows(s))]
+    if _has_reasoning(s):
+        out.append(("Reasoning (ms, successful requests)", REASONING_COLUMNS, reasoning_rows(s)))
+    if s.get("tasks"):
+        out += [("Agentic tasks (s)", TASK_COLUMNS, task_rows(s)),
+                ("Steps by depth in the task graph", DEPTH_COLUMNS, depth_rows(s))]
+    if s["errors"]["failed"]:
+        out.append(("Errors", ["status", "count"], list(s["errors"]["by_status"].items())))
+    for key, title, stats in () if markdown else GROUPS:
+        rows = s["breakdowns"].get(key)
+        if rows is not None and (key != "model" or len(rows) > 1):
+            out.append((title, [{"num_images": "images"}.get(key, key), "issued", "ok",
+                                *[f"{m[:-3]} {q}" for m, q in stats], "attainment"],
+                        [[r["key"], r["issued"], r["ok"], *[r[m][q] for m, q in stats], r["attainment"]]
+                         for r in rows]))
+    if s.get("gate"):
+        out.append((f"SLO gate (exit {s['gate']['exit_code']})", GATE_COLUMNS,
+                    [[r[k] for k in GATE_COLUMNS] for r in s["gate"]["rows"]]))
+    return out
+
+
 def format_summary(summary: dict) -> str:
     """The compact terminal summary of a run (rich tables rendered to text)."""
-    s = summary
-    parts = [render_table("Run", ["", "value"], _headline(s), width=100),
-             render_table("Latency (ms, successful requests)", LAT_COLUMNS, _latency_rows(s))]
-    if _has_reasoning(s):
-        parts.append(render_table("Reasoning (ms, successful requests)", REASONING_COLUMNS, _reasoning_rows(s)))
-    if s.get("tasks"):
-        parts.append(render_table("Agentic tasks (s)", TASK_COLUMNS, _task_rows(s)))
-        parts.append(render_table("Steps by depth in the task graph", DEPTH_COLUMNS, _depth_rows(s)))
-    if s["errors"]["failed"]:
-        parts.append(render_table("Errors", ["status", "count"], list(s["errors"]["by_status"].items()),
-                                  width=60))
-        parts.append(_first_errors(s))
-    if len(s["breakdowns"]["model"]) > 1:
-        parts.append(render_table("Per model", ["model", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
-                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
-                                    r["attainment"]] for r in s["breakdowns"]["model"]]))
-    if "target" in s["breakdowns"]:
-        parts.append(render_table("Per target", ["target", "issued", "ok", "ttft p99", "tpot p99", "attainment"],
-                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p99"], r["tpot_ms"]["p99"],
-                                    r["attainment"]] for r in s["breakdowns"]["target"]]))
-    if "num_images" in s["breakdowns"]:
-        parts.append(render_table("Per image count", ["images", "issued", "ok", "ttft p50", "ttft p99", "e2e p99",
-                                                      "attainment"],
-                                  [[r["key"], r["issued"], r["ok"], r["ttft_ms"]["p50"], r["ttft_ms"]["p99"],
-                                    r["e2e_ms"]["p99"], r["attainment"]] for r in s["breakdowns"]["num_images"]]))
-    if s.get("gate"):
-        parts.append(render_table(f"SLO gate (exit {s['gate']['exit_code']})",
-                                  ["objective", "scope", "measured", "limit", "n", "verdict"],
-                                  [[r["objective"], r["scope"], r["measured"], r["limit"], r["n"], r["verdict"]]
-                                   for r in s["gate"]["rows"]]))
-    parts += [f"warning: {w}\n" for w in s["warnings"]]
-    return "".join(parts)
+    parts = [render_table("Run", ["", "value"], run_rows(summary), width=100)]
+    for title, columns, rows in _tables(summary):
+        parts.append(render_table(title, columns, rows, width=60 if title == "Errors" else 120))
+        parts += [_first_errors(summary)] if title == "Errors" else []
+    return "".join(parts + [f"warning: {w}\n" for w in summary["warnings"]])
 
 
 def summary_markdown(summary: dict) -> str:
-    """summary.md: the same numbers as Markdown, for CI comments."""
-    s = summary
-    out = ["# llm-replay run summary", "", markdown_table(["", "value"], _headline(s)), "",
-           "## Latency (ms, successful requests)", "", markdown_table(LAT_COLUMNS, _latency_rows(s)), ""]
-    if _has_reasoning(s):
-        out += ["## Reasoning (ms, successful requests)", "", markdown_table(REASONING_COLUMNS, _reasoning_rows(s)), ""]
-    if s.get("tasks"):
-        out += ["## Agentic tasks (s)", "", markdown_table(TASK_COLUMNS, _task_rows(s)), "",
-                "## Steps by depth in the task graph", "", markdown_table(DEPTH_COLUMNS, _depth_rows(s)), ""]
-    if s["errors"]["failed"]:
-        out += ["## Errors", "", markdown_table(["status", "count"], list(s["errors"]["by_status"].items())), "",
-                _first_errors(s, 5)]
-    if s.get("gate"):
-        out += [f"## SLO gate (exit {s['gate']['exit_code']})", "",
-                markdown_table(["objective", "scope", "measured", "limit", "n", "verdict"],
-                               [[r["objective"], r["scope"], r["measured"], r["limit"], r["n"], r["verdict"]]
-                                for r in s["gate"]["rows"]]), ""]
-    if s["warnings"]:
-        out += ["## Warnings", ""] + [f"- {w}" for w in s["warnings"]] + [""]
+    """summary.md: the same numbers as Markdown (without the per-group tables), for CI comments."""
+    out = ["# llm-replay run summary", "", markdown_table(["", "value"], run_rows(summary)), ""]
+    for title, columns, rows in _tables(summary, markdown=True):
+        out += [f"## {title}", "", markdown_table(columns, rows), ""]
+        out += [_first_errors(summary, 5)] if title == "Errors" else []
+    if summary["warnings"]:
+        out += ["## Warnings", ""] + [f"- {w}" for w in summary["warnings"]] + [""]
     return "\n".join(out)
 
 
@@ -271,14 +246,11 @@ def headline(summary: dict) -> dict[str, float | int | None]:
         "attainment": s["goodput"]["attainment"], "goodput_rps": s["goodput"]["goodput_rps"],
         "lag_ms_p99": s["dispatch_lag"].get("p99"),
     }
-    for metric in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms"):
-        d = s["latency"].get(metric) or {}
-        for stat in ("p50", "p99"):
-            out[f"{metric}_{stat}"] = d.get(stat)
+    out |= {f"{m}_{q}": (s["latency"].get(m) or {}).get(q) for m in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms")
+            for q in ("p50", "p99")}
     if _has_reasoning(s):
         out["reasoning_tokens_p50"] = s["reasoning"]["tokens"]["p50"]
-    for metric, d in ((s.get("server_time") or {}).get("overall") or {}).items():
-        out[f"{metric}_p99"] = d.get("p99")
+    out |= {f"{m}_p99": d.get("p99") for m, d in ((s.get("server_time") or {}).get("overall") or {}).items()}
     if s.get("tasks"):
         t = s["tasks"]
         out.update(tasks=t["tasks"], task_attainment=t["task_attainment"], task_goodput_per_s=t["task_goodput_per_s"],
