@@ -36,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from .arrivals import arrival_times
-from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
-from .sampling import NS_BITS, arrival_order, client_px, image_rows, pick, segmented_cumsum
+from .sampling import (NS_BITS, arrival_order, discrete_mean, draw_labels, exact_scale, finish, sample,
+                       sample_from_normal, sample_pair, segmented_cumsum)
 from .schema import MAX_TOKENS
 from .spec_types import Agent, Client, Spec
 
@@ -85,7 +85,7 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     `task`, `dep` (first dependency's draw index in this client), `ndep` (dependencies: draw
     indices dep..dep+ndep-1) and `delay` (NaN on roots); `order` lists the kept rows by arrival."""
     a, T = c.agent, spec.duration
-    r_arr, r_sess, r_model, r_len, r_fail, _, r_img = (np.random.default_rng(s) for s in streams)
+    r_arr, r_sess, r_model, r_len, r_fail, _ = (np.random.default_rng(s) for s in streams)
     # exact_count on a stationary client: tasks drawn over 4 warm-ups more (the count of a
     # window forgets itself over about a task's span), the window slid to hold the count
     warm = _warm(spec, c)
@@ -110,11 +110,7 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     main[at] = True
     kind = np.where(main, np.minimum(k[m_of], 1), 2)        # 0 first step, 1 later step, 2 subagent
     task = task_m[m_of]
-    w = np.array([m.weight for m in c.models], dtype=np.float64)   # a task keeps one model
-    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(nt))[task]
-    failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
-    slo = pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
+    model, failed, slo = draw_labels(c, starts, task, r_model, r_fail)   # a task keeps one model
 
     new, out = np.empty(n), np.empty(n)
     for mi, m in enumerate(c.models):
@@ -154,8 +150,7 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
     t = t_main[m_of] + np.where(main, 0.0, c_s[at][m_of] + delay)
     keep = max(int(round(c.rate * T)), 1) if c.exact_count else None
     s = _slide(t, t_main[m_of], T, slide, keep, r_arr) if slide else 0.0
-    t_main -= s
-    t -= s
+    t_main, t = t_main - s, t - s
     dep, ndep = np.zeros(n, np.int64), np.zeros(n, np.int32)
     dep[~main], ndep[~main] = at[m_of[~main]], 1
     kept = later[t_main[later - 1] >= 0]                    # a step whose predecessor is in the trace
@@ -174,14 +169,11 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
             "slo": slo, "task": task, "dep": dep, "ndep": ndep, "delay": delay,
             "nb": full + partial, "n_sys": n_sys, "n_app": np.zeros(n, np.int32), "partial": partial,
             "app_base": np.zeros(n, np.int64), "content_base": base[chain] - n_sys}
-    if client_px(c):
-        rows.update(image_rows(c, model, r_img))
     t = np.where(t_main[m_of] >= 0, t, -1.0)
-    if keep is not None and ((t >= 0) & (t < T)).sum() != keep and (t >= 0).sum() >= keep >= 2:
+    if keep is not None and ((t >= 0) & (t < T)).sum() != keep:
         # exact_count where no slide holds it (a profile, a modulation, a mix over time): as
-        # with sessions, every time (and delay_s) scaled by one factor so that the keep-th
-        # row at or after 0 lands at T (keep - 1) / keep
-        f = T * (keep - 1) / keep / float(np.partition(t[t >= 0], keep - 1)[keep - 1])
+        # with sessions, every time (and delay_s) scaled by one factor
+        f = exact_scale(t, keep, T)
         t *= f
         delay *= f
     rows.update(arrival_order(t, T, spec.timestamp_quantum_s, keep))

@@ -24,11 +24,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, signal
 
-from .lengths import discrete_mean, sample
-from scipy import signal
-
+from .sampling import discrete_mean, sample
 from .spec_types import Arrival, Modulation, Profile, onoff_mean_rate, weibull_cv
 
 SMOOTH_KNOTS = 200_000   # grid for ramp/sinusoid profiles (trapezoid; a ramp is exact)
@@ -154,15 +152,13 @@ def exact_unit_points(a: Arrival, rate: float, n: int, rng: np.random.Generator)
     if n <= 1:
         return np.zeros(max(n, 0))
     if a.process in ("poisson", "gamma", "weibull"):
-        pts = np.empty(n)
-        pts[0] = 0.0
+        pts = np.zeros(n)
         np.cumsum(_gap_sampler(a.cv, a.process, rng)(n - 1), out=pts[1:])
     else:
         length, parts, have = n * 1.1 + 10, [], 0
         while have < n:  # a continuation restarts the process: rare (only when the first is short)
-            p = unit_points(a, rate, length, rng) + (parts[-1][-1] if parts else 0.0)
-            parts.append(p)
-            have += len(p)
+            parts.append(unit_points(a, rate, length, rng) + (parts[-1][-1] if parts else 0.0))
+            have += len(parts[-1])
         pts = np.concatenate(parts)[:n]
         pts -= pts[0]
     if pts[-1] > 0:
@@ -173,13 +169,7 @@ def exact_unit_points(a: Arrival, rate: float, n: int, rng: np.random.Generator)
 def _renewal(cv: float, family: str, length: float, rng: np.random.Generator) -> np.ndarray:
     """Points of a unit-rate renewal process on [0, length): gamma, weibull or exponential gaps
     with the given CV, drawn in chunks until the cumulative sum passes `length`."""
-    if family == "weibull":
-        k = optimize.brentq(lambda s: weibull_cv(s) - cv, 0.05, 500.0) if abs(cv - 1) > 1e-12 else 1.0
-        draw = lambda n: rng.weibull(k, n) / math.gamma(1 + 1 / k)  # noqa: E731
-    elif family == "gamma" and abs(cv - 1) > 1e-12:
-        draw = lambda n: rng.gamma(1 / cv**2, cv**2, n)  # noqa: E731
-    else:
-        draw = lambda n: rng.exponential(1.0, n)  # noqa: E731
+    draw = _gap_sampler(cv, family, rng)
     chunks, total = [], 0.0
     # stationary-ish start: the first point falls a uniform fraction into a gap
     start = rng.random() * draw(1)[0]
@@ -204,7 +194,7 @@ def _onoff(a: Arrival, rate: float, length: float, rng: np.random.Generator) -> 
     cycles = int(length / (on + off) * 1.2 + 10)
     dur = np.empty(2 * cycles)
     seg_start = 0.0
-    starts, lens, rates = [], [], []
+    starts, lens = [], []
     first_on = rng.random() < on / (on + off)
     while seg_start < length:
         dur[0::2] = rng.exponential(on if first_on else off, cycles)
@@ -212,11 +202,9 @@ def _onoff(a: Arrival, rate: float, length: float, rng: np.random.Generator) -> 
         ends = seg_start + np.cumsum(dur)
         starts.append(ends - dur)
         lens.append(dur.copy())
-        r = np.empty(2 * cycles)
-        r[0::2], r[1::2] = (b, i) if first_on else (i, b)
-        rates.append(r)
         seg_start = float(ends[-1])
-    s, ln, r = np.concatenate(starts), np.concatenate(lens), np.concatenate(rates)
+    s, ln = np.concatenate(starts), np.concatenate(lens)
+    r = np.tile((b, i) if first_on else (i, b), len(ln) // 2)  # each segment's rate (they alternate)
     counts = rng.poisson(r * ln)
     pts = np.repeat(s, counts) + rng.random(int(counts.sum())) * np.repeat(ln, counts)
     pts.sort()
@@ -228,17 +216,14 @@ def unit_points(a: Arrival, rate: float, length: float, rng: np.random.Generator
     if a.process == "onoff":
         return _onoff(a, rate, length, rng)
     if a.process == "batch":
-        size = a.batch_size
-        mean_k = discrete_mean(size)
+        mean_k = discrete_mean(a.batch_size)
         events = _renewal(a.cv, "gamma", length / mean_k, rng) * mean_k
-        k = sample(size, rng, len(events)).astype(np.int64)
-        return np.repeat(events, k)
+        return np.repeat(events, sample(a.batch_size, rng, len(events)).astype(np.int64))
     return _renewal(a.cv, a.process, length, rng)
 
 
 def arrival_times(a: Arrival, p: Profile, rate: float, t0: float, duration: float,
-                  rng: np.random.Generator, modulation: Modulation | None = None,
-                  exact: bool = False) -> np.ndarray:
+                  rng: np.random.Generator, modulation: Modulation | None = None, exact: bool = False) -> np.ndarray:
     """Arrival times in seconds in [t0, duration), sorted, at mean rate `rate` over [0, duration).
 
     `modulation`: the rate path is multiplied by a fresh log-normal AR(1) draw (from `rng`,
@@ -255,8 +240,7 @@ def arrival_times(a: Arrival, p: Profile, rate: float, t0: float, duration: floa
         return window_points(a, p, t, lam, t0, duration, rng)
     span = float(lam[-1] - lam[0])
     if not exact:
-        u = unit_points(a, rate, span, rng)
-        return np.interp(u + lam[0], lam, t)
+        return np.interp(unit_points(a, rate, span, rng) + lam[0], lam, t)
     n = int(round(span))
     u = exact_unit_points(a, rate, n, rng) * (span / max(n, 1))
     times = np.interp(u + lam[0], lam, t)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .lengths import sample
-from .sampling import NS_BITS, pick
+from .sampling import NS_BITS, pick, sample
 from .spec_types import Client, Spec
 
 
@@ -18,10 +17,8 @@ def _pool_draws(c: Client, n_sess: int, rng: np.random.Generator) -> tuple[np.nd
     both, so that they overlap as little as their shares allow: a system prompt on every
     session carries the pool's prefixes after it, one on some sessions (one application's
     own) none of them."""
-    p = c.prefix
-    u = rng.random(n_sess)
-    has_sys = (u < p.system_share).astype(np.int32)
-    pool = p.pool
+    u, pool = rng.random(n_sess), c.prefix.pool
+    has_sys = (u < c.prefix.system_share).astype(np.int32)
     if pool is None:
         return has_sys, np.full(n_sess, -1, np.int64), np.zeros(0, np.int64)
     lens = (np.asarray(pool.blocks, np.int64) if isinstance(pool.blocks, list)
@@ -39,9 +36,8 @@ def _pool_tokens(spec: Spec, c: Client, pre: tuple, sess: np.ndarray, first: np.
         return None
     has_sys, entry, lens = pre
     blocks = has_sys * c.prefix.system_blocks + lens[np.maximum(entry, 0)]
-    per_sess = np.where(entry >= 0, blocks * spec.block_size, 0)
     tok = np.zeros(len(sess), np.int64)
-    tok[first] = per_sess
+    tok[first] = np.where(entry >= 0, blocks * spec.block_size, 0)
     return tok
 
 
@@ -85,9 +81,8 @@ def _prefix_rows(spec: Spec, c: Client, ci: int, inp: np.ndarray, sess: np.ndarr
         base = base_a
     else:
         base = base[sess]
-    nb = full
-    nb += partial  # (in place: full blocks plus the unfinished one)
-    out.update(nb=nb, content_base=base - (n_sys + n_app))
+    full += partial  # (in place: full blocks plus the unfinished one)
+    out.update(nb=full, content_base=base - (n_sys + n_app))
     return out
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +22,9 @@ import pyarrow.compute as pc
 from .agents import client_rows as task_rows
 from .arrivals import arrival_times
 from .blocks import _hash_ids, _pool_draws, _pool_tokens, _prefix_rows
-from .lengths import discrete_mean, finish, sample, sample_from_normal, sample_pair
 from .pages import reused_pages
-from .sampling import arrival_order, client_px, image_rows, pick, segmented_cumsum
+from .sampling import (arrival_order, client_px, discrete_mean, draw_labels, exact_scale, finish, image_rows, sample,
+                       sample_from_normal, sample_pair, segmented_cumsum)
 from .schema import MAX_TOKENS, schema_for
 from .spec import parse_spec
 from .spec_types import Client, Spec
@@ -48,12 +48,7 @@ def _session_times(c: Client, starts: np.ndarray, k: np.ndarray, first: np.ndarr
     t = segmented_cumsum(think, first, k)
     del think
     t += starts[sess]
-    if rows is not None and rows >= 2:
-        nonneg = t[t >= 0]
-        if len(nonneg) >= rows:
-            nth = float(np.partition(nonneg, rows - 1)[rows - 1])
-            if nth > 0:
-                t *= duration * (rows - 1) / rows / nth
+    t *= exact_scale(t, rows, duration)
     return t
 
 
@@ -94,22 +89,32 @@ def _session_starts(c: Client, T: float, r_arr: np.random.Generator,
     return starts, k, max(int(round(c.rate * T)), 1)
 
 
+def _timeline(spec: Spec, c: Client, r_arr: np.random.Generator, r_sess: np.random.Generator,
+              phase: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Callable[[], dict]]:
+    """Starts (of sessions, else of requests), rows per start `k`, each start's first row, each
+    row's start, and a function that draws the rows' times (think times from r_sess, after the
+    turns) and returns their `arrival_order`. `phase`: exact_count beside other exact_count
+    clients puts the first arrival a random phase (under one mean gap) after 0, not all at 0."""
+    T, q = spec.duration, spec.timestamp_quantum_s
+    if c.sessions:
+        starts, k, keep = _session_starts(c, T, r_arr, r_sess)
+        first = np.cumsum(k) - k
+        sess = np.repeat(np.arange(len(starts)), k)
+        return starts, k, first, sess, lambda: arrival_order(
+            _session_times(c, starts, k, first, sess, r_sess, keep, T), T, q, keep)
+    starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation, c.exact_count)
+    if phase and c.exact_count and len(starts) and sum(x.exact_count for x in spec.clients) > 1:
+        starts += r_arr.random() * T / len(starts)
+    n = len(starts)
+    return starts, np.ones(n, np.int64), np.arange(n), np.arange(n), lambda: arrival_order(starts, T, q)
+
+
 def client_arrivals(spec: Spec, c: Client, ss: np.random.SeedSequence) -> np.ndarray:
     """The arrival seconds (sorted) of the rows `_client_rows` keeps for client c with seed
     sequence ss -- the same streams and code, without the sizes: what `fit` simulates when it
     scores an arrival model on the whole client (session starts and their turns)."""
-    streams = ss.spawn(7)
-    r_arr, r_sess = np.random.default_rng(streams[0]), np.random.default_rng(streams[1])
-    T, q = spec.duration, spec.timestamp_quantum_s
-    if c.sessions:
-        starts, k, keep_rows = _session_starts(c, T, r_arr, r_sess)
-        first = np.cumsum(k) - k
-        sess = np.repeat(np.arange(len(starts)), k)
-        rows = arrival_order(_session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows)
-    else:
-        rows = arrival_order(arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation,
-                                            c.exact_count), T, q)
-    a = rows["arrival_ns"][rows["order"]]
+    rows = _timeline(spec, c, *(np.random.default_rng(s) for s in ss.spawn(2)), phase=False)[-1]()
+    a, q = rows["arrival_ns"][rows["order"]], spec.timestamp_quantum_s
     return (_spread(a, q) if q and spec.timestamp_spread else a) / 1e9
 
 
@@ -130,65 +135,41 @@ def _client_rows(spec: Spec, c: Client, ci: int, ss: np.random.SeedSequence,
     # changed no draw
     streams = ss.spawn(8)
     if c.agent:  # task graphs (traces.agents): the same streams, another expansion
-        return _reasoning_rows(c, task_rows(spec, c, ci, streams[:7]), streams[7])
+        return _extra_rows(c, task_rows(spec, c, ci, streams[:6]), streams)
     r_arr, r_sess, r_model, r_len, r_fail, r_pre = (np.random.default_rng(s) for s in streams[:6])
-    T = spec.duration
-    q = spec.timestamp_quantum_s
-    if c.sessions:
-        starts, k, keep_rows = _session_starts(c, T, r_arr, r_sess)
-        n = int(k.sum())
-        first = np.cumsum(k) - k
-        sess = np.repeat(np.arange(len(starts)), k)
-        # the times (and their sort) and the sizes come from separate streams: two cores
-        times = pool.submit(lambda: arrival_order(
-            _session_times(c, starts, k, first, sess, r_sess, keep_rows, T), T, q, keep_rows))
-        turn = (np.arange(n) - first[sess]).astype(np.int32)
-    else:
-        starts = arrival_times(c.arrival, c.profile, c.rate, 0.0, T, r_arr, c.modulation, c.exact_count)
-        if c.exact_count and len(starts) and sum(x.exact_count for x in spec.clients) > 1:
-            # exact_count puts a client's first arrival at 0: beside other clients, a random
-            # phase (under one mean gap) keeps them from all arriving at once at 0
-            starts += r_arr.random() * T / len(starts)
-        n, times = len(starts), pool.submit(arrival_order, starts, T, q)
-        k, first, turn = np.ones(n, np.int64), np.arange(n), np.zeros(n, np.int32)
-        sess = np.arange(n)
-
-    # model per session, from the weights of the mix window its first turn falls in
-    w = np.array([m.weight for m in c.models], dtype=np.float64)       # models x windows
-    win = np.minimum((np.maximum(starts, 0) // c.mix_window).astype(np.int64), w.shape[1] - 1)
-    model = pick(w.T[win] if w.shape[1] > 1 else w[:, 0], r_model.random(len(starts)))[sess]
-
-    # (no draws when nothing uses them: the stream is only ever read from the start)
-    failed = r_fail.random(n) < c.failures if c.failures or c.slo_class else np.zeros(n, bool)
+    starts, k, first, sess, draw_times = _timeline(spec, c, r_arr, r_sess)
+    n, times = int(k.sum()), pool.submit(draw_times)  # (the times and the sizes use separate streams: two cores)
+    turn = (np.arange(n) - first[sess]).astype(np.int32)
+    model, failed, slo = draw_labels(c, starts, sess, r_model, r_fail)
     pre = _pool_draws(c, len(starts), r_pre) if c.prefix else None
     # branch points (sessions.branch): drawn after the pool's, and only when asked for
     cut = (np.where((turn > 0) & (r_pre.random(n) < c.sessions.branch), r_pre.random(n), -1.0)
            if c.prefix and c.sessions and c.sessions.branch else None)
     inp, out = _lengths(spec, c, model, turn, first, k, failed, r_len, starts[sess] if c.length_windows else None,
                         _pool_tokens(spec, c, pre, sess, first) if pre else None, cut)
-    slo = pick(np.array(list(c.slo_class.values())), r_fail.random(n)) if c.slo_class else None
 
     rows = {"input": inp, "output": out, "model": model, "failed": failed, "turn": turn,
             "sess": sess, "parent_ok": turn > 0, "slo": slo}
     if c.prefix:
         rows.update(_prefix_rows(spec, c, ci, inp, sess, first, pre, cut))
-    if client_px(c):  # (no stream, no columns without images: the common path stays as fast)
-        rows.update(image_rows(c, model, np.random.default_rng(streams[6])))
     rows.update(times.result())
     rows = {key: v for key, v in rows.items() if v is not None}
     if "keep" in rows:  # a turn whose parent fell before t=0 has no parent row in the trace
         rows["parent_ok"][1:] &= rows.pop("keep")[:-1]
-    return _reasoning_rows(c, rows, streams[7])
+    return _extra_rows(c, rows, streams)
 
 
-def _reasoning_rows(c: Client, rows: dict[str, np.ndarray], ss: np.random.SeedSequence) -> dict[str, np.ndarray]:
-    """`reason`: each row's reasoning tokens, its drawn share of its output tokens (rounded, so
-    never more than the output), independent of the lengths; -1 for a model without a share
-    (null in the trace). No stream is read without a share."""
+def _extra_rows(c: Client, rows: dict[str, np.ndarray], streams: list) -> dict[str, np.ndarray]:
+    """Images per row (`image_rows`, stream 6) and `reason`: each row's reasoning tokens, its
+    drawn share of its output tokens (rounded, so never more than the output), independent of
+    the lengths (stream 7); -1 for a model without a share (null in the trace). No stream is
+    read, no column added, without images or shares: the common path stays as fast."""
+    if client_px(c):
+        rows.update(image_rows(c, rows["model"], np.random.default_rng(streams[6])))
     shares = [m.reasoning_share or c.reasoning_share for m in c.models]
     if not any(shares):
         return rows
-    rng, reason = np.random.default_rng(ss), np.full(len(rows["output"]), -1, np.int32)
+    rng, reason = np.random.default_rng(streams[7]), np.full(len(rows["output"]), -1, np.int32)
     for mi, d in enumerate(shares):
         if d is not None:
             idx = np.flatnonzero(rows["model"] == mi)
@@ -267,15 +248,15 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
     return new.astype(np.int32), out.astype(np.int32)
 
 
-def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None,
-                prefixes: list[str] | None = None) -> pa.Array:
-    """Decimal strings of ints, each optionally after `prefixes[prefix_of[i]] + '-'`."""
-    digits = pc.cast(pa.array(values), pa.string())
-    if not prefixes:
-        return digits
-    if len(prefixes) == 1:  # one client: insert its name (half the work of a join)
-        return pc.binary_replace_slice(digits, 0, 0, prefixes[0] + "-")
-    return pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), digits, "-")
+def _id_strings(values: np.ndarray, prefix_of: np.ndarray | None = None, prefixes: list[str] | None = None,
+                valid: np.ndarray | None = None) -> pa.Array:
+    """Decimal strings of ints, each optionally after `prefixes[prefix_of[i]] + '-'`; null where not `valid`."""
+    ids = pc.cast(pa.array(values), pa.string())
+    if prefixes and len(prefixes) == 1:  # one client: insert its name (half the work of a join)
+        ids = pc.binary_replace_slice(ids, 0, 0, prefixes[0] + "-")
+    elif prefixes:
+        ids = pc.binary_join_element_wise(pc.take(pa.array(prefixes), pa.array(prefix_of)), ids, "-")
+    return ids if valid is None or valid.all() else pc.if_else(pa.array(valid), ids, None)
 
 
 def _concat_sorted(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
@@ -304,7 +285,7 @@ def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     with reused_pages():  # pages.py: 10M rows fault far less memory in
         rows = _sorted_rows(spec, seed)
-        return Trace(_rows_table(rows, rows.take(0, rows.n, consume=True), 0), rows.meta, validate=False)
+        return Trace(_rows_table(rows, rows.take(0, len(rows.order), consume=True), 0), rows.meta, validate=False)
 
 
 def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None) -> tuple[int, int]:
@@ -322,7 +303,7 @@ def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None)
         # thread pays that while the rows are drawn, not the first row group
         pending = pool.submit(pa.array, np.zeros(1))
         rows = _sorted_rows(spec, seed)
-        n, writer = rows.n, None
+        n, writer = len(rows.order), None
         try:
             for lo in range(0, max(n, 1), ROW_GROUP):  # an empty trace still gets its schema
                 chunk = _rows_table(rows, rows.take(lo, min(lo + ROW_GROUP, n)), lo)
@@ -347,16 +328,10 @@ class _Rows:
     order: np.ndarray
     new_index: np.ndarray | None     # draw index -> trace row (parents)
     clients: list[Client]
-    names: list[str]                 # the model dictionary
-    classes: list[str]               # the SLO class dictionary
+    codes: dict[str, list[str]]      # the dictionaries of `model`, `slo` (SLO classes), `px` (image sizes)
     sessions: bool                   # whether session_id / turn / parent_id are columns
+    agents: bool                     # whether task_id / depends_on / delay_s are columns
     meta: dict[str, Any]
-    pixels: list[str] = field(default_factory=list)  # the image_px dictionary
-    agents: bool = False             # whether task_id / depends_on / delay_s are columns
-
-    @property
-    def n(self) -> int:
-        return len(self.order)
 
     def take(self, lo: int, hi: int, consume: bool = False) -> dict[str, np.ndarray]:
         """NumPy columns of trace rows lo..hi-1 (with sessions: `parent` and `no_parent` in
@@ -377,8 +352,7 @@ class _Rows:
             out["deps"] = self.new_index[np.repeat(d0 - (np.cumsum(nd) - nd), nd) + np.arange(int(nd.sum()))]
         if consume:
             self.new_index = None
-        for key in [key for key in self.col if key not in ("parent_ok", "dep")]:
-            out[key] = get(key)[src]
+        out.update((key, get(key)[src]) for key in [key for key in self.col if key not in ("parent_ok", "dep")])
         return out
 
 
@@ -405,16 +379,12 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
     children = np.random.SeedSequence(seed).spawn(len(clients))
     with ThreadPoolExecutor(1) as pool:
         parts = [_client_rows(parsed, c, i, children[i], pool) for i, c in enumerate(clients)]
-    # one dictionary over every client's model labels and SLO classes
-    names = sorted({m.name for c in clients for m in c.models})
-    classes = sorted({s for c in clients for s in c.slo_class})
-    pixels = sorted({s for c in clients for s in client_px(c)})
-    for c, p in zip(clients, parts):
-        p["model"] = np.array([names.index(m.name) for m in c.models], np.int32)[p["model"]]
-        if c.slo_class:
-            p["slo"] = np.array([classes.index(s) for s in c.slo_class], np.int32)[p["slo"]]
-        if "px" in p:
-            p["px"] = np.array([pixels.index(s) for s in client_px(c)], np.int32)[p["px"]]
+    # one dictionary over every client's model labels, SLO classes, image sizes: each client's codes into it
+    local = [{"model": [m.name for m in c.models], "slo": list(c.slo_class), "px": client_px(c)} for c in clients]
+    codes = {key: sorted({s for d in local for s in d[key]}) for key in ("model", "slo", "px")}
+    for d, p in zip(local, parts):
+        for key in [key for key in codes if key in p]:
+            p[key] = np.array([codes[key].index(s) for s in d[key]], np.int32)[p[key]]
     col, order, kept = _concat_sorted(parts)
     if parsed.timestamp_quantum_s and parsed.timestamp_spread:
         col["arrival_ns"][order] = _spread(col["arrival_ns"][order], parsed.timestamp_quantum_s)
@@ -433,7 +403,7 @@ def _sorted_rows(spec: dict[str, Any], seed: int | None) -> _Rows:
                        "license": "synthetic (llm-replay generator)"}, "time_origin_kind": "relative",
             "block_size": parsed.block_size,
             "generator": {"version": GENERATOR_VERSION, "seed": seed, "spec": embedded}}
-    return _Rows(col, order, new_index, clients, names, classes, sessions, meta, pixels, agents)
+    return _Rows(col, order, new_index, clients, codes, sessions, agents, meta)
 
 
 def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
@@ -444,7 +414,7 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
     per_client = lambda values: np.array(values)[client]  # noqa: E731
     cols: dict[str, Any] = {
         "arrival_ns": col.pop("arrival_ns"), "input_tokens": col.pop("input"), "output_tokens": col.pop("output"),
-        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(rows.names))}
+        "model": pa.DictionaryArray.from_arrays(pa.array(col.pop("model")), pa.array(rows.codes["model"]))}
     if rows.sessions:
         in_session = per_client([c.sessions is not None for c in clients])
         cols["turn"] = pa.array(col.pop("turn"), mask=~in_session)
@@ -453,30 +423,26 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
                                      client, row0)
         for key in ("nb", "n_sys", "n_app", "partial", "app_base", "content_base", "cut", "shift"):
             col.pop(key, None)
-    if rows.classes:
+    if rows.codes["slo"]:
         cols["slo_class"] = pa.DictionaryArray.from_arrays(
             pa.array(col.pop("slo").astype(np.int32), mask=per_client([not c.slo_class for c in clients])),
-            pa.array(rows.classes)).cast(pa.string())
+            pa.array(rows.codes["slo"])).cast(pa.string())
     if any(c.failures > 0 for c in clients):
         cols["failed_in_source"] = col.pop("failed").astype(bool)
     cols["request_id"] = _id_strings(np.arange(row0, row0 + n))
-    client_str = pc.take(pa.array([c.name for c in clients]), pa.array(client))
+    names = [c.name for c in clients]
+    cols["client_id"] = pc.take(pa.array(names), pa.array(client))
     if rows.sessions:
-        sid = _id_strings(col.pop("sess"), client, [c.name for c in clients])
-        cols["session_id"] = sid if in_session.all() else pc.if_else(pa.array(in_session), sid, None)
-        pid = _id_strings(col.pop("parent"))
-        cols["parent_id"] = pc.if_else(pa.array(col.pop("no_parent")), None, pid)
+        cols["session_id"] = _id_strings(col.pop("sess"), client, names, in_session)
+        cols["parent_id"] = _id_strings(col.pop("parent"), valid=~col.pop("no_parent"))
     if rows.agents:
-        in_task = per_client([c.agent is not None for c in clients])
-        tid = _id_strings(col.pop("task"), client, [c.name for c in clients])
-        cols["task_id"] = tid if in_task.all() else pc.if_else(pa.array(in_task), tid, None)
+        cols["task_id"] = _id_strings(col.pop("task"), client, names, per_client([bool(c.agent) for c in clients]))
         nd = col.pop("ndep")
         offsets = np.zeros(n + 1, np.int32)
         np.cumsum(nd, out=offsets[1:])
         cols["depends_on"] = pa.ListArray.from_arrays(pa.array(offsets), _id_strings(col.pop("deps")),
                                                       mask=pa.array(nd == 0))
         cols["delay_s"] = pa.array(col.pop("delay"), mask=nd == 0)
-    cols["client_id"] = client_str
     if "reason" in col:  # a client without a share: null (_concat_sorted filled 0)
         reason = col.pop("reason")
         cols["reasoning_tokens"] = pa.array(reason, mask=(reason < 0) | per_client(
@@ -485,6 +451,6 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
         nimg = col.pop("nimg")
         cols["num_images"] = pa.array(nimg)
         cols["image_px"] = pa.DictionaryArray.from_arrays(  # no size where there is no image
-            pa.array(col.pop("px"), mask=nimg == 0), pa.array(rows.pixels, pa.string())).cast(pa.string())
+            pa.array(col.pop("px"), mask=nimg == 0), pa.array(rows.codes["px"], pa.string())).cast(pa.string())
     schema = schema_for(list(cols))
     return pa.table([cols.pop(name) for name in schema.names], names=schema.names).cast(schema)

@@ -15,11 +15,12 @@ import pyarrow.compute as pc
 from .stats import _lengths, _tbl, arrivals_ns, count_quantile, quantiles
 
 
-def _blocks(t: pa.Table) -> dict[str, np.ndarray] | None:
-    """The flattened `hash_ids` of `t` (rows in arrival order): `ids`, `row` per block, `lens`
+def _blocks(table: Any) -> dict[str, np.ndarray] | None:
+    """The flattened `hash_ids` of a table or Trace (rows in arrival order): `ids`, `row` per block, `lens`
     and `offsets` per row, `prev` (per block: the latest earlier row holding the same id, -1
     when none; a repeat inside one row does not count) and `reused` (the leading run of
     cached blocks of each row, as `prefix_cache_hits` counts it). None without blocks."""
+    t = _tbl(table)
     if "hash_ids" not in t.column_names or t.column("hash_ids").null_count == t.num_rows:
         return None
     col = t.column("hash_ids").combine_chunks()
@@ -42,8 +43,7 @@ def _blocks(t: pa.Table) -> dict[str, np.ndarray] | None:
     miss_cum = np.cumsum(prev < 0)
     start = offsets[:-1][row]
     base = np.where(start > 0, miss_cum[np.maximum(start - 1, 0)], 0)
-    return {"ids": ids, "row": row, "lens": lens, "offsets": offsets, "prev": prev,
-            "reused": (miss_cum - base) == 0}
+    return {"ids": ids, "row": row, "lens": lens, "offsets": offsets, "prev": prev, "reused": (miss_cum - base) == 0}
 
 
 def reuse_distances(table: Any) -> dict[str, Any] | None:
@@ -52,13 +52,10 @@ def reuse_distances(table: Any) -> dict[str, Any] | None:
     request used it), and how many seconds. A hit survives an LRU cache that holds the blocks
     of the last d requests when its distance is <= d. Quantiles p50/p90/p99 and mean of each;
     None without hash_ids or hits."""
-    t = _tbl(table)
-    b = _blocks(t)
+    b = _blocks(table)
     if b is None or not b["reused"].any():
         return None
-    r = b["row"][b["reused"]]
-    p = b["prev"][b["reused"]]
-    a = arrivals_ns(t)
+    r, p, a = b["row"][b["reused"]], b["prev"][b["reused"]], arrivals_ns(table)
     return {"unit": "requests", "hits": int(len(r)), "requests": quantiles(r - p),
             "seconds": quantiles((a[r] - a[p]) / 1e9)}
 
@@ -66,7 +63,7 @@ def reuse_distances(table: Any) -> dict[str, Any] | None:
 MAX_FANOUT = 3   # a block followed by more distinct blocks than this is a shared prefix, not a turn
 
 
-def prefix_parents(table: Any, block_size: int | None = None) -> np.ndarray | None:
+def prefix_parents(table: Any) -> np.ndarray | None:
     """Conversation turns inferred from `hash_ids` (for traces without `session_id`, e.g.
     Mooncake): row r continues row p when the last block of r's reused leading run was last
     used by p and is conversation-private: followed, over the whole trace, by at most
@@ -76,18 +73,16 @@ def prefix_parents(table: Any, block_size: int | None = None) -> np.ndarray | No
     conversation (its arrivals cluster with it), and `turn_stats` counts no negative new
     tokens for it; prefixes shared across conversations are `shared_prefixes`. Returns the
     parent row per row (-1 = opens a conversation); None without hash_ids."""
-    t = _tbl(table)
-    b = _blocks(t)
+    b = _blocks(table)
     if b is None:
         return None
     row, lens, offsets = b["row"], b["lens"], b["offsets"]
-    fan = _fanout(b)
     n_reused = np.bincount(row, weights=b["reused"], minlength=len(lens)).astype(np.int64)
     has = n_reused > 0
     last = offsets[:-1][has] + n_reused[has] - 1        # the last reused block of each row
     parent = np.full(len(lens), -1, np.int64)
     rows = np.flatnonzero(has)
-    ok = fan[last] <= MAX_FANOUT
+    ok = _fanout(b)[last] <= MAX_FANOUT
     parent[rows[ok]] = b["prev"][last[ok]]
     return parent
 
@@ -113,8 +108,7 @@ def private_blocks(table: Any) -> np.ndarray | None:
     most MAX_FANOUT distinct blocks): only such a row can be found as the parent of a later
     turn by `prefix_parents` (the last block is usually a partial one, unique to the row).
     None without hash_ids."""
-    t = _tbl(table)
-    b = _blocks(t)
+    b = _blocks(table)
     if b is None:
         return None
     not_last = np.ones(len(b["ids"]), bool)
@@ -128,8 +122,7 @@ def has_sessions(table: Any) -> bool:
     return "session_id" in t.column_names and t.column("session_id").null_count < t.num_rows
 
 
-def _turn_links(t: pa.Table, block_size: int | None,
-                source: str | None = None) -> tuple[np.ndarray, np.ndarray, str] | None:
+def _turn_links(t: pa.Table, source: str | None = None) -> tuple[np.ndarray, np.ndarray, str] | None:
     """(conversation id per row, parent row per row or -1, source): from `session_id`
     (consecutive requests of a session, by arrival) or else (or when `source` is
     "hash_ids") inferred from `hash_ids`."""
@@ -142,7 +135,7 @@ def _turn_links(t: pa.Table, block_size: int | None,
         cont = np.flatnonzero(sid[order][1:] == sid[order][:-1]) + 1
         parent[order[cont]] = order[cont - 1]
         return sid, parent, "session_id"
-    parent = prefix_parents(t, block_size)
+    parent = prefix_parents(t)
     if parent is None:
         return None
     root = np.arange(len(parent))
@@ -163,11 +156,10 @@ def turn_stats(table: Any, block_size: int | None = None, source: str | None = N
     dropped part of the answer adds none). Conversations come from
     `session_id` or, without it, from the `hash_ids` chains (`prefix_parents`); `source` says
     which (`source="hash_ids"` infers them even when `session_id` is there, so that a trace
-    without sessions compares with one that has them). None when neither column is there."""
+    without sessions compares with one that has them). None when neither column is there.
+    (`block_size` is not used: conversations are found from the ids alone.)"""
     t = _tbl(table)
-    if block_size is None and hasattr(table, "metadata"):
-        block_size = table.metadata.get("block_size")
-    links = _turn_links(t, block_size, source)
+    links = _turn_links(t, source)
     if links is None:
         return None
     sid, parent, source = links
@@ -178,17 +170,15 @@ def turn_stats(table: Any, block_size: int | None = None, source: str | None = N
     inp = _lengths(t, "input_tokens")
     out = np.nan_to_num(_lengths(t, "output_tokens"))
     q = quantiles(turns.astype(np.float64))
-    q.update(p50=count_quantile(turns, 0.5), p90=count_quantile(turns, 0.9))
-    return {"source": source, "sessions": int(len(turns)),
-            "turns": {k: q[k] for k in ("mean", "p50", "p90", "max")},
+    q = {"mean": q["mean"], "p50": count_quantile(turns, 0.5), "p90": count_quantile(turns, 0.9), "max": q["max"]}
+    return {"source": source, "sessions": int(len(turns)), "turns": q,
             "multi_turn_share": float(turns[turns > 1].sum() / max(t.num_rows, 1)),
-            "gap_s": quantiles((a[child] - a[p]) / 1e9),
-            "growth": quantiles(inp[child] - inp[p]),
+            "gap_s": quantiles((a[child] - a[p]) / 1e9), "growth": quantiles(inp[child] - inp[p]),
             "new_tokens": quantiles(np.maximum(inp[child] - inp[p] - out[p], 0))}
 
 
 def shared_prefixes(table: Any, start: np.ndarray | None = None, opens: np.ndarray | None = None,
-                    source: str | None = None, block_size: int | None = None) -> dict[str, np.ndarray] | None:
+                    source: str | None = None) -> dict[str, np.ndarray] | None:
     """The application prefix each session opens with. A row's shared run: its leading blocks,
     from `start` (per row, default 0), whose ids other conversations use too (a conversation's
     own history recurs only within it; conversations as `turn_stats`, `source` alike). A
@@ -198,7 +188,7 @@ def shared_prefixes(table: Any, start: np.ndarray | None = None, opens: np.ndarr
     id (ids are chained: it names the whole prefix; -1: none, or not an opening row),
     `blocks`, its length, and `root`, the row's conversation. None without hash_ids."""
     t = _tbl(table)
-    b, links = _blocks(t), _turn_links(t, block_size, source)
+    b, links = _blocks(t), _turn_links(t, source)
     if b is None or links is None:
         return None
     ids, row, root, base = b["ids"], b["row"], links[0], b["offsets"][:-1]
@@ -233,8 +223,8 @@ MIN_SHARED_USES = 3   # conversations that open with one prefix, for it to be an
 def prefix_pool_stats(table: Any, source: str | None = None, block_size: int | None = None) -> dict[str, Any] | None:
     """`shared_prefixes` from the first block (a system prompt counts as one), per conversation:
     the distinct prefixes, the share of conversations that open with one, its length in blocks
-    (quantiles over them) and the most used one's share of them. None without hash_ids."""
-    sp = shared_prefixes(table, source=source, block_size=block_size)
+    (quantiles over them) and the most used one's share of them. None without hash_ids. (`block_size`: unused.)"""
+    sp = shared_prefixes(table, source=source)
     if sp is None:
         return None
     app = sp["key"] >= 0

@@ -30,21 +30,17 @@ def parse_models(r: _Reader) -> list[ModelSpec]:
     for i, m in enumerate(v):
         mr = _Reader(m, f"{r.at('models')}[{i}]", r.file)
         mr.check_keys({"name", "weight", "input", "output", "rho", "images", "reasoning_share"})
-        w = m.get("weight", 1.0)
-        w = w if isinstance(w, list) else [w]
-        wr = _Reader(dict(enumerate(w)), mr.at("weight"), r.file)
-        out.append(ModelSpec(str(m.get("name", f"model-{i}")), [wr.num(j, lo=0) for j in range(len(w))],
-                             parse_dist(mr.sub("input")) if "input" in m else None,
-                             parse_dist(mr.sub("output")) if "output" in m else None,
-                             mr.num("rho", None, lo=-1, hi=1) if "rho" in m else None,
-                             parse_images(mr.sub("images")) if "images" in m else None,
-                             parse_share(mr, "reasoning_share") if "reasoning_share" in m else None))
-    lens = {len(m.weight) for m in out} - {1}
-    if len(lens) > 1:
-        raise r.err("models", "per-window weight lists must all have the same length")
+        w = mr.nums("weight", lo=0) if "weight" in m else [1.0]
+        if not w:
+            raise mr.err("weight", "must be a weight or a non-empty list of weights (one per mix_window)")
+        out.append(ModelSpec(str(m.get("name", f"model-{i}")), w, mr.opt("input", parse_dist),
+                             mr.opt("output", parse_dist), mr.num("rho", None, lo=-1, hi=1),
+                             mr.opt("images", parse_images), parse_share(mr, "reasoning_share")))
     width = max(len(m.weight) for m in out)
+    if any(len(m.weight) not in (1, width) for m in out):
+        raise r.err("models", "per-window weight lists must all have the same length")
     for m in out:  # a single weight holds in every window
-        m.weight = m.weight * width if len(m.weight) == 1 else m.weight
+        m.weight *= width if len(m.weight) == 1 else 1
     empty = [j for j in range(width) if sum(m.weight[j] for m in out) <= 0]
     if empty:
         raise r.err("models", f"window {empty[0]} has no model with a positive weight")
@@ -66,9 +62,8 @@ def parse_agent(r: _Reader) -> Agent:
     """`agent: {steps, tool_delay_s, growth, fanout: {p, width, input}, system_blocks,
     tools_blocks, context}` (spec_types.Agent; semantics in traces.agents)."""
     r.check_keys({"steps", "tool_delay_s", "growth", "fanout", "system_blocks", "tools_blocks", "context"})
-    for key in ("steps", "tool_delay_s", "growth"):
-        if key not in r.d:
-            raise r.err(key, "is required for agent (a distribution, e.g. {dist: uniform, low: 10, high: 30})")
+    r.need("steps", "tool_delay_s", "growth",
+           rule="is required for agent (a distribution, e.g. {dist: uniform, low: 10, high: 30})")
     a = Agent(parse_dist(r.sub("steps"), 1, 100), parse_dist(r.sub("tool_delay_s"), 0, 3600),
               parse_dist(r.sub("growth"), 0), system_blocks=r.num("system_blocks", 0, lo=0, integer=True),
               tools_blocks=r.num("tools_blocks", 0, lo=0, integer=True),
@@ -78,11 +73,9 @@ def parse_agent(r: _Reader) -> Agent:
         fr = r.sub("fanout")
         fr.check_keys({"p", "width", "input"})
         a.fanout_p = fr.num("p", lo=0, hi=1)
-        if "width" not in fr.d:
-            raise fr.err("width", "is required: subagent calls per fan-out (a distribution, min >= 1)")
-        a.fanout_width = parse_dist(fr.sub("width"), 1, 16)
+        fr.need("width", rule="is required: subagent calls per fan-out (a distribution, min >= 1)")
+        a.fanout_width, a.fanout_input = parse_dist(fr.sub("width"), 1, 16), fr.opt("input", parse_dist)
         _count_caps(fr.sub("width"), a.fanout_width, "a fan-out has 1..{} subagent calls")
-        a.fanout_input = parse_dist(fr.sub("input")) if "input" in fr.d else None
     return a
 
 
@@ -100,19 +93,17 @@ def parse_prefix(r: _Reader) -> Prefix:
         raise r.err(legacy[0], "cannot be combined with pool (apps, app_blocks, app_share are its older form)")
     if legacy:
         apps, n = r.num("apps", 0, lo=0, hi=MAX_POOL, integer=True), r.num("app_blocks", 0, lo=0, integer=True)
-        if apps and n:
-            p.pool = Pool(r.num("app_share", 1.0, lo=0, hi=1), apps, [n] * apps)
-        return p
-    if "pool" not in r.d:
-        return p
-    pr = r.sub("pool")
+        p.pool = Pool(r.num("app_share", 1.0, lo=0, hi=1), apps, [n] * apps) if apps and n else None
+    else:
+        p.pool = r.opt("pool", _pool)
+    return p
+
+
+def _pool(pr: _Reader) -> Pool:
     pr.check_keys({"share", "blocks", "popularity", "zipf", "size", "tail"})
-    if "blocks" not in pr.d:
-        raise pr.err("blocks", "is required: each prefix's length in blocks, a list (most popular first) or a "
-                               "distribution with size, e.g. {dist: lognormal, median: 20, sigma: 1}")
+    pr.need("blocks", rule="is required: prefix lengths in blocks, a list (most popular first) or a dist with size")
     if isinstance(pr.d["blocks"], list):
-        br = _Reader(dict(enumerate(pr.d["blocks"])), pr.at("blocks"), r.file)
-        blocks: list[int] | Dist = [br.num(i, lo=1, integer=True) for i in range(len(pr.d["blocks"]))]
+        blocks: list[int] | Dist = pr.nums("blocks", lo=1, integer=True)
         size = len(blocks)
         if "size" in pr.d and pr.num("size", integer=True) != size:
             raise pr.err("size", f"must match the {size} prefix lengths in blocks")
@@ -121,80 +112,59 @@ def parse_prefix(r: _Reader) -> Prefix:
     if not 1 <= size <= MAX_POOL:
         raise pr.err("blocks", f"a pool holds 1..{MAX_POOL:,} prefixes, got {size:,}")
     pool = Pool(pr.num("share", 1.0, lo=0, hi=1), size, blocks, zipf=pr.num("zipf", 0.0, lo=0),
-                tail=parse_dist(pr.sub("tail")) if "tail" in pr.d else None)
+                tail=pr.opt("tail", parse_dist))
     if "popularity" in pr.d:
         if "zipf" in pr.d:
             raise pr.err("zipf", "cannot be combined with popularity (give one)")
-        w = pr.d["popularity"]
-        if not isinstance(w, list) or len(w) != size:
+        if not isinstance(pr.d["popularity"], list) or len(pr.d["popularity"]) != size:
             raise pr.err("popularity", f"must be a list of {size} weights, one per prefix")
-        wr = _Reader(dict(enumerate(w)), pr.at("popularity"), r.file)
-        pool.popularity = [wr.num(i, lo=0) for i in range(size)]
+        pool.popularity = pr.nums("popularity", lo=0)
         if sum(pool.popularity) <= 0:
             raise pr.err("popularity", "weights must have a positive sum")
-    p.pool = pool
-    return p
+    return pool
 
 
 def parse_client(r: _Reader, i: int, exact_count: bool = False) -> Client:
     r.check_keys(CLIENT_KEYS)
-    arrival = parse_arrival(r.sub("arrival")) if "arrival" in r.d else Arrival()
-    if arrival.process == "onoff" and "rate" not in r.d:
-        rate = onoff_mean_rate(arrival)
-    else:
-        rate = r.num("rate", lo=0, lo_open=True)
-    models = parse_models(r)
+    arrival = r.opt("arrival", parse_arrival) or Arrival()
+    onoff = arrival.process == "onoff" and "rate" not in r.d
+    rate, models = onoff_mean_rate(arrival) if onoff else r.num("rate", lo=0, lo_open=True), parse_models(r)
     lw = parse_length_windows(r) if "length_windows" in r.d else None
     for key in ("input", "output"):
         if lw and key in r.d:
             raise r.err(key, "is given per window in length_windows; remove one of them")
         if key not in r.d and "bootstrap" not in r.d and not lw and any(getattr(m, key) is None for m in models):
-            raise r.err(key, "is required (a length distribution such as {dist: lognormal, median: 500, "
-                             "sigma: 1}) unless every model sets its own")
-    inp = parse_dist(r.sub("input")) if "input" in r.d else Dist("constant", {"value": 1})
-    out = parse_dist(r.sub("output")) if "output" in r.d else Dist("constant", {"value": 1})
-    inp, out = (lw[0][1], lw[0][2]) if lw else (inp, out)
-    sessions = None
-    if "sessions" in r.d:
-        sr = r.sub("sessions")
-        sr.check_keys({"turns", "think_s", "user_tokens", "branch"})
-        for key in ("turns", "think_s"):
-            if key not in sr.d:
-                raise sr.err(key, "is required for sessions")
-        sessions = Sessions(parse_dist(sr.sub("turns"), 1, 1000), parse_dist(sr.sub("think_s"), 0, 1e6),
-                            parse_dist(sr.sub("user_tokens")) if "user_tokens" in sr.d else None,
-                            sr.num("branch", 0.0, lo=0, hi=1))
-    prefix = None
-    if "prefix" in r.d:
-        prefix = parse_prefix(r.sub("prefix"))
+            raise r.err(key, "is required (e.g. {dist: lognormal, median: 500, sigma: 1}) unless every model sets its own")
+    inp, out = lw[0][1:] if lw else (r.opt(k, parse_dist) or Dist("constant", {"value": 1}) for k in ("input", "output"))
+    sessions, prefix = r.opt("sessions", _sessions), r.opt("prefix", parse_prefix)
     if "why" in r.d and not isinstance(r.d["why"], str):  # fit's note on the arrival model
         raise r.err("why", "must be text")
     boot = r.d.get("bootstrap")
-    agent = parse_agent(r.sub("agent")) if "agent" in r.d else None
+    agent = r.opt("agent", parse_agent)
     clash = [k for k in ("sessions", "prefix", "bootstrap") if k in r.d]
     if agent and clash:
-        raise r.err("agent", f"cannot be combined with {clash[0]} (a task is its own conversation and "
-                             "sets its own shared prefix: system_blocks, tools_blocks)")
+        raise r.err("agent", f"cannot be combined with {clash[0]} (a task is one conversation with its own system_blocks)")
     if lw and (agent or boot is not None):
         raise r.err("length_windows", "cannot be combined with agent or bootstrap (they draw their own lengths)")
     if boot is not None and not Path(str(boot)).exists():
         raise r.err("bootstrap", f"trace file {boot} not found")
     if isinstance(r.d.get("profile"), dict) and "cv" in r.d["profile"] and arrival.process not in ("gamma", "weibull"):
         raise r.err("profile", "a table with a cv per window needs arrival process gamma or weibull")
-    c = Client(
-        name=str(r.d.get("name", f"client-{i}")), rate=rate, arrival=arrival,
-        profile=parse_profile(r.sub("profile")) if "profile" in r.d else Profile(),
-        models=models, mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
-        slo_class=_weights(r, "slo_class", r.d["slo_class"]) if "slo_class" in r.d else {},
-        input=inp, output=out, rho=r.num("rho", 0.0, lo=-1, hi=1),
-        failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions, prefix=prefix,
-        bootstrap=None if boot is None else str(boot),
-        images=parse_images(r.sub("images")) if "images" in r.d else None,
-        modulation=parse_modulation(r.sub("modulation")) if "modulation" in r.d else None,
-        exact_count=r.flag("exact_count", exact_count), agent=agent,
-        reasoning_share=parse_share(r, "reasoning_share") if "reasoning_share" in r.d else None)
-    c.length_windows = lw
-    return c
+    return Client(
+        name=str(r.d.get("name", f"client-{i}")), rate=rate, arrival=arrival, models=models,
+        profile=r.opt("profile", parse_profile) or Profile(), mix_window=r.num("mix_window", 600.0, lo=0, lo_open=True),
+        slo_class=_weights(r, "slo_class", r.d["slo_class"]) if "slo_class" in r.d else {}, input=inp, output=out,
+        rho=r.num("rho", 0.0, lo=-1, hi=1), failures=r.num("failures", 0.0, lo=0, hi=1), sessions=sessions,
+        prefix=prefix, bootstrap=None if boot is None else str(boot), images=r.opt("images", parse_images),
+        modulation=r.opt("modulation", parse_modulation), exact_count=r.flag("exact_count", exact_count),
+        agent=agent, length_windows=lw, reasoning_share=parse_share(r, "reasoning_share"))
+
+
+def _sessions(r: _Reader) -> Sessions:
+    r.check_keys({"turns", "think_s", "user_tokens", "branch"})
+    r.need("turns", "think_s", rule="is required for sessions")
+    return Sessions(parse_dist(r.sub("turns"), 1, 1000), parse_dist(r.sub("think_s"), 0, 1e6),
+                    r.opt("user_tokens", parse_dist), r.num("branch", 0.0, lo=0, hi=1))
 
 
 def parse_spec(d: Any, file: str | None = None) -> Spec:
@@ -220,8 +190,8 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
         for key, w in (("profile", c.profile.window if c.profile.kind == "table" else None),
                        ("modulation", c.modulation.window if c.modulation else None)):
             if w and duration / w > MAX_WINDOWS:
-                raise SpecError(f"clients[{i}].{key}.window", f"{w:g} s cuts the {duration:g} s duration into "
-                                f"{duration / w:,.0f} windows; at most {MAX_WINDOWS:,}", file)
+                rule = f"{w:g} s cuts {duration:g} s into {duration / w:,.0f} windows; at most {MAX_WINDOWS:,}"
+                raise SpecError(f"clients[{i}].{key}.window", rule, file)
     return spec
 
 
@@ -235,8 +205,7 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         from .trace import Trace
         gen = Trace.read_metadata(path).get("generator")
         if not isinstance(gen, dict) or "spec" not in gen:
-            raise TraceError("this trace has no embedded generator spec (metadata key 'generator')",
-                             file=str(path))
+            raise TraceError("this trace has no embedded generator spec (metadata key 'generator')", file=str(path))
         return {**gen["spec"], "seed": gen.get("seed", 0)}
     text = path.read_text()
     try:  # JSON first: a long imported spec (ServeGen: tens of MB) loads ~70x faster than as YAML

@@ -37,9 +37,7 @@ class _Reader:
         self.d, self.path, self.file = d, path, file
 
     def at(self, key: str | int) -> str:
-        if isinstance(key, int):
-            return f"{self.path}[{key}]"
-        return f"{self.path}.{key}" if self.path else key
+        return f"{self.path}[{key}]" if isinstance(key, int) else f"{self.path}.{key}" if self.path else key
 
     def err(self, key: str, rule: str) -> SpecError:
         return SpecError(self.at(key), rule, self.file)
@@ -76,49 +74,50 @@ class _Reader:
     def sub(self, key: str) -> "_Reader":
         return _Reader(self.d[key], self.at(key), self.file)
 
+    def opt(self, key: str, parse: Any, *args: Any) -> Any:
+        """`parse(self.sub(key), *args)`, or None without `key`."""
+        return parse(self.sub(key), *args) if key in self.d else None
+
+    def nums(self, key: str, **bounds: Any) -> list[Any]:
+        """A number or a list of them, as a list, each checked as `num` (errors name `key[i]`)."""
+        v = self.d[key]
+        r = _Reader(dict(enumerate(v if isinstance(v, list) else [v])), self.at(key), self.file)
+        return [r.num(i, **bounds) for i in r.d]
+
+    def need(self, *keys: str, rule: str = "is required") -> None:
+        for key in keys:
+            if key not in self.d:
+                raise self.err(key, rule)
+
     def check_keys(self, allowed: set[str]) -> None:
         extra = sorted(set(self.d) - allowed)
         if extra:
             raise self.err(extra[0], f"unknown field; allowed: {', '.join(sorted(allowed))}")
 
 
+_POS, _NONNEG = {"lo": 0, "lo_open": True}, {"lo": 0}
+DIST_PARAMS = {"lognormal": {"median": _POS, "sigma": _NONNEG}, "gamma": {"shape": _POS, "scale": _POS},
+               "weibull": {"shape": _POS, "scale": _POS}, "zipf": {"a": _POS},
+               "uniform": {"low": _NONNEG, "high": _NONNEG}, "constant": {"value": _NONNEG}}
+
+
 def parse_dist(r: _Reader, lo: float = 1.0, hi: float = 1_000_000.0) -> Dist:
     fam = r.choice("dist", LENGTH_FAMILIES)
-    common = {"dist", "min", "max"}
     lo, hi = r.num("min", lo, lo=0), r.num("max", hi, lo=0)
     if lo > hi:
         raise r.err("max", f"caps inverted: min {lo:g} > max {hi:g}")
-    p: dict[str, Any] = {}
-    if fam == "lognormal":
-        r.check_keys(common | {"median", "sigma"})
-        p = {"median": r.num("median", lo=0, lo_open=True), "sigma": r.num("sigma", lo=0)}
-    elif fam in ("gamma", "weibull"):
-        r.check_keys(common | {"shape", "scale"})
-        p = {"shape": r.num("shape", lo=0, lo_open=True), "scale": r.num("scale", lo=0, lo_open=True)}
-    elif fam == "zipf":
-        r.check_keys(common | {"a"})
-        p = {"a": r.num("a", lo=0, lo_open=True)}
-        if "max" not in r.d:
-            raise r.err("max", "zipf needs a max (support is min..max)")
+    if fam == "empirical":
+        r.check_keys({"dist", "min", "max", "values", "weights", "pmf", "file", "column"})
+        return Dist(fam, _empirical(r), lo, hi)
+    r.check_keys({"dist", "min", "max", *DIST_PARAMS[fam]})
+    p = {key: r.num(key, **bounds) for key, bounds in DIST_PARAMS[fam].items()}
+    if fam == "zipf":
+        r.need("max", rule="zipf needs a max (support is min..max)")
         if hi - lo > MAX_TOKENS:  # its support is a table in memory
             raise r.err("max", f"a zipf support min..max holds at most {MAX_TOKENS:,} values, got {hi - lo + 1:,.0f}")
-    elif fam == "uniform":
-        r.check_keys(common | {"low", "high"})
-        p = {"low": r.num("low", lo=0), "high": r.num("high", lo=0)}
-        if p["low"] > p["high"]:
-            raise r.err("high", f"low {p['low']:g} > high {p['high']:g}")
-    elif fam == "constant":
-        r.check_keys(common | {"value"})
-        p = {"value": r.num("value", lo=0)}
-    else:
-        r.check_keys(common | {"values", "weights", "pmf", "file", "column"})
-        p = _empirical(r)
+    if fam == "uniform" and p["low"] > p["high"]:
+        raise r.err("high", f"low {p['low']:g} > high {p['high']:g}")
     return Dist(fam, p, lo, hi)
-
-
-def dist_from_dict(d: dict[str, Any], path: str = "dist") -> Dist:
-    """A validated length distribution from its dict form (as in a spec)."""
-    return parse_dist(_Reader(d, path, None))
 
 
 def _empirical(r: _Reader) -> dict[str, Any]:
@@ -169,8 +168,7 @@ def parse_arrival(r: _Reader) -> Arrival:
     else:
         r.check_keys({"process", "cv", "size"})
         a.cv = r.num("cv", 1.0, lo=0, lo_open=True, hi=MAX_CV)
-        if "size" not in r.d:
-            raise r.err("size", "batch needs a size distribution, e.g. {dist: uniform, low: 1, high: 8}")
+        r.need("size", rule="batch needs a size distribution, e.g. {dist: uniform, low: 1, high: 8}")
         a.batch_size = parse_dist(r.sub("size"), 1, 100_000)
     return a
 
@@ -197,11 +195,9 @@ def parse_profile(r: _Reader) -> Profile:
                     else r.num("period", 3600.0 * len(vals), lo=0, lo_open=True) / len(vals))
         p.kind = "table"  # a diurnal profile is a table of hourly windows
         if "cv" in r.d:  # a renewal CV per window (arrivals.window_points)
-            cvs = r.d["cv"]
-            if not isinstance(cvs, list) or len(cvs) != len(vals) or any(
-                    isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.01 <= v <= MAX_CV for v in cvs):
+            if not isinstance(r.d["cv"], list) or len(r.d["cv"]) != len(vals):
                 raise r.err("cv", f"must be a list of {len(vals)} CVs (one per value), each in 0.01..{MAX_CV:g}")
-            p.cv = [float(v) for v in cvs]
+            p.cv = r.nums("cv", lo=0.01, hi=MAX_CV)
     elif kind == "sinusoid":
         r.check_keys({"kind", "period", "peak_to_trough", "peak_at"})
         p.period = r.num("period", 86400.0, lo=0, lo_open=True)
@@ -217,21 +213,21 @@ MAX_SIGMA = 4.0     # log-normal modulation: exp(4^2) - 1 ~ 9e6 is already beyon
 
 def parse_modulation(r: _Reader) -> Modulation:
     """`modulation: {kind: lognormal, window: 10, sigma: 1.1, corr: 0.6}` (spec_types.Modulation)."""
-    m = Modulation(r.choice("kind", MODULATIONS, "lognormal"))
+    kind = r.choice("kind", MODULATIONS, "lognormal")
     r.check_keys({"kind", "window", "sigma", "corr"})
-    m.window = r.num("window", lo=0, lo_open=True)
-    m.sigma = r.num("sigma", lo=0, hi=MAX_SIGMA)
-    m.corr = r.num("corr", 0.0, lo=0)
+    m = Modulation(kind, r.num("window", lo=0, lo_open=True), r.num("sigma", lo=0, hi=MAX_SIGMA),
+                   r.num("corr", 0.0, lo=0))
     if m.corr >= 1:
         raise r.err("corr", f"must be < 1 (a stationary AR(1)), got {m.corr:g}")
     return m
 
 
-def _weights(r: _Reader, key: str, value: Any) -> dict[str, float]:
+def _weights(r: _Reader, key: str, value: Any, name: str = "name", one: str = "a name") -> dict[str, float]:
+    """One `name` (weight 1) or a mapping name -> weight (keys sorted)."""
     if isinstance(value, str):
         return {value: 1.0}
     if not isinstance(value, dict) or not value:
-        raise r.err(key, "must be a name or a mapping name -> weight")
+        raise r.err(key, f"must be {one} or a mapping {name} -> weight")
     sub = _Reader(value, r.at(key), r.file)
     # sorted: a mapping's key order (YAML vs JSON vs sorted metadata) must not change the draws
     weights = {str(k): sub.num(k, lo=0) for k in sorted(value, key=str)}
@@ -269,9 +265,7 @@ def parse_images(r: _Reader) -> Images:
     probability), one whole number, or any length distribution (`{dist: zipf, a: 2, max: 8}`),
     within 0..MAX_IMAGES; `px`: one size `WxH` or a mapping `WxH` -> weight (default 512x512)."""
     r.check_keys({"count", "px"})
-    if "count" not in r.d:
-        raise r.err("count", "is required: images per request, e.g. {0: 0.7, 1: 0.2, 4: 0.1} "
-                             "(count -> probability)")
+    r.need("count", rule="is required: images per request, e.g. {0: 0.7, 1: 0.2, 4: 0.1} (count -> probability)")
     v = r.d["count"]
     if isinstance(v, dict) and "dist" in v:
         cr = r.sub("count")
@@ -287,25 +281,20 @@ def parse_images(r: _Reader) -> Images:
         count = Dist("constant", {"value": float(r.num("count", lo=0, hi=MAX_IMAGES, integer=True))}, 0, MAX_IMAGES)
     else:
         raise r.err("count", "must be a mapping count -> probability, a whole number or a distribution")
-    px = r.d.get("px", DEFAULT_IMAGE_PX)
-    if isinstance(px, str):
-        sizes = {px: 1.0}
-    elif isinstance(px, dict) and px:
-        sizes = _weights(r, "px", px)
-    else:
-        raise r.err("px", "must be an image size WxH (e.g. 512x512) or a mapping WxH -> weight")
-    for size in sizes:
-        problem = image_px_problem(size)
-        if problem:
-            raise r.err("px", problem)
+    sizes = _weights(r, "px", r.d.get("px", DEFAULT_IMAGE_PX), "WxH", "an image size WxH (e.g. 512x512)")
+    problem = next(filter(None, map(image_px_problem, sizes)), None)
+    if problem:
+        raise r.err("px", problem)
     return Images(count, sizes)
 
 
-def parse_share(r: _Reader, key: str) -> Dist:
+def parse_share(r: _Reader, key: str) -> Dist | None:
     """`reasoning_share`: a share of the output tokens in 0..1, one number or a distribution
-    (`{dist: empirical, values: [0.2, 0.9], weights: [0.5, 0.5]}`, `{dist: uniform, low: 0.3, high: 0.7}`)."""
-    v = r.d[key]
-    if isinstance(v, dict):
+    (`{dist: empirical, values: [0.2, 0.9], weights: [0.5, 0.5]}`, `{dist: uniform, low: 0.3, high: 0.7}`);
+    None without it."""
+    if key not in r.d:
+        return None
+    if isinstance(r.d[key], dict):
         d = parse_dist(r.sub(key), 0.0, 1.0)
         if d.hi > 1 or any(x > 1 for x in d.params.get("values", [])):
             raise r.err(key, "a share of the output tokens must lie in 0..1")
@@ -326,8 +315,6 @@ def parse_length_windows(r: _Reader) -> list[tuple[float, Dist, Dist]]:
         t = wr.num("from_s", lo=out[-1][0] if out else 0.0, lo_open=bool(out))
         if not out and t != 0:
             raise wr.err("from_s", f"the first window starts at 0 (it holds the lengths until the next), got {t:g}")
-        for key in ("input", "output"):
-            if key not in w:
-                raise wr.err(key, "is required (a length distribution)")
+        wr.need("input", "output", rule="is required (a length distribution)")
         out.append((t, parse_dist(wr.sub("input")), parse_dist(wr.sub("output"))))
     return out

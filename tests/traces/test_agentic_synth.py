@@ -12,12 +12,17 @@ from llm_replay.traces.compare import compare_traces
 from llm_replay.traces.describe import describe_file
 from llm_replay.traces.fit import fit_trace
 from llm_replay.traces.generate import generate, generate_to
-from llm_replay.traces.lengths import discrete_mean, sample_from_normal
+from llm_replay.traces.sampling import discrete_mean, sample_from_normal
 from llm_replay.traces.presets import CONTEXT, preset_spec
 from llm_replay.traces.spec import SpecError, parse_spec
-from llm_replay.traces.spec_fields import dist_from_dict
+from llm_replay.traces.spec_fields import _Reader, parse_dist
 from llm_replay.traces.trace import Trace
 from llm_replay.traces.validate import validate_file
+
+
+def dist_from_dict(d: dict):  # a validated distribution from its spec dict
+    return parse_dist(_Reader(d, "dist", None))
+
 
 AGENT = {"steps": {"dist": "uniform", "low": 5, "high": 15},                 # mean 10
          "tool_delay_s": {"dist": "lognormal", "median": 2.0, "sigma": 0.8, "min": 0, "max": 120},

@@ -13,8 +13,13 @@ from llm_replay.traces import Trace
 from llm_replay.traces.compare import compare_traces, format_table
 from llm_replay.traces.fit import fit_trace
 from llm_replay.traces.generate import generate
-from llm_replay.traces.lengths import finish, sample_from_normal
-from llm_replay.traces.spec_fields import dist_from_dict
+from llm_replay.traces.sampling import finish, sample_from_normal
+from llm_replay.traces.spec_fields import _Reader, parse_dist
+
+
+def dist_from_dict(d: dict):  # a validated distribution from its spec dict
+    return parse_dist(_Reader(d, "dist", None))
+
 
 FIXTURES = Path(__file__).parent / "fixtures" / "synth"
 QS = np.array([0.5, 0.9, 0.99])
