@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llm_replay.reports.select import BitHistogram
 from llm_replay.reports.stats import (bootstrap_quantiles, describe, grouped_percentiles, order_statistics,
                            quantile_cis, regrouped_percentiles)
 
@@ -23,13 +22,13 @@ def test_describe_matches_numpy_linear_and_warns_on_thin_tails():
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_order_statistics_by_bit_histogram_equal_sorting(dtype):
+def test_order_statistics_equal_sorting(dtype):
     rng = np.random.default_rng(3)
     x = np.concatenate([rng.lognormal(2, 2, 50_000), np.zeros(7), np.round(rng.lognormal(2, 1, 5000))]).astype(dtype)
     ranks = np.unique(np.concatenate([rng.integers(0, len(x), 300), [0, 1, len(x) - 1]]))
-    assert np.array_equal(order_statistics(x, ranks, select_min=0), np.sort(x)[ranks])
+    assert np.array_equal(order_statistics(x, ranks), np.sort(x)[ranks])
     neg = x - 1
-    assert np.array_equal(order_statistics(neg, ranks, select_min=0), np.sort(neg)[ranks])
+    assert np.array_equal(order_statistics(neg, ranks), np.sort(neg)[ranks])
 
 
 def test_describe_selection_equals_numpy_on_large_samples():
@@ -43,19 +42,20 @@ def test_describe_selection_equals_numpy_on_large_samples():
         np.percentile(clean, [50, 90, 95, 99, 99.9, 100]).tolist()
 
 
-def test_bit_histogram_in_small_chunks_with_groups_and_nan():
+def test_grouped_selection_of_float32_negatives_and_nan():
     rng = np.random.default_rng(2)
     x = rng.lognormal(1, 2, 20_000).astype(np.float32)
+    x[::3] *= -1                           # negative values: their bits order backwards
     x[::5] = np.nan
+    x[1], x[2] = -0.0, 0.0
     codes = rng.integers(0, 3, 20_000)
-    bh = BitHistogram(x, codes, 4, chunk=777)
-    groups = [np.sort(x[(codes == g) & ~np.isnan(x)]) for g in range(3)]
-    assert bh.counts.tolist() == [len(g) for g in groups] + [0]
-    ranks = np.array([[0, 5, len(g) // 2, len(g) - 1] for g in groups] + [[0, 0, 0, 0]])
-    got = bh.values_at(ranks)
+    qs = [0, 0.1, 50, 99.9, 100]
+    counts, pct = grouped_percentiles(x, codes, 4, qs)
+    groups = [x[(codes == g) & ~np.isnan(x)] for g in range(3)]
+    assert counts.tolist() == [len(g) for g in groups] + [0]
     for g in range(3):
-        assert got[g].tolist() == groups[g][ranks[g]].astype(np.float64).tolist()
-    assert np.isnan(got[3]).all()
+        assert pct[g].tolist() == np.percentile(groups[g], qs).tolist()
+    assert np.isnan(pct[3]).all()
 
 
 def test_exact_bootstrap_matches_brute_force_resampling():
@@ -85,14 +85,13 @@ def test_grouped_percentiles_match_per_group_numpy():
     v[::11] = np.round(v[::11])           # ties
     v[3] = 0.0
     qs = [0, 0.1, 50, 90, 95, 99, 99.9, 100]
-    for select_min in (0, 10**9):        # bit-histogram selection and per-group sorts
-        counts, pct = grouped_percentiles(v, codes, 5, qs, select_min=select_min)
-        for g in range(4):
-            sel = v[(codes == g) & ~np.isnan(v)]
-            assert counts[g] == len(sel)
-            assert pct[g] == pytest.approx(np.percentile(sel, qs), rel=0, abs=0)
-        assert counts[4] == 0 and np.isnan(pct[4]).all()
-    one = grouped_percentiles(np.array([5.0, 7.0, np.nan]), np.array([1, 1, 0]), 2, [50], select_min=0)
+    counts, pct = grouped_percentiles(v, codes, 5, qs)
+    for g in range(4):
+        sel = v[(codes == g) & ~np.isnan(v)]
+        assert counts[g] == len(sel)
+        assert pct[g] == pytest.approx(np.percentile(sel, qs), rel=0, abs=0)
+    assert counts[4] == 0 and np.isnan(pct[4]).all()
+    one = grouped_percentiles(np.array([5.0, 7.0, np.nan]), np.array([1, 1, 0]), 2, [50])
     assert one[0].tolist() == [0, 2] and np.isnan(one[1][0, 0]) and one[1][1, 0] == 6.0
 
 
@@ -106,9 +105,12 @@ def test_regrouped_percentiles_equal_each_grouping_alone():
     cell = np.arange(15)
     groupings = [(cell // 5, 3), (cell % 5, 5), (np.zeros(15, dtype=np.int64), 1)]
     qs = [0, 50, 90, 99, 100]
-    for select_min in (0, 10**9):
-        got = regrouped_percentiles(v, cells, 15, groupings, qs, select_min=select_min)
-        for (to, ng), (counts, pct) in zip(groupings, got):
-            want_counts, want_pct = grouped_percentiles(v, to[cells], ng, qs, select_min=10**9)
-            assert counts.tolist() == want_counts.tolist()
-            assert np.array_equal(pct, want_pct, equal_nan=True)
+    got = regrouped_percentiles(v, cells, 15, groupings, qs)
+    for (to, ng), (counts, pct) in zip(groupings, got):
+        want_counts, want_pct = grouped_percentiles(v, to[cells], ng, qs)
+        assert counts.tolist() == want_counts.tolist()
+        assert np.array_equal(pct, want_pct, equal_nan=True)
+        for g in range(ng):                 # and each group equals NumPy on its own values
+            sel = v[(to[cells] == g) & ~np.isnan(v)]
+            assert counts[g] == len(sel)
+            assert pct[g].tolist() == np.percentile(sel, qs).tolist() if len(sel) else np.isnan(pct[g]).all()
