@@ -29,21 +29,23 @@ from scipy import stats as sst
 
 from . import prefixes, stats
 from .errors import TraceError
-from .fit_dists import fit_arrivals, fit_length
+from .fit_dists import empirical, fit_arrivals, fit_length
 from .spec import MAX_DURATION_S
 
 MAX_CLIENTS = 64          # more distinct client_ids than this: one aggregate client
 MAX_WINDOWS = 1_000_000   # rate-profile / model-mix windows of --window (the default makes ~48)
 
 
+def _has(t: pa.Table, name: str) -> bool:
+    return name in t.column_names and t.column(name).null_count < t.num_rows
+
+
 def _col(t: pa.Table, name: str) -> np.ndarray | None:
-    if name not in t.column_names or t.column(name).null_count == t.num_rows:
-        return None
-    return t.column(name).to_numpy(zero_copy_only=False)
+    return t.column(name).to_numpy(zero_copy_only=False) if _has(t, name) else None
 
 
 def _codes(t: pa.Table, name: str) -> tuple[np.ndarray, list[str]] | None:
-    if name not in t.column_names or t.column(name).null_count == t.num_rows:
+    if not _has(t, name):
         return None
     col = pc.dictionary_encode(t.column(name).cast(pa.string())).combine_chunks()
     return col.indices.fill_null(-1).to_numpy(zero_copy_only=False), [str(v) for v in col.dictionary.to_pylist()]
@@ -57,7 +59,7 @@ def _implicit_sessions(t: pa.Table) -> np.ndarray | None:
     (`prefixes.prefix_parents`: a row continues the last row that used its last reused,
     conversation-private block), as the root row of each row's chain; None when no hash_ids
     or fewer than MIN_IMPLICIT_TURNS of the rows continue one (e.g. only a shared system prompt)."""
-    if _col(t, "session_id") is not None or "hash_ids" not in t.column_names:
+    if _has(t, "session_id") or "hash_ids" not in t.column_names:
         return None
     parent = prefixes.prefix_parents(t)
     if parent is None or (parent >= 0).mean() < MIN_IMPLICIT_TURNS:
@@ -70,7 +72,7 @@ def _implicit_sessions(t: pa.Table) -> np.ndarray | None:
         root = nxt
 
 
-def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+def _fit_sessions(t: pa.Table) -> tuple[dict[str, Any], np.ndarray]:
     """Turns per session, think time, new user tokens; the mask of rows that open a session.
     Sessions are `session_id`, or (without it) the conversations of `_implicit_sessions`."""
     implicit = _implicit_sessions(t)
@@ -80,11 +82,9 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
     s, a = sid[order], _col(t, "arrival_ns")[order].astype(np.int64)
     same = np.concatenate([[False], s[1:] == s[:-1]])
     starts = np.flatnonzero(~same)
-    turn = _col(t, "turn") if implicit is None else None
-    if turn is not None:  # turn numbers also count the turns before the trace began
-        last_turn = np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts)
-    else:
-        last_turn = np.diff(np.append(starts, len(s))) - 1.0
+    turn = _col(t, "turn") if implicit is None else None  # turn numbers also count the turns before the trace began
+    last_turn = (np.diff(np.append(starts, len(s))) - 1.0 if turn is None
+                 else np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts))
     inp = _col(t, "input_tokens")[order].astype(float)
     outs = _col(t, "output_tokens")
     out = np.zeros(len(s)) if outs is None else np.nan_to_num(outs[order].astype(float))
@@ -104,7 +104,7 @@ def _fit_sessions(t: pa.Table, first: np.ndarray) -> tuple[dict[str, Any], np.nd
             spec["branch"] = round(float((~ext).mean()), 4)
     if len(user) > 10:
         spec["user_tokens"] = fit_length(np.maximum(user, 1))
-    return spec, opens & first
+    return spec, opens
 
 
 def _undo_splits(t: pa.Table, seen: np.ndarray, roots: np.ndarray) -> dict[str, Any]:
@@ -125,13 +125,11 @@ def _undo_splits(t: pa.Table, seen: np.ndarray, roots: np.ndarray) -> dict[str, 
         g[1] = max(d[1] - q * g[2:].sum() - q * g[2], 0.0) if len(d) > 1 else 0.0
     if g[1:].sum() <= 0:
         g[:len(d)] = d
-    total = (np.arange(len(g)) * g).sum()
-    g *= (np.arange(len(d)) * d).sum() / total  # the same number of requests
+    g *= (np.arange(len(d)) * d).sum() / (np.arange(len(g)) * g).sum()  # the same number of requests
     k = np.flatnonzero(np.rint(g) > 0)
     if len(k) == 1:
         return {"dist": "constant", "value": float(k[0])}
-    return {"dist": "empirical", "values": [float(v) for v in k], "weights": [int(w) for w in np.rint(g[k])],
-            "min": float(k[0]), "max": float(k[-1])}
+    return empirical(k, np.rint(g[k]).astype(np.int64), float(k[0]), float(k[-1]))
 
 
 def _fit_prefix(t: pa.Table, opens: np.ndarray | None = None,
@@ -152,24 +150,19 @@ def _fit_prefix(t: pa.Table, opens: np.ndarray | None = None,
     keep = pos < m
     ids[row[keep], pos[keep]] = flat[keep]
 
-    def leading_run(rows: np.ndarray, start: int) -> int:
-        n = 0
-        while start + n < m:
-            v = ids[rows, start + n]
-            v = v[v >= 0]  # rows with a full block here (short prompts truncate their prefix)
-            vals, cnt = np.unique(v, return_counts=True)
-            if len(v) < max(0.1 * len(rows), 3) or cnt.max() < 0.9 * len(v):
-                break
-            n += 1
-        return n
-
     out: dict[str, Any] = {}
     vals, cnt = np.unique(ids[:, 0][ids[:, 0] >= 0], return_counts=True)
     sys_rows = np.zeros(len(lens), bool)
     if len(vals) and cnt.max() >= max(10, 0.05 * len(lens)):
         sys_rows = ids[:, 0] == vals[cnt.argmax()]
-        out["system_blocks"] = leading_run(np.flatnonzero(sys_rows), 0)
-        out["system_share"] = round(float(sys_rows.mean()), 4)
+        rows, n = np.flatnonzero(sys_rows), 0
+        while n < m:  # the leading blocks that at least 90 % of the rows with a full block there share
+            v = ids[rows, n]
+            v = v[v >= 0]  # rows with a full block here (short prompts truncate their prefix)
+            if len(v) < max(0.1 * len(rows), 3) or np.unique(v, return_counts=True)[1].max() < 0.9 * len(v):
+                break
+            n += 1
+        out["system_blocks"], out["system_share"] = n, round(float(sys_rows.mean()), 4)
     start = np.where(sys_rows, out.get("system_blocks", 0), 0)
     sp = prefixes.shared_prefixes(t, start, opens) if opens is not None else None
     if sp is not None:
@@ -216,9 +209,8 @@ def _fit_images(t: pa.Table, counts: np.ndarray, rows: np.ndarray) -> dict[str, 
     if not (k > 0).any():
         return None
     hist = np.bincount(k)
-    pmf = {int(c): round(float(hist[c] / len(k)), 6) for c in np.flatnonzero(hist)}
-    px, _ = stats.image_px_shares(t, rows, top=1)
-    return {"count": pmf, "px": next(iter(px))}
+    return {"count": {int(c): round(float(hist[c] / len(k)), 6) for c in np.flatnonzero(hist)},
+            "px": next(iter(stats.image_px_shares(t, rows, top=1)[0]))}
 
 
 def _fit_reasoning(reason: np.ndarray, out: np.ndarray, rows: np.ndarray) -> dict[str, Any] | None:
@@ -229,8 +221,7 @@ def _fit_reasoning(reason: np.ndarray, out: np.ndarray, rows: np.ndarray) -> dic
     if not ok.any():
         return None
     vals, cnt = np.unique(np.round(np.minimum(reason[ok] / out[ok], 1.0), 2), return_counts=True)
-    return {"dist": "empirical", "values": vals.tolist(), "weights": (cnt / cnt.sum()).round(8).tolist(),
-            "min": 0.0, "max": 1.0}
+    return empirical(vals, (cnt / cnt.sum()).round(8), 0.0, 1.0)
 
 
 def _fit_agent(g: dict[str, Any], shared: int, block_size: int) -> dict[str, Any]:
@@ -239,11 +230,9 @@ def _fit_agent(g: dict[str, Any], shared: int, block_size: int) -> dict[str, Any
     new tokens after the shared prefix), the context when histories are cut at one. The shared
     prefix (the leading blocks of `_fit_prefix`) goes into system_blocks: tools_blocks, the same
     kind of blocks, cannot be told apart from it."""
-    def fit(x: np.ndarray, empty: float = 0.0, **kw: Any) -> dict[str, Any]:
-        return fit_length(x, **kw) if len(x) else {"dist": "constant", "value": empty}
-
-    ag: dict[str, Any] = {"steps": fit(g["steps"], 1.0), "tool_delay_s": fit(g["delay_s"], integer=False),
-                          "growth": fit(np.maximum(g["growth"], 0)), "system_blocks": shared, "tools_blocks": 0}
+    ag: dict[str, Any] = {"steps": fit_length(g["steps"], empty=1.0),
+                          "tool_delay_s": fit_length(g["delay_s"], integer=False),
+                          "growth": fit_length(np.maximum(g["growth"], 0)), "system_blocks": shared, "tools_blocks": 0}
     if g["context"]:
         ag["context"] = int(g["context"])
     if len(g["width"]):
@@ -258,10 +247,8 @@ def _mix(model: np.ndarray, names: list[str], t: np.ndarray, window: float) -> t
     table = np.zeros((nb, len(names)))
     np.add.at(table, ((t // window).astype(np.int64), model), 1)
     total = table.sum(0)
-    drift = nb > 1 and len(names) > 1 and (table.sum(1) > 0).sum() > 1
-    if drift:
-        nz = table[table.sum(1) > 0]
-        drift = sst.chi2_contingency(nz[:, total > 0])[1] < 1e-3
+    drift = nb > 1 and len(names) > 1 and (table.sum(1) > 0).sum() > 1 and \
+        sst.chi2_contingency(table[table.sum(1) > 0][:, total > 0])[1] < 1e-3
     if not drift:
         return [{"name": n, "weight": round(float(total[i] / total.sum()), 6)} for i, n in enumerate(names)], False
     rows = table.sum(1, keepdims=True)
@@ -290,8 +277,8 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     graph = stats.agent_samples(t)  # task graphs: arrivals are the roots (task starts)
     if graph is not None:
         opens = pc.list_value_length(t.column("depends_on")).fill_null(0).to_numpy(zero_copy_only=False) == 0
-    elif _col(t, "session_id") is not None or _implicit_sessions(t) is not None:
-        c["sessions"], opens = _fit_sessions(t, opens)
+    elif _has(t, "session_id") or _implicit_sessions(t) is not None:
+        c["sessions"], opens = _fit_sessions(t)
     starts = times[opens]
     # profile + arrival process (+ modulation), chosen by the IDC they reproduce on the whole
     # client (starts and turns, on the source's clock); `why` says so
@@ -308,8 +295,7 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         c["failures"] = round(float(failed.mean()), 6)
     inp, out = _col(t, "input_tokens").astype(float), _col(t, "output_tokens")
     out = np.full(len(a), np.nan) if out is None else out.astype(float)  # all null: server decides
-    mc = _codes(t, "model") or (np.zeros(len(a), np.int64), ["default"])
-    models, names = mc
+    models, names = _codes(t, "model") or (np.zeros(len(a), np.int64), ["default"])
     models = np.where(models < 0, len(names), models)
     names = names + ["default"] if (models == len(names)).any() else names
     turn = _col(t, "turn")
@@ -320,7 +306,7 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         new = graph["roots"]
         inp = np.where(new, np.maximum(inp - shared * block_size, 1), inp)
         c["agent"] = _fit_agent(graph, shared, block_size)
-    elif "hash_ids" in t.column_names and t.column("hash_ids").null_count < t.num_rows:
+    elif _has(t, "hash_ids"):
         prefix, pooled = _fit_prefix(t, opens, block_size)
         if prefix:
             c["prefix"] = prefix
@@ -336,16 +322,11 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         m["input"], m["output"] = fit_length(x), fit_length(out[sel] if sel.any() else y)
         if len(x) > 2 and x.std() > 0 and y.std() > 0:
             m["rho"] = round(float(sst.spearmanr(x, y)[0]), 4)
-    counts = stats.image_counts(t)
-    for i, m in enumerate(c["models"] if counts is not None else []):
-        images = _fit_images(t, counts, models == i)
-        if images:
-            m["images"] = images
-    reason = _col(t, "reasoning_tokens")
-    for i, m in enumerate(c["models"] if reason is not None else []):
-        share = _fit_reasoning(reason.astype(float), out, models == i)
-        if share:
-            m["reasoning_share"] = share
+    counts, reason = stats.image_counts(t), _col(t, "reasoning_tokens")
+    for i, m in enumerate(c["models"]):
+        extra = (("images", counts is not None and _fit_images(t, counts, models == i)),
+                 ("reasoning_share", reason is not None and _fit_reasoning(reason.astype(float), out, models == i)))
+        m.update((k, v) for k, v in extra if v)
     sc = _codes(t, "slo_class")
     if sc is not None:
         cnt = np.bincount(sc[0][sc[0] >= 0], minlength=len(sc[1]))
@@ -385,31 +366,28 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     duration = span + buckets["quantum_ns"] / 1e9 if buckets and not buckets.get("spread") \
         else span * len(a) / (len(a) - 1)
     if duration > MAX_DURATION_S:
-        raise TraceError(f"the trace spans {span:,.0f} s: a spec holds at most {MAX_DURATION_S:g} s (292 years "
-                         "of int64 ns)")
+        raise TraceError(f"the trace spans {span:,.0f} s: a spec holds at most {MAX_DURATION_S:g} s (292 years of int64 ns)")
     fixed_window = window is not None  # --window: the renewal model at that window, no search
     window = float(window or max(60.0, round(duration / 48 / 60) * 60))
     if not 0 < window < float("inf"):
         raise TraceError(f"--window must be > 0 seconds, got {window:g}")
     if duration / window > MAX_WINDOWS:  # the rate table and the mix hold one entry per window
-        raise TraceError(f"--window {window:g} s cuts the {duration:,.0f} s trace into {duration / window:,.0f} "
-                         f"windows; at most {MAX_WINDOWS:,} (a window of at least {duration / MAX_WINDOWS:.3g} s)")
+        raise TraceError(f"--window {window:g} s cuts the {duration:,.0f} s trace into {duration / window:,.0f} windows; "
+                         f"at most {MAX_WINDOWS:,} (a window of at least {duration / MAX_WINDOWS:.3g} s)")
     groups = [(t, "fitted")]
     cc = _codes(t, "client_id")
     if cc is not None and len(cc[1]) <= MAX_CLIENTS and (cc[0] >= 0).all():
         groups = [(t.filter(pa.array(cc[0] == i)), n) for i, n in enumerate(cc[1])]
     meta = getattr(trace, "metadata", {}) or {}
-    spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0,
-                            "block_size": int(meta.get("block_size") or 16),
+    spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0, "block_size": int(meta.get("block_size") or 16),
                             "exact_count": True, "clients": []}  # fitted: the count is the source's
     if buckets:
         spec["timestamp_quantum_s"] = buckets["quantum_ns"] / 1e9
         if buckets.get("spread"):
             spec["timestamp_spread"] = True
-    for g, name in groups:
-        if g.num_rows < 2:  # a client seen once has no rate to fit
-            continue
-        spec["clients"].append(_fit_client(g, name, duration, window, fixed_window, buckets, spec["block_size"]))
+    # a client seen once has no rate to fit
+    spec["clients"] = [_fit_client(g, name, duration, window, fixed_window, buckets, spec["block_size"])
+                       for g, name in groups if g.num_rows >= 2]
     # plain Python numbers only: the spec is written as YAML and embedded as JSON
     spec = json.loads(json.dumps(spec, default=lambda v: v.item()))
     for c in spec["clients"]:  # image counts stay numbers (`0: 0.7` in YAML, not '0': 0.7)
@@ -423,7 +401,5 @@ def write_spec(spec: dict[str, Any], path: Path) -> None:
     """YAML (default) or JSON (by suffix)."""
     import yaml
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".json":
-        path.write_text(json.dumps(spec, indent=2))
-    else:
-        path.write_text(yaml.safe_dump(spec, sort_keys=False, width=120))
+    path.write_text(json.dumps(spec, indent=2) if path.suffix.lower() == ".json" else
+                    yaml.safe_dump(spec, sort_keys=False, width=120))

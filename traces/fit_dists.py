@@ -29,32 +29,24 @@ FIT_SAMPLES = 200_000       # likelihoods on an evenly spaced subsample: fast on
 EMPIRICAL_POINTS = 1000
 
 
-def _sub(x: np.ndarray) -> np.ndarray:
-    return x[np.linspace(0, len(x) - 1, FIT_SAMPLES).astype(np.int64)] if len(x) > FIT_SAMPLES else x
-
-
 def _candidates(x: np.ndarray) -> list[tuple[float, str, dict[str, float], Any]]:
     """(AIC, family, params, frozen scipy dist) of lognormal, gamma and Weibull fits (loc 0)."""
-    x = _sub(x[x > 0])
-    out = []
+    x = stats.subsample(x[x > 0], FIT_SAMPLES)
     lx = np.log(x)
-    ln = sst.lognorm(max(lx.std(), 1e-6), scale=np.exp(lx.mean()))
-    out.append(("lognormal", {"median": float(np.exp(lx.mean())), "sigma": float(lx.std())}, ln))
-    k = stats.gamma_shape(x)
-    if k:
-        out.append(("gamma", {"shape": k, "scale": float(x.mean() / k)}, sst.gamma(k, scale=x.mean() / k)))
-    c = stats.weibull_shape(x)
-    if c:
-        scale = float(np.mean(x ** c) ** (1 / c))
-        out.append(("weibull", {"shape": c, "scale": scale}, sst.weibull_min(c, scale=scale)))
+    out = [("lognormal", {"median": float(np.exp(lx.mean())), "sigma": float(lx.std())},
+            sst.lognorm(max(lx.std(), 1e-6), scale=np.exp(lx.mean())))]
+    for fam, dist, k in (("gamma", sst.gamma, stats.gamma_shape(x)), ("weibull", sst.weibull_min, stats.weibull_shape(x))):
+        if k:  # the scale's MLE given the shape
+            scale = float(x.mean() / k if fam == "gamma" else np.mean(x ** k) ** (1 / k))
+            out.append((fam, {"shape": k, "scale": scale}, dist(k, scale=scale)))
     return sorted((4 - 2 * float(np.sum(d.logpdf(x))), f, p, d) for f, p, d in out)
 
 
-def fit_length(x: np.ndarray, integer: bool = True) -> dict[str, Any]:
+def fit_length(x: np.ndarray, integer: bool = True, empty: float = 0.0) -> dict[str, Any]:
     """A spec distribution for samples x: the best parametric family by AIC whose capped
-    quantiles match the data within 3%, else an empirical quantile table."""
+    quantiles match the data within 3%, else an empirical quantile table (no samples: `empty`)."""
     x = np.asarray(x, dtype=np.float64)
-    lo, hi = float(x.min()), float(x.max())
+    lo, hi = (float(x.min()), float(x.max())) if len(x) else (empty, empty)
     if lo == hi:
         return {"dist": "constant", "value": lo}
     qs = np.array([0.5, 0.9, 0.99])
@@ -62,14 +54,18 @@ def fit_length(x: np.ndarray, integer: bool = True) -> dict[str, Any]:
     vals, counts = np.unique(x, return_counts=True)
     small_support = integer and len(vals) <= 64  # e.g. turns, batch sizes: keep the exact PMF
     for _, fam, params, d in ([] if small_support else _candidates(x)[:1]):
-        fitted = np.clip(d.ppf(qs), lo, hi)
-        fitted = np.rint(fitted) if integer else fitted
+        fitted = (np.rint if integer else np.asarray)(np.clip(d.ppf(qs), lo, hi))
         if np.all(np.abs(fitted - emp) <= 0.03 * np.maximum(emp, 1)):
             return {"dist": fam, **{k: round(v, 6) for k, v in params.items()}, "min": lo, "max": hi}
     if len(vals) > EMPIRICAL_POINTS:
         vals = np.quantile(x, (np.arange(EMPIRICAL_POINTS) + 0.5) / EMPIRICAL_POINTS, method="inverted_cdf")
-        counts = np.ones(len(vals))
-    return {"dist": "empirical", "values": [float(v) for v in vals], "weights": [int(c) for c in counts],
+        counts = np.ones(len(vals), np.int64)
+    return empirical(vals, counts, lo, hi)
+
+
+def empirical(values: Any, weights: Any, lo: float, hi: float) -> dict[str, Any]:
+    """An empirical spec distribution: float values, the weights as given (counts stay ints)."""
+    return {"dist": "empirical", "values": np.asarray(values, float).tolist(), "weights": np.asarray(weights).tolist(),
             "min": lo, "max": hi}
 
 
@@ -79,29 +75,24 @@ def _idc(u: np.ndarray, w: float) -> float | None:
     return stats.dispersion(stats.window_counts(u, w, 0.0, nb), nb) if nb >= 10 else None
 
 
+def _binned(t: np.ndarray, duration: float, w: float) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of t in windows of w and the windows' widths (a remainder under half a window joins the last)."""
+    nb = max(int(round(duration / w)), 1)
+    widths = np.full(nb, w)
+    widths[-1] = duration - (nb - 1) * w
+    return np.bincount(np.minimum((t // w).astype(np.int64), nb - 1), minlength=nb).astype(float), widths
+
+
 def fit_profile(t: np.ndarray, duration: float, window: float) -> tuple[dict[str, Any], np.ndarray]:
     """The rate profile and the arrivals in operational time (mean rate 1)."""
-    nb = max(int(round(duration / window)), 1)  # a remainder under half a window joins the last
-    counts = np.bincount(np.minimum((t // window).astype(np.int64), nb - 1), minlength=nb).astype(float)
-    widths = np.full(nb, window)
-    widths[-1] = duration - (nb - 1) * window
+    counts, widths = _binned(t, duration, window)
     dens = counts / widths
-    varying = False
-    if nb >= 6 and counts.mean() >= 5:
+    if len(counts) >= 6 and counts.mean() >= 5:
         lag1 = np.corrcoef(dens[:-1], dens[1:])[0, 1] if dens.std() > 0 else 0.0
-        u_flat = t * len(t) / duration
-        inner = _idc(u_flat, max(counts.mean() / 10, 1.0)) or 1.0
-        varying = lag1 > 0.5 or (dens.var(ddof=1) * window / dens.mean() > 4 * inner + 2)
-    if not varying:
-        return {"kind": "constant"}, t * len(t) / duration
-    knots = np.append(np.arange(nb) * window, duration)
-    lam = np.concatenate([[0.0], np.cumsum(counts)])
-    mean = dens.mean()
-    values = [round(float(v / mean), 4) for v in dens]
-    if widths[-1] > window:  # the generator's table is in whole windows: repeat the last value
-        values.append(values[-1])
-    return ({"kind": "table", "window": window, "values": values},
-            np.interp(t, knots, lam))
+        inner = _idc(t * len(t) / duration, max(counts.mean() / 10, 1.0)) or 1.0
+        if lag1 > 0.5 or (dens.var(ddof=1) * window / dens.mean() > 4 * inner + 2):
+            return _table_at(t, duration, window)
+    return {"kind": "constant"}, t * len(t) / duration
 
 
 def fit_arrival(u: np.ndarray, rate: float) -> dict[str, Any]:
@@ -109,20 +100,18 @@ def fit_arrival(u: np.ndarray, rate: float) -> dict[str, Any]:
     g = np.diff(u)
     if len(g) < 20:
         return {"process": "poisson"}
-    zero = float(np.mean(g <= 1e-9))
-    if zero > 0.2:  # compound arrivals: many requests share an instant
+    if np.mean(g <= 1e-9) > 0.2:  # compound arrivals: many requests share an instant
         times, k = np.unique(u, return_counts=True)
         gaps = np.diff(times)
         return {"process": "batch", "cv": round(float(min(max(gaps.std() / gaps.mean(), 0.05), 20)), 4),
                 "size": fit_length(k.astype(float))}
     g = g[g > 1e-9]
     cv = float(g.std() / g.mean())
-    big = max(60 * rate, 20.0)
-    idc_big, idc_small = _idc(u, big), _idc(u, max(rate, 1.0))
+    idc_big, idc_small = _idc(u, max(60 * rate, 20.0)), _idc(u, max(rate, 1.0))
     if idc_big and idc_small and idc_big > 2 * max(cv * cv, 1) + 1 and idc_big > 2 * idc_small:
         return _fit_onoff(u, rate)
     best = _candidates(g)
-    ll_exp = 2 - 2 * float(np.sum(sst.expon(scale=g.mean()).logpdf(_sub(g))))
+    ll_exp = 2 - 2 * float(np.sum(sst.expon(scale=g.mean()).logpdf(stats.subsample(g, FIT_SAMPLES))))
     if ll_exp <= best[0][0] or abs(cv - 1) < 0.03:
         return {"process": "poisson"}
     fam = best[0][1] if best[0][1] in ("gamma", "weibull") else "gamma"
@@ -151,8 +140,8 @@ def _fit_onoff(u: np.ndarray, rate: float) -> dict[str, Any]:
     ok = np.isfinite(idc) & (idc > 0)
     scales, idc = scales[ok], idc[ok]
     small = (0.3, 1.0)
-    nbs = [max(int(u[-1] // b), 1) for b in small]  # the share of empty windows among the complete ones
-    p0 = [float((nb - (stats.window_counts(u, b, 0.0, nb) > 0).sum()) / nb) for b, nb in zip(small, nbs)]
+    p0 = [float((nb - (stats.window_counts(u, b, 0.0, nb) > 0).sum()) / nb)  # empty among the complete windows
+          for b in small for nb in [max(int(u[-1] // b), 1)]]
 
     def unpack(x: np.ndarray) -> tuple[float, float, float, float]:
         p1, ratio, rho = 1 / (1 + np.exp(-x[0])), 1 / (1 + np.exp(-x[1])), np.exp(x[2])
@@ -204,16 +193,12 @@ def _table_at(t: np.ndarray, duration: float, w: float) -> tuple[dict[str, Any],
     the values by sqrt(1 - d mu / Var(C)) would cancel that at w but take k^2 of the
     correlated variance away at larger scales (measured: -33 % at 60 s on Azure conv), so the
     selection's score (which asks ~90 % of seeds to pass) absorbs it instead."""
-    nb = max(int(round(duration / w)), 1)
-    counts = np.bincount(np.minimum((t // w).astype(np.int64), nb - 1), minlength=nb).astype(float)
-    widths = np.full(nb, w)
-    widths[-1] = duration - (nb - 1) * w
+    counts, widths = _binned(t, duration, w)
     dens = counts / widths
     values = [round(float(v / dens.mean()), 4) for v in dens]
-    if widths[-1] > w:
-        values.append(values[-1])
-    knots = np.append(np.arange(nb) * w, duration)
-    return {"kind": "table", "window": w, "values": values}, np.interp(t, knots, np.concatenate([[0.0], np.cumsum(counts)]))
+    values += values[-1:] if widths[-1] > w else []  # the generator's table is in whole windows: repeat the last
+    knots, lam = np.append(np.arange(len(counts)) * w, duration), np.concatenate([[0.0], np.cumsum(counts)])
+    return {"kind": "table", "window": w, "values": values}, np.interp(t, knots, lam)
 
 
 def _lognormal_modulation(t: np.ndarray, duration: float, w: float, within: dict[str, Any]) -> dict[str, Any] | None:
@@ -233,18 +218,14 @@ def _lognormal_modulation(t: np.ndarray, duration: float, w: float, within: dict
         return None
     ms = sorted({m for m in [2 ** i for i in range(1, 20)] + [int(round(x / w)) for x in IDC_SCALES]
                  if m >= 2 and m * w <= duration / 8})
-    tgt = [(m, idc_s(t, m * w)) for m in ms]
-    tgt = [(m, x) for m, x in tgt if x]
+    tgt = [(m, x) for m in ms if (x := idc_s(t, m * w))]
 
     def model(m: int, phi: float) -> float:
         k = np.arange(1, m)
         return d + mu * (np.expm1(s2) + 2 * float(np.sum((m - k) * np.expm1(s2 * phi ** k))) / m)
 
-    phi = 0.0
-    if tgt:
-        phi = float(optimize.minimize_scalar(
-            lambda p: sum((np.log(model(m, p)) - np.log(x)) ** 2 for m, x in tgt),
-            bounds=(0.0, 0.999), method="bounded").x)
+    phi = float(optimize.minimize_scalar(lambda p: sum((np.log(model(m, p)) - np.log(x)) ** 2 for m, x in tgt),
+                                         bounds=(0.0, 0.999), method="bounded").x) if tgt else 0.0
     return {"kind": "lognormal", "window": float(w), "sigma": round(float(np.sqrt(s2)), 4), "corr": round(phi, 4)}
 
 
@@ -262,9 +243,8 @@ def _simulate(cand: dict[str, Any], rate: float, span: float, seeds=EVAL_SEEDS,
         from .spec import parse_client
         from .spec_types import Spec
         one = {"dist": "constant", "value": 1}
-        d = {"rate": rate, **cand, "input": one, "output": one, "exact_count": True}
-        if client.get("sessions"):
-            d["sessions"] = client["sessions"]
+        d = {"rate": rate, **cand, "input": one, "output": one, "exact_count": True,
+             **({"sessions": client["sessions"]} if client.get("sessions") else {})}
         c = parse_client(_Reader(d, "clients[0]", None), 0)
         sp = Spec(span, 0, 16, 1.0, None, None, [c], client.get("timestamp_quantum_s"),
                   bool(client.get("timestamp_spread")))
@@ -301,14 +281,11 @@ def _fmt_idc(v: list[float | None]) -> str:
 
 
 def _label(c: dict[str, Any]) -> str:
-    a = c["arrival"]
+    a, m, p = c["arrival"], c.get("modulation"), c["profile"]
     proc = a["process"] + (f" cv {a['cv']:g}" if "cv" in a else "")
-    if "modulation" in c:
-        m = c["modulation"]
+    if m:
         return f"lognormal modulation (window {m['window']:g} s, sigma {m['sigma']:g}, corr {m['corr']:g}) + {proc}"
-    p = c["profile"]
-    return (f"table profile (window {p['window']:g} s) + {proc}" if p["kind"] == "table" else
-            f"{p['kind']} profile + {proc}")
+    return f"table profile (window {p['window']:g} s) + {proc}" if p["kind"] == "table" else f"{p['kind']} profile + {proc}"
 
 
 COPY = "a copy of this recording"   # what `why` says of a table from the search (`replay trace fit` warns)
@@ -329,10 +306,9 @@ def _copy_note(cand: dict[str, Any], best_mod: tuple | None) -> str:
         return out + (f"No modulated model could be fitted (it needs 16 windows of >= {MIN_PER_WINDOW:g} "
                       "arrivals and more dispersion than the renewal's). ")
     score, m, means = best_mod
-    return out + (f"The modelled alternative, {_label(m)}, misses the source's IDC by {score:.0%} (|mean| + 1.28 sd "
-                  f"of the seeds' relative errors; IDC {_fmt_idc(means)}): to use it, replace profile and arrival "
-                  f"with profile: {{kind: constant}}, arrival: {json.dumps(m['arrival'])}, "
-                  f"modulation: {json.dumps(m['modulation'])}. ")
+    return out + (f"The modelled alternative, {_label(m)}, misses the source's IDC by {score:.0%} (|mean| + 1.28 sd of the "
+                  f"seeds' relative errors; IDC {_fmt_idc(means)}): to use it, replace profile and arrival with profile: "
+                  f"{{kind: constant}}, arrival: {json.dumps(m['arrival'])}, modulation: {json.dumps(m['modulation'])}. ")
 
 
 CV_GRID = np.geomspace(0.05, 4.0, 14)
@@ -360,7 +336,11 @@ def _bucket_inner(arrival: dict[str, Any], t: np.ndarray, q: float, w: float, ra
     if dof < MIN_WINDOWS or c.mean() <= 0:
         return arrival
     d = float(((c - (np.bincount(g, c) / np.maximum(k, 1))[g]) ** 2).sum() / dof / c.mean())
-    cv = float(np.exp(np.interp(np.log(max(d, 1e-3)), *_idc_by_cv(round(rate * q, 3)))))
+    return _gamma(float(np.exp(np.interp(np.log(max(d, 1e-3)), *_idc_by_cv(round(rate * q, 3))))))
+
+
+def _gamma(cv: float) -> dict[str, Any]:
+    """A gamma renewal of this CV; Poisson within 3 % of CV 1."""
     return {"process": "poisson"} if abs(cv - 1) < 0.03 else {"process": "gamma", "cv": round(cv, 4)}
 
 
@@ -377,23 +357,19 @@ def _bucket_cv(cand: dict[str, Any], q: float, target: np.ndarray, rate: float, 
         return cand["arrival"], ""
     nb = max(int((target[-1] - target[0]) // q), 1)
     seeds = tuple(range(101, 101 + int(np.clip(np.ceil(2000 / nb), len(EVAL_SEEDS), 40))))
-    grid = np.geomspace(0.05, 4.0, 14)
     got = []
-    for cv in grid:
-        sims = _simulate({**cand, "arrival": {"process": "gamma", "cv": round(float(cv), 4)}}, rate, span, seeds,
-                         client=client)
-        v = [idc_s(x, q) for x in sims]
-        got.append(np.mean([x for x in v if x]) if any(v) else np.nan)
+    for cv in CV_GRID:
+        sims = _simulate({**cand, "arrival": {"process": "gamma", "cv": round(float(cv), 4)}}, rate, span, seeds, client)
+        v = [x for s in sims if (x := idc_s(s, q))]
+        got.append(np.mean(v) if v else np.nan)
     ok = np.isfinite(got)
     if not ok.any():
         return cand["arrival"], ""
     lg = np.maximum.accumulate(np.log(np.array(got)[ok]))
-    cv = float(np.exp(np.interp(np.log(src), lg, np.log(grid[ok]))))
-    arrival = {"process": "poisson"} if abs(cv - 1) < 0.03 else {"process": "gamma", "cv": round(cv, 4)}
-    old = cand["arrival"].get("cv", 1.0)
-    return arrival, (f"timestamps in {q:g}-s buckets: the gaps' CV ({old:g}, from rows spread evenly over "
-                     f"their buckets) replaced by the CV whose simulated IDC at {q:g} s matches the source's "
-                     f"{src:.3g} (mean of {len(seeds)} seeds)")
+    return _gamma(float(np.exp(np.interp(np.log(src), lg, np.log(CV_GRID[ok]))))), (
+        f"timestamps in {q:g}-s buckets: the gaps' CV ({cand['arrival'].get('cv', 1.0):g}, from rows spread evenly "
+        f"over their buckets) replaced by the CV whose simulated IDC at {q:g} s matches the source's {src:.3g} "
+        f"(mean of {len(seeds)} seeds)")
 
 
 def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bool = False,
@@ -450,35 +426,33 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
     # a bucketed clock without sessions: the CVs are read off the bucket counts (with sessions
     # the turns blur the buckets: the CV is searched, REGULAR_FACTORS)
     q = None if not whole or whole.get("sessions") else whole.get("timestamp_quantum_s")
-    bucket_note = ""
-    if q and len(src_t) >= 2:
-        base["arrival"], bucket_note = _bucket_cv(base, q, src_t, r_sim, span, whole)
+    base["arrival"], bucket_note = _bucket_cv(base, q, src_t, r_sim, span, whole) if q and len(src_t) >= 2 \
+        else (base["arrival"], "")
     src = [idc_s(src_t, s) for s in IDC_SCALES]
     judged = [i for i, s in enumerate(IDC_SCALES) if src[i] and (src_t[-1] - src_t[0]) / s >= MIN_WINDOWS]
     if len(t) < MIN_ARRIVALS or not judged:
-        why = (f"only {len(t)} arrivals (fewer than {MIN_ARRIVALS})" if len(t) < MIN_ARRIVALS else
-               f"the trace spans fewer than {MIN_WINDOWS} windows of {IDC_SCALES[0]:g} s")
-        return {**base, "why": f"{_label(base)}: {why}, so the model is fitted but not judged by the IDC it "
-                               f"reproduces ({SMALL}: its parameters are rough)"
-                               + (f". {bucket_note}" if bucket_note else "")}
+        reason = (f"only {len(t)} arrivals (fewer than {MIN_ARRIVALS})" if len(t) < MIN_ARRIVALS else
+                  f"the trace spans fewer than {MIN_WINDOWS} windows of {IDC_SCALES[0]:g} s")
+        return {**base, "why": f"{_label(base)}: {reason}, so the model is fitted but not judged by the IDC it "
+                               f"reproduces ({SMALL}: its parameters are rough)" + (f". {bucket_note}" if bucket_note else "")}
+    src_j = np.array([src[i] for i in judged])
+    tried: list[tuple[float, dict[str, Any], list[float | None]]] = []
 
-    def evaluate(cand: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, list[float | None]]:
-        sims = _simulate(cand, r_sim, span, client=whole) if whole else _simulate(cand, r_eval, span)
-        got = np.array([[idc_s(x, s) or np.nan for s in IDC_SCALES] for x in sims])
-        rel = got[:, judged] / np.array([src[i] for i in judged]) - 1
+    def judge(cand: dict[str, Any]) -> tuple[float, dict[str, Any], list[float | None]]:
+        """(score, cand, mean IDC per scale) of the candidate's simulations, kept in `tried`."""
+        got = np.array([[idc_s(x, s) or np.nan for s in IDC_SCALES] for x in _simulate(cand, r_sim, span, client=whole)])
         ok = np.isfinite(got)
         means = np.where(ok.any(0), np.where(ok, got, 0).sum(0) / np.maximum(ok.sum(0), 1), np.nan)
-        return rel, np.nanmean(got[:, judged], axis=0) / np.array([src[i] for i in judged]) - 1, \
-            [None if not np.isfinite(x) else float(x) for x in means]
+        tried.append((_score(got[:, judged] / src_j - 1), cand, [float(x) if np.isfinite(x) else None for x in means]))
+        return tried[-1]
 
     head = (f"IDC at {'/'.join(f'{s:g}' for s in IDC_SCALES)} s: source {_fmt_idc(src)}; judged "
             f"{'/'.join(f'{IDC_SCALES[i]:g}' for i in judged)} s" + (f"; {bucket_note}" if bucket_note else ""))
-    rel, mean_rel, means = evaluate(base)
+    _, _, means = judge(base)
     nw = np.array([(src_t[-1] - src_t[0]) / IDC_SCALES[i] for i in judged])
-    if np.all(np.abs(mean_rel) <= np.maximum(IDC_TOL, 2 * np.sqrt(2 / nw))):
+    if np.all(np.abs(np.array([means[i] for i in judged], float) / src_j - 1) <= np.maximum(IDC_TOL, 2 * np.sqrt(2 / nw))):
         return {**base, "why": f"{_label(base)}: simulated IDC within the sampling error of the source. "
                                f"{head}; candidate (mean of {len(EVAL_SEEDS)} seeds) {_fmt_idc(means)}"}
-    tried = [(_score(rel), base, means)]
     notes = [f"rejected {_label(base)} ({_fmt_idc(means)})"]
     windows = [w for w in WINDOW_GRID if w * rate >= MIN_PER_WINDOW and w <= duration / 8]
     inner = {}
@@ -488,34 +462,24 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
         if q and w > q:
             inner[w] = _bucket_inner(inner[w], src_t, q, w, r_eval)
     factors = REGULAR_FACTORS if whole and whole.get("sessions") else (1.0,)
-    best_mod = None
-    for w, pts, f in [(w, p, f) for p in ([t, rows] if whole else [t]) for w in windows for f in factors]:
-        mod = _lognormal_modulation(pts, duration, w, inner[w])
-        if mod is None:
-            continue
-        cand = {"profile": {"kind": "constant"}, "arrival": _more_regular(inner[w], f), "modulation": mod}
-        rel, _, means = evaluate(cand)
-        worst = _score(rel)
-        tried.append((worst, cand, means))
-        if best_mod is None or worst < best_mod[0]:
-            best_mod = (worst, cand, means)
+    series = [t, rows] if whole else [t]
+    mods = [judge({"profile": {"kind": "constant"}, "arrival": _more_regular(inner[w], f), "modulation": mod})
+            for pts in series for w in windows for f in factors
+            if (mod := _lognormal_modulation(pts, duration, w, inner[w])) is not None]
+    best_mod = min(mods, key=lambda x: x[0], default=None)
+
+    def why(score: str, cand: dict[str, Any], means: list[float | None]) -> str:
+        return f"{_label(cand)}: {score}. {_copy_note(cand, best_mod)}{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)
+
     if best_mod is not None:
         if best_mod[0] <= IDC_TOL:
-            return {**best_mod[1], "why": f"{_label(best_mod[1])}: |mean| + 1.28 sd of the seeds' relative IDC "
-                                          f"error {best_mod[0]:.0%} <= {IDC_TOL:.0%}. {head}; candidate {_fmt_idc(best_mod[2])}; "
-                                          + "; ".join(notes)}
+            return {**best_mod[1], "why": why(f"|mean| + 1.28 sd of the seeds' relative IDC error {best_mod[0]:.0%} <= "
+                                              f"{IDC_TOL:.0%}", best_mod[1], best_mod[2])}
         notes.append(f"rejected {_label(best_mod[1])} (score {best_mod[0]:.0%}, {_fmt_idc(best_mod[2])})")
-    for w, pts, f in [(w, p, f) for w in sorted(windows, reverse=True) for p in ([t, rows] if whole else [t])
-                      for f in factors]:
-        prof, _ = _table_at(pts, duration, w)
-        cand = {"profile": prof, "arrival": _more_regular(inner[w], f)}
-        rel, _, means = evaluate(cand)
-        worst = _score(rel)
-        tried.append((worst, cand, means))
+    for w, pts, f in [(w, p, f) for w in sorted(windows, reverse=True) for p in series for f in factors]:
+        worst, cand, means = judge({"profile": _table_at(pts, duration, w)[0], "arrival": _more_regular(inner[w], f)})
         if worst <= IDC_TOL:
-            return {**cand, "why": f"{_label(cand)}: the largest window with |mean| + 1.28 sd of the seeds' "
-                                   f"relative IDC error <= {IDC_TOL:.0%} ({worst:.0%}). {_copy_note(cand, best_mod)}"
-                                   f"{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)}
+            return {**cand, "why": why(f"the largest window with |mean| + 1.28 sd of the seeds' relative IDC error <= "
+                                       f"{IDC_TOL:.0%} ({worst:.0%})", cand, means)}
     worst, cand, means = min(tried, key=lambda x: x[0])
-    return {**cand, "why": f"{_label(cand)}: no candidate met {IDC_TOL:.0%}; the closest (score {worst:.0%}). "
-                           f"{_copy_note(cand, best_mod)}{head}; candidate {_fmt_idc(means)}; " + "; ".join(notes)}
+    return {**cand, "why": why(f"no candidate met {IDC_TOL:.0%}; the closest (score {worst:.0%})", cand, means)}

@@ -36,19 +36,13 @@ def _glibc():
 def reused_pages() -> Iterator[None]:
     """Reentrant: only the outermost block changes and restores the settings."""
     global _depth
-    _depth += 1
-    if _depth > 1:
-        try:
-            yield
-        finally:
-            _depth -= 1
-        return
-    libc = _glibc()
+    outer, _depth = _depth == 0, _depth + 1
+    libc = _glibc() if outer else None
     core = np._core if hasattr(np, "_core") else np.core      # NumPy 2 / NumPy 1
-    toggle = getattr(core.multiarray, "_set_madvise_hugepage", None)
-    previous = toggle(False) if toggle else None
-    pool = pa.default_memory_pool()
-    pa.set_memory_pool(pa.system_memory_pool())
+    toggle = getattr(core.multiarray, "_set_madvise_hugepage", None) if outer else None
+    previous, pool = toggle(False) if toggle else None, pa.default_memory_pool()
+    if outer:
+        pa.set_memory_pool(pa.system_memory_pool())
     if libc:
         libc.mallopt(M_MMAP_MAX, 0)
         libc.mallopt(M_TRIM_THRESHOLD, 2**30)
@@ -56,7 +50,8 @@ def reused_pages() -> Iterator[None]:
         yield
     finally:
         _depth -= 1
-        pa.set_memory_pool(pool)
+        if outer:
+            pa.set_memory_pool(pool)
         if toggle:
             toggle(previous)
         if libc:

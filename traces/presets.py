@@ -67,8 +67,7 @@ def _multi_turn(d: float) -> dict[str, Any]:
             "clients": [{"name": "assistant", "rate": 1.0, "arrival": {"process": "poisson"},
                          "input": _ln(400, 0.9, 6144), "output": _ln(250, 0.8, 2048), "rho": 0.1,
                          "sessions": {"turns": {"dist": "zipf", "a": 1.5, "min": 1, "max": 20},
-                                      "think_s": _ln(15, 0.8, 600, lo=0),
-                                      "user_tokens": _ln(80, 0.8, 4096)},
+                                      "think_s": _ln(15, 0.8, 600, lo=0), "user_tokens": _ln(80, 0.8, 4096)},
                          "prefix": {"system_blocks": 8, "system_share": 1.0}}]}
 
 
@@ -85,22 +84,19 @@ def _diurnal(d: float) -> dict[str, Any]:
 
 
 def _multi_lora(d: float) -> dict[str, Any]:
-    clients = [{"name": "base", "rate": 0.4, "models": "base", "arrival": {"process": "poisson"},
-                "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2}]
-    shares = [1 / i for i in range(1, 16)]
-    for i, s in enumerate(shares, 1):  # Zipf-popular adapters, each a small bursty tenant
-        clients.append({"name": f"tenant-{i}", "rate": 0.6 * s / sum(shares), "models": f"lora-{i}",
-                        "arrival": {"process": "gamma", "cv": 2.0},
-                        "input": _ln(150 * (1 + i % 4), 0.8, 6144), "output": _ln(60 * (1 + i % 3), 0.7, 2048)})
-    return {"clients": clients}
+    zipf = sum(1 / i for i in range(1, 16))  # Zipf-popular adapters, each a small bursty tenant
+    tenants = [{"name": f"tenant-{i}", "rate": 0.6 * (1 / i) / zipf, "models": f"lora-{i}",
+                "arrival": {"process": "gamma", "cv": 2.0}, "input": _ln(150 * (1 + i % 4), 0.8, 6144),
+                "output": _ln(60 * (1 + i % 3), 0.7, 2048)} for i in range(1, 16)]
+    return {"clients": [{"name": "base", "rate": 0.4, "models": "base", "arrival": {"process": "poisson"},
+                         "input": CHAT_IN, "output": CHAT_OUT, "rho": 0.2}, *tenants]}
 
 
 def _vision(d: float) -> dict[str, Any]:
     # a vision-language model (70% of requests) beside a text-only model: 42% of its chat
     # requests carry one or two images (up to 2 x 1371 tokens beside 3584 + 1536 of text), and
     # 5% of all requests are documents, batches of 4-8 scanned pages at 512x512 (8 x 363 tokens)
-    images = {"count": {0: 0.58, 1: 0.33, 2: 0.09},
-              "px": {"512x512": 0.5, "1024x1024": 0.3, "1280x720": 0.2}}
+    images = {"count": {0: 0.58, 1: 0.33, 2: 0.09}, "px": {"512x512": 0.5, "1024x1024": 0.3, "1280x720": 0.2}}
     pages = {"count": {4: 0.7, 8: 0.3}, "px": "512x512"}
     return {"clients": [{"name": "vision-chat", "rate": 0.95, "arrival": {"process": "gamma", "cv": 1.5},
                          "models": [{"name": "vlm", "weight": 0.68, "images": images,
@@ -119,8 +115,7 @@ def _agentic(d: float) -> dict[str, Any]:
     return {"clients": [{"name": "coder", "rate": 1.0, "arrival": {"process": "poisson"}, "exact_count": True,
                          "input": _ln(250, 0.8, 2048), "output": _ln(100, 0.7, 1024), "rho": 0.1,
                          "agent": {"steps": {"dist": "uniform", "low": 10, "high": 30},
-                                   "tool_delay_s": _ln(2.0, 1.0, 300, lo=0),
-                                   "growth": _ln(80, 0.9, 2048, lo=0),
+                                   "tool_delay_s": _ln(2.0, 1.0, 300, lo=0), "growth": _ln(80, 0.9, 2048, lo=0),
                                    "fanout": {"p": 0.1, "width": {"dist": "uniform", "low": 2, "high": 4},
                                               "input": _ln(300, 0.7, 2048)},
                                    "system_blocks": 96, "tools_blocks": 64, "context": CONTEXT}}]}
@@ -128,16 +123,10 @@ def _agentic(d: float) -> dict[str, Any]:
 
 PRESETS: dict[str, tuple[Callable[[float], dict[str, Any]], float, float]] = {
     # name: (builder, default duration s, default total rate req/s)
-    "chat": (_chat, 600.0, 5.0),
-    "bursty": (_bursty, 600.0, 5.0),
-    "multi-model": (_multi_model, 600.0, 5.0),
-    "long-context": (_long_context, 600.0, 1.0),
-    "multi-turn": (_multi_turn, 600.0, 3.0),
-    "diurnal": (_diurnal, 3600.0, 5.0),
-    "multi-lora": (_multi_lora, 600.0, 5.0),
-    "vision": (_vision, 600.0, 3.0),
-    "agentic": (_agentic, 600.0, 3.0),
-}
+    "chat": (_chat, 600.0, 5.0), "bursty": (_bursty, 600.0, 5.0), "multi-model": (_multi_model, 600.0, 5.0),
+    "long-context": (_long_context, 600.0, 1.0), "multi-turn": (_multi_turn, 600.0, 3.0),
+    "diurnal": (_diurnal, 3600.0, 5.0), "multi-lora": (_multi_lora, 600.0, 5.0), "vision": (_vision, 600.0, 3.0),
+    "agentic": (_agentic, 600.0, 3.0)}
 
 
 def scale_rate(spec: dict[str, Any], rate: float) -> dict[str, Any]:
@@ -146,13 +135,12 @@ def scale_rate(spec: dict[str, Any], rate: float) -> dict[str, Any]:
         raise TraceError(f"--rate must be > 0, got {rate}")
     spec = copy.deepcopy(spec)
     clients = spec.get("clients") or []
-    rates = []
     for c in clients:
         a = c.get("arrival", {})
         if "rate" not in c and a.get("process") == "onoff":
             c["rate"] = onoff_mean_rate(Arrival("onoff", 1, a.get("burst_rate", 0), a.get("idle_rate", 0),
                                                 a.get("on_s", 1), a.get("off_s", 1)))
-        rates.append(float(c.get("rate", 0)))
+    rates = [float(c.get("rate", 0)) for c in clients]
     total = sum(rates)
     for c, r in zip(clients, rates):
         c["rate"] = rate * r / total if total > 0 else rate / len(clients)
@@ -170,8 +158,5 @@ def preset_spec(name: str, duration: float | None = None, rate: float | None = N
     # exact_count: --rate is the rate a user gets, round(rate x duration) requests on every seed
     spec = {"name": name, "duration": d, "seed": seed, "block_size": 16, "exact_count": True, **build(d)}
     spec = scale_rate(spec, float(rate or r0))
-    for key, v in (("length_scale", length_scale), ("max_input_tokens", max_input_tokens),
-                   ("max_output_tokens", max_output_tokens)):
-        if v is not None:
-            spec[key] = v
-    return spec
+    kw = {"length_scale": length_scale, "max_input_tokens": max_input_tokens, "max_output_tokens": max_output_tokens}
+    return {**spec, **{k: v for k, v in kw.items() if v is not None}}

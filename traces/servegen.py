@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TraceError
+from .fit_dists import empirical
 from .spec import parse_spec
 from .spec_types import MAX_CV
 
@@ -42,13 +43,11 @@ def _read_windows(path: Path) -> np.ndarray:
             continue
         f = line.strip().split(",")
         if len(f) != 6:
-            raise TraceError(f"line {n}: expected 6 fields t_start,rate,cv,pattern,shape,scale, got {len(f)}",
-                             file=str(path))
+            raise TraceError(f"line {n}: expected 6 fields t_start,rate,cv,pattern,shape,scale, got {len(f)}", file=str(path))
         try:
             t, rate, cv = float(f[0]), float(f[1]), float(f[2])
         except ValueError:
-            raise TraceError(f"line {n}: t_start, rate and cv must be numbers: {line.strip()[:80]!r}",
-                             file=str(path)) from None
+            raise TraceError(f"line {n}: t_start, rate and cv must be numbers: {line.strip()[:80]!r}", file=str(path)) from None
         pat = {"": 0, "gamma": 1, "weibull": 2}.get(f[3].strip().lower())
         if pat is None:
             raise TraceError(f"line {n}: unknown pattern {f[3]!r} (expected Gamma, Weibull or empty)", file=str(path))
@@ -135,8 +134,7 @@ def _mixed_pmf(pmfs: dict[float, dict[str, dict[float, float]]], field: str, t: 
         vals = vals[np.minimum(np.searchsorted(cdf, (np.arange(MAX_POINTS) + 0.5) / MAX_POINTS), len(vals) - 1)]
         wts = np.ones(len(vals))
     vals = np.maximum(vals, lo)
-    return {"dist": "empirical", "values": vals.tolist(), "weights": (wts / wts.sum()).round(8).tolist(),
-            "min": lo, "max": float(vals.max())}
+    return empirical(vals, (wts / wts.sum()).round(8), lo, float(vals.max()))
 
 
 def _image_px(tokens: dict[str, Any], points: int = 16) -> dict[str, float]:
@@ -171,9 +169,8 @@ def servegen_spec(src: Path) -> dict[str, Any]:
             continue
         dpath = tpath.with_name(f"chunk-{cid}-dataset.json")
         if not dpath.exists():
-            raise TraceError(f"client {cid}: {dpath.name} is missing: {tpath.name} gives the rates, the lengths "
-                             "need that file's per-window input_tokens/output_tokens PMFs (copy it from the same "
-                             "ServeGen model directory)", file=str(src))
+            raise TraceError(f"client {cid}: {dpath.name} is missing (its input_tokens/output_tokens PMFs give the lengths): "
+                             "copy it from the same ServeGen model directory", file=str(src))
         pmfs = _read_pmfs(dpath)
         served = rate * window
         have = sorted({f for w in pmfs.values() for f in w})
@@ -186,31 +183,25 @@ def servegen_spec(src: Path) -> dict[str, Any]:
                              f"{', '.join(have) or 'none'}); the lengths need both", file=str(dpath))
         extra = {}
         if "reason_ratio" in have:  # reasoning clients: the share of each output that is reasoning
-            extra["reasoning_share"] = _mixed_pmf(pmfs, "reason_ratio", t, served, lo=0.0)
-            extra["reasoning_share"]["max"] = 1.0
+            extra["reasoning_share"] = {**_mixed_pmf(pmfs, "reason_ratio", t, served, lo=0.0), "max": 1.0}
         if "image_count" in have:
-            other = [f for f in ("audio_count", "video_count") if (_mixed_pmf(pmfs, f, t, served, 0.0) or
-                                                                   {"max": 0})["max"] > 0]
+            other = [f for f in ("audio_count", "video_count") if (_mixed_pmf(pmfs, f, t, served, 0.0) or {"max": 0})["max"] > 0]
             if other:
-                raise TraceError(f"client {cid}: {other[0]} has requests with a count > 0: a spec sends images "
-                                 "only (no audio or video inputs)", file=str(dpath))
+                raise TraceError(f"client {cid}: {other[0]} > 0 in some requests: a spec sends images only", file=str(dpath))
             count = _mixed_pmf(pmfs, "image_count", t, served, lo=0.0)
             tokens = _mixed_pmf(pmfs, "image_tokens", t, served, lo=0.0)
             if count["max"] > 0 and tokens and tokens["max"] > 0:
                 extra["images"] = {"count": {int(v): w for v, w in zip(count["values"], count["weights"]) if w > 0},
                                    "px": _image_px(tokens)}
-        busy = pat > 0
         family = "weibull" if served[pat == 2].sum() > served[pat == 1].sum() else "gamma"
-        win_cv = np.where(busy, np.clip(cv, 0.05, MAX_CV), 1.0).round(4)
+        win_cv = np.where(pat > 0, np.clip(cv, 0.05, MAX_CV), 1.0).round(4)
         # arrival.cv: the rate-weighted median window CV (profile.cv sets each window's)
         order = np.argsort(win_cv)
         mid = win_cv[order][np.searchsorted(np.cumsum(served[order]), served.sum() / 2)]
-        clients.append({
-            "name": f"client-{cid}", "rate": float(served.sum() / (len(t) * window)),
+        clients.append({ "name": f"client-{cid}", "rate": float(served.sum() / (len(t) * window)),
             "arrival": {"process": family, "cv": float(mid)},
             "profile": {"kind": "table", "window": window, "values": [float(f"{x:.7g}") for x in rate],
-                        "cv": win_cv.tolist()},
-            "models": model, "length_windows": lengths, **extra})
+                        "cv": win_cv.tolist()}, "models": model, "length_windows": lengths, **extra})
     if not clients:
         raise TraceError("every client is idle (all rates 0)", file=str(src))
     spec = {"name": f"servegen-{model}", "duration": duration, "seed": 0, "block_size": 16, "clients": clients}
@@ -224,6 +215,5 @@ def import_servegen(src: Path, out: Path) -> None:
     spec, out = servegen_spec(Path(src)), Path(out)
     points = sum(len(w[k]["values"]) for c in spec["clients"] for w in c["length_windows"] for k in ("input", "output"))
     if points > 200_000 and out.suffix.lower() != ".json":
-        print(f"note: {points:,} exact PMF points: a .json spec writes and loads in seconds, YAML in minutes "
-              f"(-o {out.with_suffix('.json')})", file=sys.stderr)
+        print(f"note: {points:,} exact PMF points: YAML loads in minutes, JSON in seconds (-o {out.with_suffix('.json')})", file=sys.stderr)
     write_spec(spec, out)

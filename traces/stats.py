@@ -59,9 +59,7 @@ def peak_rate(table: Any, window_s: float = 60.0) -> float | None:
     one shorter than a window (a partial window would understate the peak)."""
     a = arrivals_ns(table)
     w = max(int(round(window_s * 1e9)), 1)
-    if len(a) == 0 or a[-1] - a[0] < w:
-        return None
-    return float(window_counts(a, w).max()) / window_s
+    return float(window_counts(a, w).max()) / window_s if len(a) and a[-1] - a[0] >= w else None
 
 
 def window_counts(times: np.ndarray, w, origin=None, nbins: int | None = None) -> np.ndarray:
@@ -70,10 +68,8 @@ def window_counts(times: np.ndarray, w, origin=None, nbins: int | None = None) -
     rows, never span / w (a 2-row trace spanning 10^18 ns has 2 windows, not 10^9). The
     empty windows count 0 in every statistic, so callers add them analytically."""
     k = ((times - (times[0] if origin is None else origin)) // w).astype(np.int64)
-    if nbins is not None:
-        k = k[k < nbins]
-    if len(k) > 1 and (k[1:] < k[:-1]).any():
-        k = np.sort(k)
+    k = k if nbins is None else k[k < nbins]
+    k = np.sort(k) if len(k) > 1 and (k[1:] < k[:-1]).any() else k
     edges = np.flatnonzero(k[1:] != k[:-1]) + 1
     return np.diff(np.concatenate([[0], edges, [len(k)]]))
 
@@ -82,10 +78,8 @@ def dispersion(counts: np.ndarray, nbins: int) -> float | None:
     """Var(N) / E[N] (sample variance, ddof=1) over `nbins` windows whose non-zero counts are
     `counts` (`window_counts`): the other nbins - len(counts) windows add (0 - mean)^2 each."""
     m = counts.sum() / nbins
-    if nbins < 2 or not m > 0:
-        return None
     ss = float(((counts - m) ** 2).sum() + (nbins - len(counts)) * m * m)
-    return ss / (nbins - 1) / m
+    return ss / (nbins - 1) / m if nbins >= 2 and m > 0 else None
 
 
 def interarrival_cv(table: Any) -> float | None:
@@ -94,9 +88,7 @@ def interarrival_cv(table: Any) -> float | None:
     1 for a Poisson process, > 1 for bursty traffic, 0 for a constant rate. None when there
     are fewer than 2 gaps or the mean gap is 0."""
     g = interarrivals_s(table)
-    if len(g) < 2 or g.mean() <= 0:
-        return None
-    return float(g.std() / g.mean())
+    return float(g.std() / g.mean()) if len(g) >= 2 and g.mean() > 0 else None
 
 
 def index_of_dispersion(table: Any, windows_s=DEFAULT_WINDOWS_S) -> dict[str, float | None]:
@@ -114,19 +106,18 @@ def index_of_dispersion(table: Any, windows_s=DEFAULT_WINDOWS_S) -> dict[str, fl
 def idc(times: np.ndarray, w) -> float | None:
     """IDC of sorted arrival `times` over complete windows of width `w` (same unit, integer ns or
     float seconds) from the first arrival; None with fewer than 2 complete windows."""
-    if len(times) == 0:
-        return None
-    nbins = int((times[-1] - times[0]) // w)
-    if nbins < 2:
-        return None
-    return dispersion(window_counts(times, w, nbins=nbins), nbins)
+    nbins = int((times[-1] - times[0]) // w) if len(times) else 0
+    return dispersion(window_counts(times, w, nbins=nbins), nbins) if nbins >= 2 else None
 
 
-def _fit_sample(g: np.ndarray) -> np.ndarray:
-    g = g[g > 0]
-    if len(g) > MAX_FIT_SAMPLES:
-        g = g[np.linspace(0, len(g) - 1, MAX_FIT_SAMPLES).astype(np.int64)]
-    return g
+def subsample(x: np.ndarray, n: int = MAX_FIT_SAMPLES) -> np.ndarray:
+    """At most n of x, evenly spaced (deterministic)."""
+    return x[np.linspace(0, len(x) - 1, n).astype(np.int64)] if len(x) > n else x
+
+
+def _fit_sample(g: Any) -> np.ndarray:
+    g = np.asarray(g, dtype=np.float64)
+    return subsample(g[g > 0])
 
 
 def gamma_shape(gaps_s: np.ndarray) -> float | None:
@@ -134,10 +125,8 @@ def gamma_shape(gaps_s: np.ndarray) -> float | None:
     scipy.stats.gamma.fit. k = 1 is exponential (Poisson); k < 1 is burstier. None with fewer
     than 2 positive gaps or when all gaps are equal: log(mean x) - mean(log x) at most 1e-12,
     where scipy's root search finds no bracket."""
-    x = _fit_sample(np.asarray(gaps_s, dtype=np.float64))
-    if len(x) < 2 or not np.log(x.mean()) - np.log(x).mean() > 1e-12:
-        return None
-    return float(stats.gamma.fit(x, floc=0)[0])
+    x = _fit_sample(gaps_s)
+    return float(stats.gamma.fit(x, floc=0)[0]) if len(x) >= 2 and np.log(x.mean()) - np.log(x).mean() > 1e-12 else None
 
 
 def weibull_shape(gaps_s: np.ndarray) -> float | None:
@@ -146,13 +135,11 @@ def weibull_shape(gaps_s: np.ndarray) -> float | None:
     Solves sum(x^c log x) / sum(x^c) - 1/c - mean(log x) = 0 (scipy.stats.weibull_min.fit
     with floc=0 solves the same equation), computed in log space so large c cannot overflow.
     c = 1 is exponential; c < 1 is burstier. None with fewer than 2 positive gaps or all equal."""
-    x = _fit_sample(np.asarray(gaps_s, dtype=np.float64))
-    if len(x) < 2:
+    x = _fit_sample(gaps_s)
+    lx = np.log(x / x.mean()) if len(x) >= 2 else np.zeros(1)
+    if not np.ptp(lx) > 1e-12:
         return None
-    lx = np.log(x / x.mean())
     mlx = lx.mean()
-    if not lx.max() - lx.min() > 1e-12:
-        return None
 
     def f(c: float) -> float:  # increasing in c
         z = c * lx
@@ -225,9 +212,7 @@ def quantiles(values: np.ndarray) -> dict[str, float | None]:
     if len(v) == 0:
         return {k: None for k in (*QUANTILES, "mean", "max")}
     qs = np.percentile(v, list(QUANTILES.values()))
-    out = {k: float(q) for k, q in zip(QUANTILES, qs)}
-    out.update(mean=float(v.mean()), max=float(v.max()))
-    return out
+    return {**{k: float(q) for k, q in zip(QUANTILES, qs)}, "mean": float(v.mean()), "max": float(v.max())}
 
 
 def _lengths(table: pa.Table, col: str) -> np.ndarray:
@@ -239,8 +224,7 @@ def _model_codes(table: pa.Table) -> tuple[np.ndarray, list[str]] | None:
     if "model" not in table.column_names:
         return None
     col = table.column("model")
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col)
+    col = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
     col = col.unify_dictionaries() if hasattr(col, "unify_dictionaries") else col
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     labels = [str(x) for x in col.dictionary.to_pylist()] + ["(none)"]
@@ -258,11 +242,8 @@ def length_quantiles(table: Any) -> dict[str, Any]:
     mc = _model_codes(t)
     if mc is not None:
         codes, labels = mc
-        per = {}
-        for c in np.flatnonzero(np.bincount(codes, minlength=len(labels))):
-            m = codes == c
-            per[labels[c]] = {"input_tokens": quantiles(inp[m]), "output_tokens": quantiles(out[m])}
-        res["per_model"] = per
+        res["per_model"] = {labels[c]: {"input_tokens": quantiles(inp[m]), "output_tokens": quantiles(out[m])}
+                            for c in np.flatnonzero(np.bincount(codes, minlength=len(labels))) for m in [codes == c]}
     return res
 
 
@@ -271,14 +252,10 @@ def spearman_io(table: Any) -> float | None:
     known (average ranks for ties). None with fewer than 3 such rows or a constant column."""
     t = _tbl(table)
     inp, out = _lengths(t, "input_tokens"), _lengths(t, "output_tokens")
-    ok = ~np.isnan(out)
-    if ok.sum() < 3:
+    x, y = inp[~np.isnan(out)], out[~np.isnan(out)]
+    if len(x) < 3 or x.min() == x.max() or y.min() == y.max():
         return None
-    x, y = inp[ok], out[ok]
-    if x.min() == x.max() or y.min() == y.max():
-        return None
-    rx, ry = _ranks(x), _ranks(y)
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(_ranks(x), _ranks(y))[0, 1])
 
 
 def _ranks(v: np.ndarray) -> np.ndarray:
@@ -311,19 +288,15 @@ def session_stats(table: Any) -> dict[str, Any]:
     session (mean/p50/p90/max), share of requests in multi-request sessions, and the maximum
     `turn`. All None/0 when the trace has no sessions."""
     t = _tbl(table)
-    res: dict[str, Any] = {"sessions": 0, "requests_per_session": None, "multi_turn_share": 0.0,
-                           "max_turn": None}
+    res: dict[str, Any] = {"sessions": 0, "requests_per_session": None, "multi_turn_share": 0.0, "max_turn": None}
     if "turn" in t.column_names and t.column("turn").null_count < t.num_rows:
         res["max_turn"] = int(pc.max(t.column("turn")).as_py())
     if "session_id" not in t.column_names or t.column("session_id").null_count == t.num_rows:
         return res
-    vc = pc.value_counts(t.column("session_id").drop_null())
-    sizes = vc.field("counts").to_numpy().astype(np.float64)
-    res["sessions"] = int(len(sizes))
+    sizes = pc.value_counts(t.column("session_id").drop_null()).field("counts").to_numpy().astype(np.float64)
     q = quantiles(sizes)
-    res["requests_per_session"] = {k: q[k] for k in ("mean", "p50", "p90", "max")}
-    res["multi_turn_share"] = float(sizes[sizes > 1].sum() / t.num_rows)
-    return res
+    return {**res, "sessions": int(len(sizes)), "requests_per_session": {k: q[k] for k in ("mean", "p50", "p90", "max")},
+            "multi_turn_share": float(sizes[sizes > 1].sum() / t.num_rows)}
 
 
 def prefix_cache_hits(table: Any, block_size: int | None = None) -> dict[str, Any] | None:
@@ -359,10 +332,9 @@ def prefix_cache_hits(table: Any, block_size: int | None = None) -> dict[str, An
     reused = (miss_cum - before) == 0  # no miss so far in this request
     n_reused_row = np.bincount(row, weights=reused, minlength=len(lens))
     res = {"block_hit_ratio": float(reused.mean()), "any_block_hit_ratio": float(cached.mean()),
-           "blocks": int(len(ids)), "requests_with_hit": float((n_reused_row > 0).mean()),
-           "token_hit_ratio": None}
+           "blocks": int(len(ids)), "requests_with_hit": float((n_reused_row > 0).mean()), "token_hit_ratio": None}
     if block_size:
-        inp = t.column("input_tokens").to_numpy().astype(np.float64)
+        inp = _lengths(t, "input_tokens")
         hit_tokens = np.minimum(n_reused_row * block_size, inp).sum()
         res["token_hit_ratio"] = float(hit_tokens / inp.sum()) if inp.sum() > 0 else None
     return res
@@ -411,8 +383,7 @@ def image_stats(table: Any) -> dict[str, Any] | None:
     defaulted = int((k > 0).sum()) if "image_px" not in t.column_names else int(
         pc.sum(pc.and_(pc.is_null(t.column("image_px")), pa.array(k > 0))).as_py() or 0)
     return {"share_with_images": float((k > 0).mean()) if len(k) else 0.0,
-            "mean_images": float(k.mean()) if len(k) else 0.0,
-            "max_images": int(k.max(initial=0)),
+            "mean_images": float(k.mean()) if len(k) else 0.0, "max_images": int(k.max(initial=0)),
             "count_histogram": {str(c): int(hist[c]) for c in np.flatnonzero(hist)},
             "image_px": px, "image_px_distinct": distinct,
             "image_px_defaulted": float(defaulted / max(int((k > 0).sum()), 1))}
@@ -511,8 +482,7 @@ def reasoning_stats(table: Any) -> dict[str, Any] | None:
     t = _tbl(table)
     if "reasoning_tokens" not in t.column_names or t.column("reasoning_tokens").null_count == t.num_rows:
         return None
-    r = t.column("reasoning_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
-    o = t.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    r, o = _lengths(t, "reasoning_tokens"), _lengths(t, "output_tokens")
     ok = ~np.isnan(r) & ~np.isnan(o)
     r, o = r[ok], o[ok]
     if not o.sum():
