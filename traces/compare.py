@@ -75,10 +75,8 @@ def _image_rows(ia: dict[str, Any] | None, ib: dict[str, Any] | None, n: tuple[i
             _row("images.mean_per_request", "image_mean", ia["mean_images"], ib["mean_images"])]
     sa, sb = ({int(k): v / max(sum(h.values()), 1) for k, v in h.items()}
               for h in (ia["count_histogram"], ib["count_histogram"]))
-    for k in sorted(set(sa) | set(sb)):
-        if max(sa.get(k, 0.0), sb.get(k, 0.0)) >= MIN_COUNT_SHARE:
-            rows.append(_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0), n=n))
-    return rows
+    return rows + [_row(f"images.count_share.{k}", "image_share", sa.get(k, 0.0), sb.get(k, 0.0), n=n)
+                   for k in sorted(set(sa) | set(sb)) if max(sa.get(k, 0.0), sb.get(k, 0.0)) >= MIN_COUNT_SHARE]
 
 
 def _conversations(a: Any, b: Any) -> str | None:
@@ -102,7 +100,7 @@ def _shared_prefix_rows(a: Any, b: Any) -> list[dict[str, Any]]:
     pa_, pb_ = pa_ or none, pb_ or none
     n = (pa_["conversations"], pb_["conversations"])
     rows = [_row("shared_prefix.share", "prefix_share", pa_["share"], pb_["share"], reason=why, n=n if all(n) else None)]
-    miss = ("opens no conversation with a shared prefix",) * 2
+    miss = "opens no conversation with a shared prefix"
     rows += [_row(f"shared_prefix.blocks.{q}", "prefix_blocks", pa_["blocks"].get(q), pb_["blocks"].get(q),
                   missing=miss, reason=why) for q in ("p50", "p90")]
     rows.append(_row("shared_prefix.top_share", "prefix_share", pa_["top_share"], pb_["top_share"], missing=miss,
@@ -275,10 +273,7 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     ma, mb = stats.model_mix(a), stats.model_mix(b)
     # no model column = one unnamed model: it matches a single label on the other side (fit ->
     # generate names it `default`); shares are compared when a side has several or they differ
-    if not ma and len(mb) == 1:
-        ma = dict(mb)
-    if not mb and len(ma) == 1:
-        mb = dict(ma)
+    ma, mb = ma or (mb if len(mb) == 1 else {}), mb or (ma if len(ma) == 1 else {})
     if len(ma) > 1 or set(ma) != set(mb):
         rows += [_row(f"model_share.{k}", "model_share", ma.get(k, 0.0), mb.get(k, 0.0), n=n)
                  for k in {**ma, **mb}]
@@ -289,9 +284,8 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
                          reason=_lacks((pa_, pb_), "has no hash_ids")))
         ra, rb = prefixes.reuse_distances(a), prefixes.reuse_distances(b)
         why = tuple("has no prefix-cache hits" if p else "has no hash_ids" for p in (pa_, pb_))
-        for q in ("p50", "p90"):
-            rows.append(_row(f"reuse_distance_requests.{q}", "reuse_distance", (ra or {}).get("requests", {}).get(q),
-                             (rb or {}).get("requests", {}).get(q), missing=why))
+        rows += [_row(f"reuse_distance_requests.{q}", "reuse_distance",
+                      *((r or {}).get("requests", {}).get(q) for r in (ra, rb)), missing=why) for q in ("p50", "p90")]
     rows += _shared_prefix_rows(a, b)
     rows += _turn_rows(a, b)
     rows += _agent_rows(a, b)
@@ -317,16 +311,16 @@ def summary(rows: list[dict[str, Any]]) -> str:
                      [f"{c[k]} {text}" for k, text in extra if c[k]])
 
 
-def _verdict(r: dict[str, Any]) -> str:
-    return r["verdict"].upper() + (f" ({r['reason']})" if r.get("reason") else "")
+def _cells(r: dict[str, Any]) -> tuple[str, ...]:
+    """A row as the table shows it: metric, A, B, diff, tolerance, verdict (with its reason)."""
+    return (r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"]), r["tolerance"],
+            r["verdict"].upper() + (f" ({r['reason']})" if r.get("reason") else ""))
 
 
 def format_table(rows: list[dict[str, Any]], name_a: str = "A", name_b: str = "B") -> str:
-    head = ("metric", name_a, name_b, "diff", "tolerance", "verdict")
-    body = [(r["metric"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["diff"]), r["tolerance"], _verdict(r)) for r in rows]
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head, *body]]
-    return "\n".join([*lines, summary(rows)])
+    body = [("metric", name_a, name_b, "diff", "tolerance", "verdict"), *map(_cells, rows)]
+    widths = [max(map(len, column)) for column in zip(*body)]
+    return "\n".join(["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in body] + [summary(rows)])
 
 
 QQ_PROBS = np.concatenate([[0.001, 0.005], np.arange(0.01, 1.0, 0.01), [0.995, 0.999]])
@@ -335,12 +329,11 @@ QQ_PROBS = np.concatenate([[0.001, 0.005], np.arange(0.01, 1.0, 0.01), [0.995, 0
 def qq_points(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Inter-arrival quantiles (s) of A and B at QQ_PROBS, over the positive gaps (a log axis
     has no 0; the share of zero gaps of each trace is returned beside them)."""
-    ga, gb = stats.interarrivals_s(a), stats.interarrivals_s(b)
-    zeros = {"a": float((ga <= 0).mean()) if len(ga) else 0.0, "b": float((gb <= 0).mean()) if len(gb) else 0.0}
-    ga, gb = ga[ga > 0], gb[gb > 0]
-    if not len(ga) or not len(gb):
-        return np.zeros(0), np.zeros(0), zeros
-    return np.quantile(ga, QQ_PROBS), np.quantile(gb, QQ_PROBS), zeros
+    gaps = [stats.interarrivals_s(x) for x in (a, b)]
+    zeros = {k: float((g <= 0).mean()) if len(g) else 0.0 for k, g in zip("ab", gaps)}
+    pos = [g[g > 0] for g in gaps]
+    xa, yb = (np.quantile(g, QQ_PROBS) if all(map(len, pos)) else np.zeros(0) for g in pos)
+    return xa, yb, zeros
 
 
 def qq_svg(xa: np.ndarray, yb: np.ndarray, name_a: str, name_b: str, size: int = 360) -> str:
@@ -348,41 +341,35 @@ def qq_svg(xa: np.ndarray, yb: np.ndarray, name_a: str, name_b: str, size: int =
     y = x, decade ticks. Every point lies inside the frame."""
     m, w = 48, size
     inner = w - 2 * m
-    if not len(xa):
-        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{w}"><text x="{m}" y="{w // 2}">no positive inter-arrival gaps</text></svg>'
-    lo = np.floor(np.log10(min(xa.min(), yb.min())))
-    hi = np.ceil(np.log10(max(xa.max(), yb.max())))
-    hi = hi if hi > lo else lo + 1
-    pos = lambda v: m + (np.log10(v) - lo) / (hi - lo) * inner  # noqa: E731
-    esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
     out = [f'<svg class="qq" xmlns="http://www.w3.org/2000/svg" width="{w}" height="{w}" viewBox="0 0 {w} {w}" '
-           f'font-family="sans-serif" font-size="11">',
-           f'<rect class="frame" x="{m}" y="{m}" width="{inner}" height="{inner}" fill="none" stroke="#888"/>']
-    for d in range(int(lo), int(hi) + 1):
-        p = m + (d - lo) / (hi - lo) * inner
-        label = f"{10.0 ** d:g}"
-        out += [f'<line x1="{p:.1f}" y1="{m}" x2="{p:.1f}" y2="{w - m}" stroke="#eee"/>',
-                f'<line x1="{m}" y1="{w - p:.1f}" x2="{w - m}" y2="{w - p:.1f}" stroke="#eee"/>',
-                f'<text x="{p:.1f}" y="{w - m + 14}" text-anchor="middle">{label}</text>',
-                f'<text x="{m - 4}" y="{w - p + 4:.1f}" text-anchor="end">{label}</text>']
-    out.append(f'<line class="diagonal" x1="{m}" y1="{w - m}" x2="{w - m}" y2="{m}" stroke="#c33" stroke-dasharray="4 3"/>')
-    for x, y, q in zip(xa, yb, QQ_PROBS):
-        out.append(f'<circle class="pt" cx="{pos(x):.1f}" cy="{w - pos(y):.1f}" r="2.2" fill="#2b6cb0">'
-                   f'<title>p{q * 100:g}: {x:.4g} s vs {y:.4g} s</title></circle>')
-    out += [f'<text x="{w / 2}" y="{w - 10}" text-anchor="middle">{esc(name_a)} inter-arrival (s)</text>',
+           'font-family="sans-serif" font-size="11">']
+    if not len(xa):
+        return f'{out[0]}<text x="{m}" y="{w // 2}">no positive inter-arrival gaps</text></svg>'
+    lo = np.floor(np.log10(min(xa.min(), yb.min())))
+    hi = max(np.ceil(np.log10(max(xa.max(), yb.max()))), lo + 1)
+    pos = lambda v: m + (np.log10(v) - lo) / (hi - lo) * inner  # noqa: E731
+    out.append(f'<rect class="frame" x="{m}" y="{m}" width="{inner}" height="{inner}" fill="none" stroke="#888"/>')
+    for d in 10.0 ** np.arange(lo, hi + 1):
+        p = pos(d)
+        out.append(f'<path d="M{p:.1f},{m}V{w - m}M{m},{w - p:.1f}H{w - m}" stroke="#eee"/>'
+                   f'<text x="{p:.1f}" y="{w - m + 14}" text-anchor="middle">{d:g}</text>'
+                   f'<text x="{m - 4}" y="{w - p + 4:.1f}" text-anchor="end">{d:g}</text>')
+    out.append(f'<line class="diagonal" x1="{m}" y1="{w - m}" x2="{w - m}" y2="{m}" stroke="#c33" '
+               'stroke-dasharray="4 3"/>')
+    out += [f'<circle class="pt" cx="{pos(x):.1f}" cy="{w - pos(y):.1f}" r="2.2" fill="#2b6cb0">'
+            f'<title>p{q * 100:g}: {x:.4g} s vs {y:.4g} s</title></circle>' for x, y, q in zip(xa, yb, QQ_PROBS)]
+    out += [f'<text x="{w / 2}" y="{w - 10}" text-anchor="middle">{html.escape(name_a)} inter-arrival (s)</text>',
             f'<text x="12" y="{w / 2}" text-anchor="middle" transform="rotate(-90 12 {w / 2})">'
-            f'{esc(name_b)} inter-arrival (s)</text>', "</svg>"]
+            f'{html.escape(name_b)} inter-arrival (s)</text>', "</svg>"]
     return "\n".join(out)
 
 
 def render_html(rows: list[dict[str, Any]], a: Any, b: Any, name_a: str = "A", name_b: str = "B") -> str:
     """A self-contained page: the comparison table (tolerance and verdict per metric) and the
     QQ plot of the two traces' inter-arrival times. No script, no external resource."""
-    esc = lambda s: html.escape(str(s), quote=True)  # noqa: E731
-    body = "\n".join(f'<tr class="{esc(r["verdict"].replace("/", "").replace(" ", ""))}">'
-                     f'<td>{esc(r["metric"])}</td><td>{_fmt(r["a"])}</td><td>{_fmt(r["b"])}</td>'
-                     f'<td>{_fmt(r["diff"])}</td><td>{esc(r["tolerance"])}</td>'
-                     f'<td>{esc(_verdict(r))}</td></tr>' for r in rows)
+    esc = html.escape
+    body = "\n".join(f'<tr class="{r["verdict"].replace("/", "").replace(" ", "")}">'
+                     + "".join(f"<td>{esc(c)}</td>" for c in _cells(r)) + "</tr>" for r in rows)
     xa, yb, zeros = qq_points(a, b)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>trace compare: {esc(name_a)} vs {esc(name_b)}</title>

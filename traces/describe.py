@@ -86,113 +86,91 @@ def _dequantize_hint(trace: Trace, path: str | None) -> str:
 
 
 def _f(v: Any, nd: int = 3) -> str:
-    if v is None:
-        return "-"
     if isinstance(v, float):
         return f"{v:,.{nd}f}" if abs(v) < 1e6 else f"{v:,.0f}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
+    return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def _qline(name: str, q: dict) -> str:
-    return f"  {name:<14}" + "".join(f"{k}={_f(q[k], 0 if k != 'mean' else 1):>9}  " for k in ("p50", "p90", "p99", "max", "mean"))
+def _qs(q: dict, keys: str = "p50 p90", nd: int = 0, unit: str = "", width: int = 0) -> str:
+    """Quantiles as 'p50=13 p90=2,725', each figure right-aligned in `width` and followed by `unit`."""
+    return " ".join(f"{k}={_f(q[k], nd):>{width}}{unit}" for k in keys.split())
 
 
-def _image_lines(im: dict[str, Any], shown: int = 12) -> list[str]:
-    """Share with images, mean and max, the count histogram as shares (the first `shown`
-    counts; the rest summed, up to 65 counts would not fit a line) and the top sizes."""
-    items = list(im["count_histogram"].items())
-    total = sum(v for _, v in items) or 1
-    hist = [f"{k}: {v / total:.1%}" for k, v in items[:shown]]
-    if len(items) > shown:
-        hist.append(f">{items[shown - 1][0]}: {sum(v for _, v in items[shown:]) / total:.1%}")
-    lines = [f"images           {im['share_with_images']:.2%} of requests have images; "
-             f"mean {_f(im['mean_images'], 3)} per request, max {im['max_images']}",
-             f"  count          {', '.join(hist)}"]
-    if im["image_px"]:
-        more = im["image_px_distinct"] - len(im["image_px"])
-        null = im["image_px_defaulted"]
-        lines.append("  image_px       " + ", ".join(f"{k} {v:.1%}" for k, v in im["image_px"].items())
-                     + (f" (+{more} other sizes)" if more > 0 else "")
-                     + (f"; {null:.1%} null, sent as the default" if null else ""))
-    return lines
+def _share_list(counts: dict, shown: int) -> str:
+    """'0: 37.5%, 1: 37.5%' for the first `shown` counts, the rest summed ('>11: 42.9%'):
+    up to 65 image counts would not fit a line."""
+    items, total = list(counts.items()), sum(counts.values()) or 1
+    rest = [(f">{items[shown - 1][0]}", sum(v for _, v in items[shown:]))] if len(items) > shown else []
+    return ", ".join(f"{k}: {v / total:.1%}" for k, v in items[:shown] + rest)
 
 
 def render(d: dict[str, Any], file: str) -> str:
-    src = d.get("source") or {}
+    """The terminal report: a line per part, its label in the first 17 columns."""
+    src, fit, ln = d.get("source") or {}, d["interarrival_fit"], d["lengths"]
     lines = [f"{file}: {d['requests']:,} requests over {_f(d['duration_s'])} s"
-             + (f" (imported from {src.get('format')}: {src.get('file')})" if src.get("format") else "")]
-    fit = d["interarrival_fit"]
-    idc = ", ".join(f"{k}={_f(v, 2)}" for k, v in d["index_of_dispersion"].items())
-    lines += [
-        "arrivals",
-        f"  mean rate      {_f(d['mean_rate'])} req/s   peak (60 s window) {_f(d['peak_rate_60s'])} req/s",
-        f"  inter-arrival  CV={_f(d['interarrival_cv'])}  gamma shape={_f(fit['gamma_shape'])}  "
-        f"weibull shape={_f(fit['weibull_shape'])}  zero gaps={_f(fit['zero_gap_share'])}",
-        f"  dispersion     index of dispersion of counts: {idc}",
-        "lengths (tokens)",
-        _qline("input", d["lengths"]["input_tokens"]), _qline("output", d["lengths"]["output_tokens"]),
-        f"  spearman(input, output) = {_f(d['spearman_input_output'])}",
-    ]
-    per = d["lengths"].get("per_model") or {}
+             + (f" (imported from {src.get('format')}: {src.get('file')})" if src.get("format") else ""), "arrivals",
+             f"  mean rate      {_f(d['mean_rate'])} req/s   peak (60 s window) {_f(d['peak_rate_60s'])} req/s",
+             f"  inter-arrival  CV={_f(d['interarrival_cv'])}  gamma shape={_f(fit['gamma_shape'])}  "
+             f"weibull shape={_f(fit['weibull_shape'])}  zero gaps={_f(fit['zero_gap_share'])}",
+             "  dispersion     index of dispersion of counts: "
+             + ", ".join(f"{k}={_f(v, 2)}" for k, v in d["index_of_dispersion"].items()), "lengths (tokens)",
+             *(f"  {c:<14}{_qs(ln[f'{c}_tokens'], 'p50 p90 p99 max', width=9)} "
+               f"mean={_f(ln[f'{c}_tokens']['mean'], 1):>9}" for c in ("input", "output")),
+             f"  spearman(input, output) = {_f(d['spearman_input_output'])}"]
     if d["model_mix"]:
-        lines.append("models (share, input p50/p99, output p50/p99)")
-        for m, share in d["model_mix"].items():
-            pi, po = per[m]["input_tokens"], per[m]["output_tokens"]
-            lines.append(f"  {m:<24} {share:7.2%}  in {_f(pi['p50'], 0)}/{_f(pi['p99'], 0)}"
-                         f"  out {_f(po['p50'], 0)}/{_f(po['p99'], 0)}")
-    pcache = d["prefix_cache"]
-    if pcache:
-        lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pcache['block_hit_ratio'])}, "
-                     f"tokens {_f(pcache['token_hit_ratio'])} (block_size {_f(d['block_size'])}), "
-                     f"requests with a hit {_f(pcache['requests_with_hit'])}")
-    rd = d.get("reuse_distance")
-    if rd:
-        r, sec = rd["requests"], rd["seconds"]
-        lines.append(f"  reuse distance requests since the block's last use p50={_f(r['p50'], 0)} p90={_f(r['p90'], 0)} "
-                     f"p99={_f(r['p99'], 0)}; seconds p50={_f(sec['p50'], 1)} p90={_f(sec['p90'], 1)}")
-    ts = d.get("turns")
+        lines.append("models (share, input and output tokens)")
+    for m, share in d["model_mix"].items():
+        pi, po = (ln["per_model"][m][f"{c}_tokens"] for c in ("input", "output"))
+        lines.append(f"  {m:<24} {share:7.2%}  in {_qs(pi, 'p50 p99')}  out {_qs(po, 'p50 p99')}")
+    if pc := d["prefix_cache"]:
+        lines.append(f"prefix cache     unbounded-cache hit ratio: blocks {_f(pc['block_hit_ratio'])}, "
+                     f"tokens {_f(pc['token_hit_ratio'])} (block_size {_f(d['block_size'])}), "
+                     f"requests with a hit {_f(pc['requests_with_hit'])}")
+    if rd := d.get("reuse_distance"):
+        lines.append(f"  reuse distance requests since the block's last use {_qs(rd['requests'], 'p50 p90 p99')}; "
+                     f"seconds {_qs(rd['seconds'], nd=1)}")
     # the numbers `compare` judges (turn_stats): from session_id, and from hash_ids chains,
     # which it uses on both sides when one has no session_id
-    for key, how in (("turns", None), ("turns_from_hash_ids", "  hash_ids chains")):
-        tx = d.get(key)
-        if tx and tx["sessions"] < d["requests"]:
-            tq = tx["turns"]
-            src = "from session_id" if tx["source"] == "session_id" else "inferred from hash_ids chains"
-            lines.append(f"{how or 'conversations':<16} {tx['sessions']:,} {src if how is None else ''}".rstrip()
-                         + f" (turns mean {_f(tq['mean'], 2)}, p90 {_f(tq['p90'], 2)}, max {_f(tq['max'], 0)}; "
+    for key, label in (("turns", "conversations"), ("turns_from_hash_ids", "  hash_ids chains")):
+        if (tx := d.get(key)) and tx["sessions"] < d["requests"]:
+            tq, chains = tx["turns"], key != "turns"
+            src = " from session_id" if tx["source"] == "session_id" else " inferred from hash_ids chains"
+            lines.append(f"{label:<16} {tx['sessions']:,}{'' if chains else src} (turns mean {_f(tq['mean'], 2)}, "
+                         f"p90 {_f(tq['p90'], 2)}, max {_f(tq['max'], 0)}; "
                          f"in multi-turn ones {_f(tx['multi_turn_share'])})"
-                         + ("; compare uses these against a trace without session_id" if how else ""))
-    if ts and ts["sessions"] < d["requests"]:
-        lines.append(f"  between turns  gap p50={_f(ts['gap_s']['p50'], 1)} s p90={_f(ts['gap_s']['p90'], 1)} s; "
-                     f"new tokens per turn p50={_f(ts['new_tokens']['p50'], 0)} p90={_f(ts['new_tokens']['p90'], 0)}")
-    sp = d.get("shared_prefixes")
-    if sp and sp["prefixes"]:
-        b = sp["blocks"]
+                         + ("; compare uses these against a trace without session_id" if chains else ""))
+    if (ts := d.get("turns")) and ts["sessions"] < d["requests"]:
+        lines.append(f"  between turns  gap {_qs(ts['gap_s'], nd=1, unit=' s')}; "
+                     f"new tokens per turn {_qs(ts['new_tokens'])}")
+    if (sp := d.get("shared_prefixes")) and sp["prefixes"]:
         lines.append(f"shared prefixes  {sp['prefixes']:,} open {_f(sp['share'])} of the conversations (each used by "
-                     f">= {prefixes.MIN_SHARED_USES}; a system prompt is one): length p50={_f(b['p50'], 0)} "
-                     f"p90={_f(b['p90'], 0)} max={_f(b['max'], 0)} blocks; the most used opens {_f(sp['top_share'])} of those")
-    ag = d.get("agents")
-    if ag:
-        st, dl, gr = ag["steps"], ag["delay_s"], ag["growth"]
-        lines += [f"agent tasks      {ag['tasks']:,} judged (wholly inside the trace): steps p50={_f(st['p50'], 1)} "
-                  f"p90={_f(st['p90'], 1)} mean={_f(st['mean'], 2)}; fan-out share {_f(ag['fanout_share'])} "
-                  f"(width mean {_f(ag['fanout_width']['mean'], 2)}), {ag['subagent_calls']:,} subagent calls",
-                  f"  delay_s        p50={_f(dl['p50'], 2)} p90={_f(dl['p90'], 2)} s; context growth per step "
-                  f"p50={_f(gr['p50'], 0)} p90={_f(gr['p90'], 0)} tokens"
+                     f">= {prefixes.MIN_SHARED_USES}; a system prompt is one): "
+                     f"length {_qs(sp['blocks'], 'p50 p90 max')} blocks; "
+                     f"the most used opens {_f(sp['top_share'])} of those")
+    if ag := d.get("agents"):
+        lines += [f"agent tasks      {ag['tasks']:,} judged (wholly inside the trace): "
+                  f"steps {_qs(ag['steps'], nd=1)} mean={_f(ag['steps']['mean'], 2)}; "
+                  f"fan-out share {_f(ag['fanout_share'])} (width mean {_f(ag['fanout_width']['mean'], 2)}), "
+                  f"{ag['subagent_calls']:,} subagent calls",
+                  f"  delay_s        {_qs(ag['delay_s'], nd=2)} s; context growth per step {_qs(ag['growth'])} tokens"
                   + (f"; history cut at {_f(ag['context'], 0)} tokens" if ag["context"] else "")]
-    if d.get("images"):
-        lines += _image_lines(d["images"])
-    if d.get("reasoning"):
-        rs = d["reasoning"]
+    if im := d.get("images"):
+        more, null = im["image_px_distinct"] - len(im["image_px"]), im["image_px_defaulted"]
+        lines += [f"images           {im['share_with_images']:.2%} of requests have images; "
+                  f"mean {_f(im['mean_images'], 3)} per request, max {im['max_images']}",
+                  f"  count          {_share_list(im['count_histogram'], 12)}"]
+        if im["image_px"]:
+            lines.append("  image_px       " + ", ".join(f"{k} {v:.1%}" for k, v in im["image_px"].items())
+                         + (f" (+{more} other sizes)" if more > 0 else "")
+                         + (f"; {null:.1%} null, sent as the default" if null else ""))
+    if rs := d.get("reasoning"):
         lines.append(f"reasoning        {rs['share']:.1%} of output tokens ({rs['rows']:,} requests say how many)")
     if d["failed_in_source"]:
         lines.append(f"failed in source {d['failed_in_source']:,} requests (flagged, kept)")
     if d["output_tokens_null"]:
         lines.append(f"output unknown   {d['output_tokens_null']:,} requests (server decides)")
-    for t in d["transforms"]:
-        lines.append(f"transform        {t}")
-    for w in d.get("warnings", []):
-        lines.append(f"warning          {w}")
+    lines += [f"transform        {t}" for t in d["transforms"]]
+    lines += [f"warning          {w}" for w in d.get("warnings", [])]
     return "\n".join(lines) + "\n"
 
 
