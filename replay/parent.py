@@ -93,7 +93,7 @@ def start_receiver(address: str, token: str | None):
     except ValueError as e:
         raise RunError(str(e)) from None
     except OSError as e:
-        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}); choose a free HOST:PORT "
+        raise RunError(f"--otlp {address}: cannot receive spans there ({e.strerror or e}); choose a free --otlp HOST:PORT "
                        "(HOST:0: any) and point the server's traces endpoint there") from None
     print(f"replay: otlp: receiving spans at http://{rec.address}{PATH} " + ("(token required)" if token else
           "(unauthenticated: any local process can post spans; --otlp-token sets a secret)"), file=sys.stderr)

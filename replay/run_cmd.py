@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
                    help=f"exit 1 when more than this share of the requests failed (default {MAX_ERROR_RATE:g})")
     p.add_argument("--exit-code-on-error", type=int, metavar="N", help="exit N when any request failed (Locust's)")
     p.add_argument("--nice", type=int, metavar="N", help="run the runner (and its autogroup) at nice N, e.g. -10")
-    p.add_argument("--realtime", action="store_true", help="the runner at SCHED_FIFO 1 (root); not beside the server")
+    p.add_argument("--realtime", action="store_true", help="runner at SCHED_FIFO 1 (root); not on the same host as the server")
     p.add_argument("--otlp", nargs="?", const="127.0.0.1:4318", metavar="HOST:PORT",
                    help="send traceparents, receive the server's spans here (default 127.0.0.1:4318; send: headers only)")
     p.add_argument("--otlp-token", metavar="TOKEN", default=os.environ.get("REPLAY_OTLP_TOKEN"),
