@@ -87,7 +87,8 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     """n, mean, p50..p99.9, max, bootstrap CIs for the named percentiles, small-n warnings.
     NaN values are ignored."""
     xs = np.sort(values)
-    n = int(np.searchsorted(xs, np.nan)) if xs.dtype.kind == "f" else len(xs)
+    # NaN sorts last. Searched for in the sample's own dtype: a float64 NaN would cast it whole.
+    n = int(np.searchsorted(xs, xs.dtype.type(np.nan))) if xs.dtype.kind == "f" else len(xs)
     xs = xs[:n]
     out: dict = {"n": n}
     if n == 0:
@@ -133,7 +134,10 @@ def regrouped_percentiles(values: np.ndarray, cells: np.ndarray, ncells: int, gr
         shift += 1
     nb = int(hi >> shift) - int(lo >> shift) + 1
     key >>= shift
-    flat = cells.astype(np.int64, copy=False) * nb + (key - (lo >> shift))   # (cell, bin)
+    key -= lo >> shift
+    flat = cells.astype(np.int64, copy=False) * nb       # in place: no more full-size temporaries
+    flat += key                                           # (cell, bin)
+    del key
     cell_hist = np.bincount(flat, minlength=ncells * nb)[:ncells * nb].reshape(ncells, nb)
     return [_select(values, flat, cell_hist, to, ngroups, np.asarray(qs, dtype=np.float64))
             for to, ngroups in groupings]
