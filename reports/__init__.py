@@ -8,19 +8,12 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
-    "RECORD_SCHEMA": "schema", "RECORDS_SCHEMA_VERSION": "schema", "SERVER_METRICS_SCHEMA": "schema",
-    "STATUSES": "schema",
-    "ReportError": "errors", "SloSpecError": "errors",
-    "load_records": "records", "load_run": "records", "conform_records": "records",
-    "analyze": "analysis", "Analysis": "analysis",
-    "summarize_run": "summary", "SUMMARY_SCHEMA_VERSION": "summary",
-    "format_summary": "text", "headline": "text",
-    "load_slo": "slo", "SloSpec": "slo",
-    "evaluate_slo": "gate", "GateResult": "gate",
-    "compare_runs": "compare", "CompareResult": "compare",
-    "import_results": "importers",
-}
+_EXPORTS = {name: module for module, names in (     # each module, then the names it exports
+    ("schema", "RECORD_SCHEMA RECORDS_SCHEMA_VERSION SERVER_METRICS_SCHEMA STATUSES"),
+    ("errors", "ReportError SloSpecError"), ("records", "load_records load_run conform_records"),
+    ("analysis", "analyze Analysis"), ("summary", "summarize_run SUMMARY_SCHEMA_VERSION"),
+    ("text", "format_summary headline"), ("slo", "load_slo SloSpec"), ("gate", "evaluate_slo GateResult"),
+    ("compare", "compare_runs CompareResult"), ("importers", "import_results")) for name in names.split()}
 
 __all__ = sorted(_EXPORTS)
 

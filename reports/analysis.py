@@ -19,6 +19,8 @@ from .window import select
 
 
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8   # glibc mallopt parameters (malloc.h)
+# (the analysis's value, glibc's default); an arena limit of 0 is glibc's own (8 per core)
+MALLOPT = {M_MMAP_MAX: (0, 65536), M_TRIM_THRESHOLD: (2**30, 128 * 1024), M_ARENA_MAX: (1, 0)}
 
 
 def _glibc():
@@ -48,10 +50,8 @@ def plain_pages():
     pool = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
     libc = _glibc()
-    if libc:
-        libc.mallopt(M_MMAP_MAX, 0)
-        libc.mallopt(M_TRIM_THRESHOLD, 2**30)
-        libc.mallopt(M_ARENA_MAX, 1)
+    for param, (value, _) in MALLOPT.items() if libc else ():
+        libc.mallopt(param, value)
     try:
         yield
     finally:
@@ -59,9 +59,8 @@ def plain_pages():
         if toggle:
             toggle(previous)
         if libc:
-            libc.mallopt(M_MMAP_MAX, 65536)           # glibc's defaults
-            libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024)
-            libc.mallopt(M_ARENA_MAX, 0)              # 0: glibc's own limit (8 per core)
+            for param, (_, default) in MALLOPT.items():
+                libc.mallopt(param, default)
             libc.malloc_trim(0)                       # give the kept memory back now
 
 
@@ -119,7 +118,7 @@ class Analysis:
 
     @property
     def tasks(self):
-        """Agentic tasks of the run (reports/tasks.py), or None; computed once."""
+        """Agentic tasks of the run (reports/tasks.py), or None; computed once (shared by replace() copies)."""
         if "tasks" not in self._pooled:
             from .tasks import task_metrics
             self._pooled["tasks"] = task_metrics(self.table, self.rm)
@@ -149,14 +148,12 @@ class Analysis:
 
     def pooled(self, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """ICL/ITL pooled over the successful requests among `rows` (default: all measured)."""
-        if rows is None and "measured" in self._pooled:
+        if rows is None:       # computed once
+            if "measured" not in self._pooled:
+                self._pooled["measured"] = self.pooled(self.mask)
             return self._pooled["measured"]
-        sel = self.measured_ok if rows is None else rows & self.rm.ok
         rm = self.rm
-        out = pooled_gaps(self.table, sel, rm.one_token, rm.reasoning_chunks if rm.has_reasoning else None)
-        if rows is None:
-            self._pooled["measured"] = out
-        return out
+        return pooled_gaps(self.table, rows & rm.ok, rm.one_token, rm.reasoning_chunks if rm.has_reasoning else None)
 
     def column(self, metric: str) -> np.ndarray:
         """A metric over the measured rows with NaN where undefined; no copy when every row is
@@ -178,10 +175,8 @@ class Analysis:
         """Counts, rates over D, error rate, attainment and goodput for `rows` (default: measured)."""
         rows = self.mask if rows is None else rows
         rm, d = self.rm, self.duration_s
-        issued = int(rows.sum())
-        ok = rows & rm.ok
-        good = rows & self.good
-        n_ok, n_good = int(ok.sum()), int(good.sum())
+        ok, good = rows & rm.ok, rows & self.good
+        issued, n_ok, n_good = int(rows.sum()), int(ok.sum()), int(good.sum())
         # Token counts are whole numbers: their float sums are exact in any order (no copies).
         have_out = ~np.isnan(rm.n_out)
         out_tok = float(np.sum(rm.n_out, where=ok & have_out))

@@ -54,12 +54,8 @@ def _pct(x: np.ndarray, q: float) -> float | None:
 def certificate(an, config: dict | None, cpu: pa.Table | None) -> dict:
     """The `stimulus` section of summary.json over the measured rows (a run until decided: those
     its gate judged), from the analysis, run.json (`config`) and cpu.parquet (`cpu`)."""
-    rm = an.rm
-    rows = an.mask.copy()
-    looked = judged(config)
-    if looked is not None:
-        rows &= rm.scheduled <= looked[0]
-    rows &= ~np.isnan(rm.scheduled)     # imported records may have no schedule
+    rm, looked = an.rm, judged(config)
+    rows = an.mask & (rm.scheduled <= (looked[0] if looked else np.inf))   # False for NaN: imported, unscheduled
     sched, sent = rm.scheduled[rows], rm.sent[rows]
     went = ~np.isnan(sent)
     lag = (sent[went] - sched[went]) * 1e3
@@ -88,8 +84,7 @@ def certificate(an, config: dict | None, cpu: pa.Table | None) -> dict:
     if len(sched) > 1 and span > 0:
         out["thresholds"]["lag_p99_ms"] = max(LAG_P99_MS, LAG_GAP_SHARE * 1e3 * span / (len(sched) - 1))
     out["achieved_rps"] = went.sum() / sent_span if sent_span > 0 else None
-    top = _client_top(cpu, t0, end)
-    lag_w = w_sched[went]
+    top, lag_w = _client_top(cpu, t0, end), w_sched[went]
     for i in range(k):
         a, b = float(edges[i]), float(min(edges[i + 1], end))
         wl = lag[lag_w == i]
@@ -98,8 +93,7 @@ def certificate(an, config: dict | None, cpu: pa.Table | None) -> dict:
              "achieved_rps": achieved[i] / (b - a) if b > a else None,
              "lag_p99_ms": _pct(wl, 99), "lag_max_ms": float(wl.max()) if len(wl) else None}
         if top is not None:
-            tt, tc = top
-            sel = tc[(tt >= a) & (tt < max(b, a + 0.1))]
+            sel = top[1][(top[0] >= a) & (top[0] < max(b, a + 0.1))]
             w["client_max_cores"] = float(sel.max()) if len(sel) else None
         out["windows"].append(w)
     if top is not None:

@@ -16,13 +16,11 @@ class ReportError(ValueError):
                  rows: Sequence[int] | None = None, total_rows: int | None = None) -> None:
         self.rule, self.file, self.field = rule, file, field
         where = [str(x) for x in (file, field and f"field {field!r}") if x]
-        msg = rule
         if rows is not None:
-            rows = list(rows)
             more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
             of = f" (of {total_rows} rows)" if total_rows is not None else ""
-            msg += f": rows {', '.join(map(str, rows[:10]))}{more}{of}"
-        super().__init__(": ".join([*where, msg]))
+            rule += f": rows {', '.join(map(str, rows[:10]))}{more}{of}"
+        super().__init__(": ".join([*where, rule]))
 
 
 class SloSpecError(ReportError):

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .errors import ReportError
 from .schema import RECORD_SCHEMA, SERVER_METRICS_SCHEMA, STATUSES
 
 RECORD_FILES = ("records.parquet", "records.arrow", "records.arrows")
 IPC_SUFFIXES = (".arrow", ".arrows", ".ipc")
-REQUIRED = ("request_id", "status")
+REQUIRED = tuple(f.name for f in RECORD_SCHEMA if not f.nullable)   # request_id, status
 DICTIONARY_COLUMNS = ("model", "target_model", "target", "slo_class", "status")
 # What the analysis (metrics, summary, gate, compare) reads. request_id is only shown in a few
 # examples and is 10M strings at 10M records (~0.8 s to decode): it is read when asked (Run.column).
@@ -52,7 +54,6 @@ class Run:
             if path.suffix in IPC_SUFFIXES:        # memory-mapped: slices cost nothing
                 parts = _read_table(path, columns=names).to_batches(max_chunksize=rows)
             else:
-                import pyarrow.parquet as pq
                 pf = pq.ParquetFile(path, pre_buffer=False)
                 parts = pf.iter_batches(batch_size=rows, columns=[c for c in names if c in pf.schema_arrow.names])
             for part in parts:
@@ -66,8 +67,7 @@ def _records_path(path: Path) -> Path:
         for name in RECORD_FILES:
             if (path / name).exists():
                 return path / name
-        raise ReportError(f"no records file in this run directory (expected one of {', '.join(RECORD_FILES)})",
-                          file=path)
+        raise ReportError(f"no records file in the directory (expected one of {', '.join(RECORD_FILES)})", file=path)
     if not path.exists():
         raise ReportError("no such file or run directory", file=path)
     return path
@@ -86,7 +86,6 @@ def _read_table(path: Path, dictionary: bool = False, columns=None) -> pa.Table:
                     src.seek(0)
                     table = _read_stream_prefix(src)
             return table if columns is None else table.select([c for c in columns if c in table.column_names])
-        import pyarrow.parquet as pq
         if columns is not None:
             names = pq.read_schema(path).names
             columns = [c for c in columns if c in names]
@@ -98,116 +97,77 @@ def _read_table(path: Path, dictionary: bool = False, columns=None) -> pa.Table:
         raise ReportError(f"cannot read records: {e}", file=path) from None
 
 
-def _has_tasks(path: Path) -> bool:
-    """Some record has a task_id (Parquet: from the statistics, without reading the column)."""
-    try:
-        if path.suffix in IPC_SUFFIXES:
-            t = _read_table(path, columns=["task_id"])
-            return "task_id" in t.column_names and t.column("task_id").null_count < t.num_rows
-        import pyarrow.parquet as pq
-        md = pq.ParquetFile(path).metadata
-        names = [md.schema.column(j).path for j in range(md.num_columns)]
-        if "task_id" not in names:
-            return False
-        j = names.index("task_id")
-        for g in range(md.num_row_groups):
-            rg = md.row_group(g)
-            st = rg.column(j).statistics
-            if st is None or not st.has_null_count or st.null_count < rg.num_rows:
-                return True
-        return False
-    except (pa.ArrowException, OSError, ReportError):
-        return False
-
-
-def _proven_non_null(path: Path, name: str) -> bool:
-    """The Parquet file has column `name` and its statistics say no row group holds a null."""
-    if path.suffix in IPC_SUFFIXES:
-        return False
-    import pyarrow.parquet as pq
+def _parquet_nulls(path: Path, names) -> dict[str, tuple[int | None, int]]:
+    """(nulls, rows) of each Parquet column in `names` that the file has, the nulls from the statistics
+    without reading the column (None when a row group does not record them); {} for any other file."""
     try:
         md = pq.ParquetFile(path).metadata
-    except (pa.ArrowException, OSError):
-        return False
-    leaf = [md.schema.column(j).path for j in range(md.num_columns)]
-    if name not in leaf:
-        return False
-    j = leaf.index(name)
-    for g in range(md.num_row_groups):
-        st = md.row_group(g).column(j).statistics
-        if st is None or not st.has_null_count or st.null_count:
-            return False
-    return True
+    except (pa.ArrowException, OSError):     # not Parquet: an Arrow IPC file or stream
+        return {}
+    out = {}
+    for j in range(md.num_columns):
+        if (name := md.schema.column(j).path) in names:
+            stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
+            known = all(st is not None and st.has_null_count for st in stats)
+            out[name] = (sum(st.null_count for st in stats) if known else None, md.num_rows)
+    return out
 
 
 def _read_stream_prefix(src) -> pa.Table:
     """An IPC stream from a killed run may end mid-batch: keep every complete batch."""
-    reader = pa.ipc.open_stream(src)
-    batches = []
-    try:
-        for batch in reader:
-            batches.append(batch)
-    except (pa.ArrowInvalid, OSError):
-        pass
+    reader, batches = pa.ipc.open_stream(src), []
+    with suppress(pa.ArrowInvalid, OSError):     # keeps the batches read before the error
+        batches.extend(reader)
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
-def _is_string_dictionary(t: pa.DataType, want: pa.DataType) -> bool:
-    return pa.types.is_dictionary(t) and want == pa.string() and t.value_type in (pa.string(), pa.large_string())
-
-
-def conform_records(table: pa.Table, *, file: object = None, keep_dictionary: bool = False,
-                    columns=None) -> pa.Table:
-    """Cast `table` to RECORD_SCHEMA: missing optional columns become null, extra ones are
-    dropped, wrong types and unknown statuses are errors naming the column and rows. With
-    `keep_dictionary`, dictionary-encoded string columns stay encoded (same values). With
-    `columns`, only those columns of the schema (and the required ones the table has)."""
-    schema = RECORD_SCHEMA if columns is None else \
-        pa.schema([f for f in RECORD_SCHEMA if f.name in columns or
-                   (f.name in REQUIRED and f.name in table.column_names)])
-    missing = [c for c in REQUIRED if c not in table.column_names and c in schema.names]
+def _conform(table: pa.Table, schema: pa.Schema, file: object, keep_dictionary: bool = False) -> pa.Table:
+    """`table` cast to `schema`: columns it lacks become null (an error for a non-nullable one), extra ones
+    are dropped; with `keep_dictionary`, dictionary-encoded string columns stay encoded (same values)."""
+    missing = [f.name for f in schema if not f.nullable and f.name not in table.column_names]
     if missing:
-        raise ReportError(f"missing required column(s) {', '.join(missing)}; records need "
-                          f"{', '.join(REQUIRED)} (see RECORD_SCHEMA)", file=file)
-    n = table.num_rows
+        raise ReportError(f"missing required column(s) {', '.join(missing)}", file=file)
     cols, fields = [], []
     for field in schema:
-        if field.name not in table.column_names:
-            cols.append(pa.nulls(n, field.type))
-            fields.append(field)
-            continue
-        col = table.column(field.name)
-        if keep_dictionary and _is_string_dictionary(col.type, field.type):
-            fields.append(pa.field(field.name, col.type, field.nullable))
+        col = table.column(field.name) if field.name in table.column_names else pa.nulls(table.num_rows, field.type)
+        if keep_dictionary and pa.types.is_dictionary(col.type) and field.type == pa.string() and \
+                col.type.value_type in (pa.string(), pa.large_string()):
+            field = field.with_type(col.type)
         elif col.type != field.type:
             try:
                 col = col.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
                 raise ReportError(f"has type {col.type}, expected {field.type} ({e})",
                                   file=file, field=field.name) from None
-            fields.append(field)
-        else:
-            fields.append(field)
         cols.append(col)
-    out = pa.Table.from_arrays(cols, schema=pa.schema(fields))
+        fields.append(field)
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def conform_records(table: pa.Table, *, file: object = None, keep_dictionary: bool = False,
+                    columns=None) -> pa.Table:
+    """Cast `table` to RECORD_SCHEMA (`_conform`); null required fields and unknown statuses are errors
+    naming the column and rows. With `columns`, only those columns of the schema (and the required
+    ones the table has)."""
+    schema = RECORD_SCHEMA if columns is None else pa.schema(
+        [f for f in RECORD_SCHEMA if f.name in columns or (not f.nullable and f.name in table.column_names)])
+    out = _conform(table, schema, file, keep_dictionary)
     for name in REQUIRED:
         if name in out.column_names and out.column(name).null_count:
             bad = np.flatnonzero(pc.is_null(out.column(name)).to_numpy(zero_copy_only=False))
-            raise ReportError("must not be null", file=file, field=name, rows=bad, total_rows=n)
+            raise ReportError("must not be null", file=file, field=name, rows=bad, total_rows=out.num_rows)
     if "status" not in out.column_names:
         return out
     status = out.column("status")
     if pa.types.is_dictionary(status.type):   # check the few distinct values, not every row
-        values = set(pc.unique(pa.chunked_array([c.dictionary for c in status.chunks],
-                                                status.type.value_type)).to_pylist()) if status.num_chunks else set()
-        if values <= set(STATUSES):
+        if {v for c in status.chunks for v in c.dictionary.to_pylist()} <= set(STATUSES):
             return out
         status = status.cast(status.type.value_type)
     ok_status = pc.is_in(status, value_set=pa.array(STATUSES))
     if not pc.all(ok_status).as_py():
         bad = np.flatnonzero(~ok_status.to_numpy(zero_copy_only=False))
         raise ReportError(f"unknown status (allowed: {', '.join(STATUSES)})", file=file,
-                          field="status", rows=bad, total_rows=n)
+                          field="status", rows=bad, total_rows=out.num_rows)
     return out
 
 
@@ -225,8 +185,10 @@ def load_run(path_or_run_dir: str | Path, columns=None) -> Run:
     path = Path(path_or_run_dir)
     rec_path = _records_path(path)
     if columns is not None:
-        columns = list(columns) + [c for c in REQUIRED if c not in columns and not _proven_non_null(rec_path, c)]
-        if "task_id" in columns and "request_id" not in columns and _has_tasks(rec_path):
+        nulls = _parquet_nulls(rec_path, (*REQUIRED, "task_id"))
+        columns = [*columns, *(c for c in REQUIRED if c not in columns and nulls.get(c, (None, 0))[0] != 0)]
+        n, rows = nulls.get("task_id", (0, 0))
+        if "task_id" in columns and "request_id" not in columns and (n is None or n < rows):
             columns.append("request_id")   # task graphs name their dependencies by request_id
     records = conform_records(_read_table(rec_path, dictionary=True, columns=columns), file=rec_path,
                               keep_dictionary=True, columns=columns)
@@ -243,21 +205,8 @@ def load_run(path_or_run_dir: str | Path, columns=None) -> Run:
 
 
 def _load_server_metrics(path: Path) -> pa.Table:
-    import pyarrow.parquet as pq
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as e:
         raise ReportError(f"cannot read server metrics: {e}", file=path) from None
-    cols = []
-    for field in SERVER_METRICS_SCHEMA:
-        if field.name not in table.column_names:
-            if not field.nullable:
-                raise ReportError("missing required column", file=path, field=field.name)
-            cols.append(pa.nulls(table.num_rows, field.type))
-            continue
-        try:
-            cols.append(table.column(field.name).cast(field.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise ReportError(f"has type {table.column(field.name).type}, expected {field.type}",
-                              file=path, field=field.name) from None
-    return pa.Table.from_arrays(cols, schema=SERVER_METRICS_SCHEMA)
+    return _conform(table, SERVER_METRICS_SCHEMA, path)

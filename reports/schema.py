@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-# 6: asked_reasoning_tokens (older files: null); 7: trace_id (older files: null, not traced)
-RECORDS_SCHEMA_VERSION = 7   # 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task graph)
+# Versions: 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without
+# reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the
+# run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task
+# graph); 6: asked_reasoning_tokens (older files: null); 7: trace_id (older files: null, not traced)
+RECORDS_SCHEMA_VERSION = 7
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")

@@ -29,9 +29,7 @@ def look_confidence(confidence: float, k: int) -> float:
 def looks_for(rows: int) -> int:
     """How many looks a run of `rows` rows gets: every doubling size it reaches, then one at its end
     when that is not itself a look."""
-    k = 0
-    while look_rows(k + 1) <= rows:
-        k += 1
+    k = max(rows // FIRST_LOOK, 0).bit_length()    # the last k with look_rows(k) <= rows
     return k + (rows != look_rows(k) if k else 1)
 
 

@@ -7,9 +7,10 @@ successes, and the log share of its requests that completed within the window's 
 (about 1 while the server keeps up, falling when it saturates). On each series, optimal
 partitioning (Jackson et al. 2005: the exact minimum of a piecewise-constant fit's squared error
 plus a penalty per change; PELT computes the same search faster) with a penalty of
-5 sigma^2 log(windows) (a BIC penalty made stricter: no cut in 200 stationary runs), sigma from the median absolute first difference (robust to the shifts
-themselves); adjacent segments closer than MIN_SHIFT are merged, since a 10 % wobble is noise to a
-gate, not a state. The change points of all series together cut the run into segments.
+5 sigma^2 log(windows) (a BIC penalty made stricter: no cut in 200 stationary runs), sigma from the
+median absolute first difference (robust to the shifts themselves); adjacent segments closer than
+MIN_SHIFT are merged, since a 10 % wobble is noise to a gate, not a state. The change points of
+all series together cut the run into segments.
 
 The steady window is the last segment when it holds at least half of the windows: the state the
 system settled into; what comes before it is warm-up (or an earlier state). A last segment shorter
@@ -20,6 +21,8 @@ tell a shift from noise.
 from __future__ import annotations
 
 import numpy as np
+
+from .window import time_basis
 
 PER_WINDOW, MAX_WINDOWS, MIN_WINDOWS = 20, 60, 8
 MIN_REQUESTS = PER_WINDOW * MIN_WINDOWS
@@ -91,9 +94,8 @@ def steady_window(basis: np.ndarray, ok: np.ndarray, ttft: np.ndarray, tpot: np.
         good = p[ok[p]]
         series["ttft_ms"].append(_median(ttft[good]))
         series["tpot_ms"].append(_median(tpot[good]))
-        lo, hi = np.nanmin(sent[p]) if np.isfinite(sent[p]).any() else np.nan, np.nanmax(sent[p]) if \
-            np.isfinite(sent[p]).any() else np.nan
-        done = np.count_nonzero((end[p] >= lo) & (end[p] <= hi)) if np.isfinite(lo) else 0
+        s = sent[p][np.isfinite(sent[p])]
+        done = np.count_nonzero((end[p] >= s.min()) & (end[p] <= s.max())) if len(s) else 0
         series["completed_share"].append(np.log(max(done, 1) / len(p)))
     cuts = sorted({c for y in series.values() for c in _changes(np.array(y, float))})
     starts = [float(basis[p[0]]) for p in parts]
@@ -119,8 +121,7 @@ def of_run(an) -> dict | None:
     if any(an.window.get(k) for k in ("warmup", "cooldown", "steady_state")):
         return None
     rm = an.rm
-    basis = np.where(np.isnan(rm.scheduled), rm.sent, rm.scheduled)
-    return steady_window(basis, rm.ok, rm.columns["ttft_ms"], rm.columns["tpot_ms"], rm.sent, rm.end, an.mask)
+    return steady_window(time_basis(rm), rm.ok, rm.columns["ttft_ms"], rm.columns["tpot_ms"], rm.sent, rm.end, an.mask)
 
 
 def judged_window(an, found: dict | None) -> tuple[np.ndarray, str | None]:
@@ -132,8 +133,7 @@ def judged_window(an, found: dict | None) -> tuple[np.ndarray, str | None]:
         return an.mask, f"no steady state ({found['reason']}): judged the whole run"
     if st["whole_run"]:
         return an.mask, f"steady throughout (no level shift over {found['windows']} windows): judged the whole run"
-    basis = np.where(np.isnan(an.rm.scheduled), an.rm.sent, an.rm.scheduled)
     cuts = ", ".join(f"{c:.3g}" for c in found["change_points_s"])
-    return an.mask & (basis >= st["start_s"]), (
+    return an.mask & (time_basis(an.rm) >= st["start_s"]), (
         f"judged the steady window from {st['start_s']:.4g} s ({st['requests']:,} requests; level shifts at {cuts} s, "
         "the earlier requests are warm-up or an earlier state; --whole-run judges every request)")

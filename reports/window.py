@@ -20,17 +20,11 @@ def parse_bound(spec: object, name: str) -> tuple[str, float] | None:
     """'30s' or a float -> ('time', 30.0); '200', '200r' or an int -> ('count', 200)."""
     if spec is None or spec == "" or spec == 0:
         return None
-    if isinstance(spec, bool):
-        raise ReportError(f"expected a duration like '30s' or a count like '200', got {spec!r}",
-                          field=name)
-    if isinstance(spec, int):
-        return ("count", float(spec))
-    if isinstance(spec, float):
-        return ("time", spec)
-    m = _BOUND.match(str(spec))
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return ("count" if isinstance(spec, int) else "time", float(spec))
+    m = _BOUND.match(str(spec))    # True too is neither a duration nor a count
     if not m:
-        raise ReportError(f"expected a duration like '30s' or a request count like '200', got {spec!r}",
-                          field=name)
+        raise ReportError(f"expected a duration like '30s' or a request count like '200', got {spec!r}", field=name)
     value, unit = float(m.group(1)), m.group(2)
     if unit == "s":
         return ("time", value)
@@ -57,7 +51,8 @@ def inflight(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarra
     return np.diff((ks * edges - cs) - (ke * edges - ce)) / np.diff(edges)
 
 
-def _time_basis(rm: RequestMetrics) -> np.ndarray:
+def time_basis(rm: RequestMetrics) -> np.ndarray:
+    """When each request is placed in time: its scheduled time, its sent time where unscheduled."""
     return np.where(np.isnan(rm.scheduled), rm.sent, rm.scheduled)
 
 
@@ -86,7 +81,7 @@ def steady_span(rm: RequestMetrics, frac: float, bin_s: float) -> tuple[float, f
 def select(rm: RequestMetrics, *, warmup=None, cooldown=None, steady_state: float | None = None,
            bin_s: float = 1.0) -> tuple[np.ndarray, dict]:
     """Mask of measured records and a description of the window for the summary."""
-    basis = _time_basis(rm)
+    basis = time_basis(rm)
     mask = np.ones(rm.n, dtype=bool)
     info: dict = {"warmup": None, "cooldown": None, "steady_state": None, "excluded": 0}
     if rm.n == 0 or np.isnan(basis).all():
@@ -97,10 +92,7 @@ def select(rm: RequestMetrics, *, warmup=None, cooldown=None, steady_state: floa
         if bound is None:
             continue
         kind, value = bound
-        if kind == "time":
-            cut = t0 + value if is_start else t1 - value
-        else:
-            cut = _nth(basis, int(value), largest=not is_start)
+        cut = (t0 + value if is_start else t1 - value) if kind == "time" else _nth(basis, int(value), not is_start)
         mask &= (basis >= cut) if is_start else (basis <= cut)
         info[key] = {"by": kind, "value": value, "cut_s": cut if np.isfinite(cut) else None}
     if steady_state is not None:
