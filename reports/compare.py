@@ -30,8 +30,6 @@ DISTS = ("ttft_ms", "tpot_ms", "itl_ms", "icl_ms", "e2e_ms")
 # percentiles are what a tail regression shows in.
 PARTS = ("net_ms", "queue_ms", "prefill_ms", "decode_ms", "server_ttft_ms")
 STATS = ("p50", "p90", "p99", "mean")
-LOWER_IS_BETTER = {"error_rate": True, "attainment": False, "requests_per_s": False,
-                   "output_tokens_per_s": False}
 N_BOOT = 10_000
 RANK_MAX = 200_000          # rank test on at most this many samples per run (random subset)
 RANK_MIN_SHIFT = 3.0        # P(cand > base) must differ from 0.5 by this many points to count
@@ -63,18 +61,12 @@ class CompareResult:
     notes: list[str] = field(default_factory=list)   # which server-side part grew, per TTFT/E2E regression
 
     @property
-    def regressions(self) -> list[CompareRow]:
-        return [r for r in self.rows if r.verdict == "regressed"]
-
-    @property
     def exit_code(self) -> int:
         if self.base_n == 0 or self.cand_n == 0:
             return 2
-        if self.fail_on_regression_pct is None:
-            return 0
-        over = [r for r in self.regressions    # rank-test rows carry no magnitude
-                if r.delta_pct is not None and abs(r.delta_pct) > self.fail_on_regression_pct]
-        return 1 if over else 0
+        limit = self.fail_on_regression_pct     # rank-test rows carry no magnitude
+        return int(limit is not None and any(r.verdict == "regressed" and r.delta_pct is not None
+                                             and abs(r.delta_pct) > limit for r in self.rows))
 
     def _rows(self) -> list[list[object]]:
         return [[r.metric, r.base, r.cand, r.delta, r.delta_pct, r.ci_pct, r.p_value, r.verdict]
@@ -103,30 +95,23 @@ def _replicates(x: np.ndarray, stat: str, seed: int) -> np.ndarray:
     return bootstrap_quantiles(x, [PERCENTILES[stat]], n_boot=N_BOOT, seed=seed)[0]
 
 
-def _verdict(lo: float, hi: float, est: float, min_effect: float, lower_better: bool) -> str:
-    if lo <= 0 <= hi or abs(est) < min_effect:
-        return "no significant change"
-    worse = est > 0 if lower_better else est < 0
-    return "regressed" if worse else "improved"
+def _verdict(same: bool, worse: bool) -> str:
+    return "no significant change" if same else "regressed" if worse else "improved"
 
 
 def _rank_p(xb: np.ndarray, xc: np.ndarray, seed: int) -> tuple[float, float]:
     """Mann-Whitney U two-sided p-value and P(cand > base) (the common-language effect size)."""
     from scipy.stats import mannwhitneyu
     rng = np.random.default_rng(seed)
-    xb = xb if len(xb) <= RANK_MAX else rng.choice(xb, RANK_MAX, replace=False)
-    xc = xc if len(xc) <= RANK_MAX else rng.choice(xc, RANK_MAX, replace=False)
+    xb, xc = (x if len(x) <= RANK_MAX else rng.choice(x, RANK_MAX, replace=False) for x in (xb, xc))
     res = mannwhitneyu(xc, xb, alternative="two-sided")
     return float(res.pvalue), float(res.statistic) / (len(xb) * len(xc))
 
 
 def _holm(ps: list[float]) -> list[float]:
-    order = np.argsort(ps)
-    adj, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        adj[i] = running
-    return adj
+    order, adj = np.argsort(ps), np.empty(len(ps))
+    adj[order] = np.maximum.accumulate(np.fmin(1.0, (len(ps) - np.arange(len(ps))) * np.asarray(ps)[order]))
+    return adj.tolist()
 
 
 def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: float | None = None,
@@ -155,53 +140,50 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
             lo, hi = np.nanquantile(rel, [alpha / 2, 1 - alpha / 2])
             est = (c - b) / b * 100 if b else math.nan
             rows.append(CompareRow(f"{metric}.{stat}", b, c, est, (float(lo), float(hi)), None,
-                                   _verdict(lo, hi, est, min_effect_pct, True)))
+                                   _verdict(lo <= 0 <= hi or abs(est) < min_effect_pct, est > 0)))
     ranks = {m: _rank_p(xb, xc, 7) for m, (xb, xc) in samples.items() if m not in PARTS}
-    adj = _holm([p for p, _ in ranks.values()]) if ranks else []
-    for (metric, (p, auc)), pa in zip(ranks.items(), adj):
+    for (metric, (p, auc)), pa in zip(ranks.items(), _holm([p for p, _ in ranks.values()])):
         shift = (auc - 0.5) * 100     # percentage points of P(cand > base) above a coin flip
-        verdict = ("no significant change" if pa >= 1 - conf or abs(shift) < RANK_MIN_SHIFT else
-                   "regressed" if shift > 0 else "improved")
-        rows.append(CompareRow(f"{metric} rank test P(cand>base)", 0.5, auc, None, None, pa, verdict))
-    for key in props:
+        rows.append(CompareRow(f"{metric} rank test P(cand>base)", 0.5, auc, None, None, pa,
+                               _verdict(pa >= 1 - conf or abs(shift) < RANK_MIN_SHIFT, shift > 0)))
+    z = float(norm.ppf(1 - alpha / 2))
+    for key in props:       # error_rate: lower is better; attainment: higher
         b, c, nb, nc = sb[key], sc[key], sb["issued"], sc["issued"]
         se = math.sqrt(b * (1 - b) / nb + c * (1 - c) / nc)
-        z = float(norm.ppf(1 - alpha / 2))
         lo, hi = (c - b) - z * se, (c - b) + z * se
         pct = (c - b) / b * 100 if b else (0.0 if c == b else math.inf)
-        scale = 100 / b if b else 0.0
         small = abs(c - b) / max(b, 0.01) * 100 < min_effect_pct   # relative, floored at 1%
-        verdict = ("no significant change" if (lo <= 0 <= hi) or small
-                   else ("regressed" if (c > b) == LOWER_IS_BETTER[key] else "improved"))
-        rows.append(CompareRow(key, b, c, pct, (lo * scale, hi * scale) if b else None, None, verdict))
+        rows.append(CompareRow(key, b, c, pct, (lo * (100 / b), hi * (100 / b)) if b else None, None,
+                               _verdict(lo <= 0 <= hi or small, (c > b) == (key == "error_rate"))))
     for key in ("requests_per_s", "output_tokens_per_s"):
         b, c = sb[key], sc[key]
         pct = (c - b) / b * 100 if b and c is not None else None
         rows.append(CompareRow(key, b, c, pct, None, None, "not tested"))
     changed = {r.verdict for r in rows}
-    verdict = ("regressed" if "regressed" in changed else
-               "improved" if "improved" in changed else "no significant change")
+    verdict = _verdict(not changed & {"regressed", "improved"}, "regressed" in changed)
     from .servertime import grown
     worst = {}     # per latency, the regressed row that grew most: one sentence each
     for r in rows:
         m = r.metric.split(".")[0]
-        if r.verdict == "regressed" and m in ("ttft_ms", "e2e_ms") and r.delta_pct is not None and \
-                (m not in worst or r.delta_pct > worst[m].delta_pct):
-            worst[m] = r
+        if r.verdict == "regressed" and m in ("ttft_ms", "e2e_ms") and r.delta_pct is not None:
+            worst[m] = max(worst.get(m, r), r, key=lambda x: x.delta_pct)
     notes = [grown(base, cand, *r.metric.split(".")) for r in worst.values()]
     if (base.server is None) != (cand.server is None):
         notes.append("server-side parts need server spans in both runs (replay run --otlp)")
     return CompareResult(rows, verdict, fail_on_regression_pct, sb["ok"], sc["ok"], [n for n in notes if n])
 
 
-def _load(run, **kw) -> Analysis:
-    if isinstance(run, Analysis):
-        return run
+def _analyses(runs, slo, **window) -> list[Analysis]:
+    """Runs (directories, records files or Analyses) analysed alike."""
     from .servertime import attach
-    loaded = load_run(run, columns=ANALYSIS_COLUMNS)
-    an = analyze(loaded.records, **kw)
-    attach(an, loaded)
-    return an
+    slo, out = load_slo(slo) if slo is not None else None, []
+    for run in runs:
+        if not isinstance(run, Analysis):
+            loaded = load_run(run, columns=ANALYSIS_COLUMNS)
+            run = analyze(loaded.records, slo=slo, **window)
+            attach(run, loaded)
+        out.append(run)
+    return out
 
 
 def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min_effect_pct: float = 1.0,
@@ -209,10 +191,8 @@ def compare_runs(base, cand, *, fail_on_regression_pct: float | None = None, min
                  html: str | Path | None = None) -> CompareResult:
     """Compare two runs (directories, records files or Analyses); optionally write a
     side-by-side HTML page to `html`."""
-    spec = load_slo(slo) if slo is not None else None
-    kw = dict(warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
     with plain_pages():
-        a, b = _load(base, **kw), _load(cand, **kw)
+        a, b = _analyses((base, cand), slo, warmup=warmup, cooldown=cooldown, steady_state=steady_state)
         result = compare_analyses(a, b, fail_on_regression_pct=fail_on_regression_pct,
                                   min_effect_pct=min_effect_pct)
     if html:
@@ -226,7 +206,6 @@ NI_METRICS = ("ttft_ms.p50", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p99", "e2e_m
 # Per-request latencies only: the pooled chunk gaps (ITL, ICL) are not independent samples.
 NI_LATENCIES = tuple(m for m in LATENCIES if m not in POOLED)
 NI_STATS = ("p50", "p90", "p95", "p99", "p99.9")
-NI_VERDICTS = {"pass": 0, "fail": 1}     # exit codes; inconclusive and cannot evaluate: 2
 
 
 def ratio_bounds(xb: np.ndarray, xc: np.ndarray, p: float, conf: float) -> tuple[float, float]:
@@ -238,9 +217,7 @@ def ratio_bounds(xb: np.ndarray, xc: np.ndarray, p: float, conf: float) -> tuple
     a p99 under-covers on a few hundred requests, exactly where an A/B verdict must say "not yet").
     -1 / inf where a run is too short for that side. Latencies are >= 0: a lower bound below 0 is 0."""
     from .gate import quantile_bounds
-    each = 1 - (1 - conf) / 2
-    lb, ub = quantile_bounds(xb, p, each)
-    lc, uc = quantile_bounds(xc, p, each)
+    (lb, ub), (lc, uc) = (quantile_bounds(x, p, 1 - (1 - conf) / 2) for x in (xb, xc))
     hi = uc / lb - 1 if lb > 0 and math.isfinite(uc) else math.inf
     lo = max(lc, 0.0) / ub - 1 if math.isfinite(ub) and ub > 0 else -1.0
     return lo, hi
@@ -253,9 +230,7 @@ def difference_bounds(kb: int, nb: int, kc: int, nc: int, conf: float) -> tuple[
     unlike Wald (which misses on rare errors) or Newcombe's score interval (near, not at least, the
     stated confidence)."""
     from .gate import proportion_bounds
-    each = 1 - (1 - conf) / 2
-    lb, ub = proportion_bounds(kb, nb, each)
-    lc, uc = proportion_bounds(kc, nc, each)
+    (lb, ub), (lc, uc) = (proportion_bounds(k, n, 1 - (1 - conf) / 2) for k, n in ((kb, nb), (kc, nc)))
     return lc - ub, uc - lb
 
 
@@ -277,21 +252,15 @@ class NonInferiorityRow:
     verdict: str                # pass, fail, inconclusive, cannot evaluate
     note: str | None = None
 
-    @property
-    def relative(self) -> bool:
-        return self.metric != "error_rate"
-
-    def _fmt(self, v: float | None) -> str:
-        if v is None:
-            return "-"
-        return f"{v * 100:+.3g}%" if self.relative else f"{v * 100:+.3g} pt"
+    def _fmt(self, v: float | None) -> str:     # quantiles: relative; error_rate: percentage points
+        return "-" if v is None else f"{v * 100:+.3g}" + (" pt" if self.metric == "error_rate" else "%")
 
     @property
     def bounds_text(self) -> str:
         """'[-3.1%, +8.2%]'; '-' for an end the runs are too short for (a ratio of -100 % or inf)."""
         if self.lower is None:
             return "-"
-        lo = self.lower if self.lower > -1 or not self.relative else None
+        lo = self.lower if self.lower > -1 or self.metric == "error_rate" else None
         return f"[{self._fmt(lo)}, {self._fmt(self.upper if math.isfinite(self.upper) else None)}]"
 
 
@@ -313,7 +282,7 @@ class NonInferiorityResult:
 
     @property
     def exit_code(self) -> int:
-        return NI_VERDICTS.get(self.verdict, 2)
+        return {"pass": 0, "fail": 1}.get(self.verdict, 2)     # inconclusive and cannot evaluate: 2
 
     def _rows(self) -> list[list[object]]:
         return [[r.metric, r.base, r.cand, r._fmt(r.effect), r.bounds_text, "<= " + r._fmt(r.margin),
@@ -367,13 +336,12 @@ def non_inferiority(base: Analysis, cand: Analysis, margin: float, *, error_marg
     rows = []
     for m in metrics:
         if m == "error_rate":
-            nb, nc = sb["issued"], sc["issued"]
+            b, c, nb, nc = sb[m], sc[m], sb["issued"], sc["issued"]
             if not nb or not nc:
-                rows.append(NonInferiorityRow(m, sb["error_rate"], sc["error_rate"], None, None, None, error_margin,
-                                              "cannot evaluate", "no requests"))
+                rows.append(NonInferiorityRow(m, b, c, None, None, None, error_margin, "cannot evaluate",
+                                              "no requests"))
                 continue
             lo, hi = difference_bounds(sb["failed"], nb, sc["failed"], nc, mconf)
-            b, c = sb["error_rate"], sc["error_rate"]
             rows.append(NonInferiorityRow(m, b, c, c - b, lo, hi, error_margin, not_worse(lo, hi, error_margin)))
             continue
         name, _, stat = m.partition(".")
@@ -394,8 +362,6 @@ def non_inferiority_runs(base, cand, margin: float, *, error_margin: float = 0.0
                          steady_state: float | None = None) -> NonInferiorityResult:
     """`non_inferiority` of two runs (directories, records files or Analyses)."""
     metrics = check_metrics(metrics)     # before loading the runs: bad input is said at once
-    spec = load_slo(slo) if slo is not None else None
-    kw = dict(warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec)
     with plain_pages():
-        return non_inferiority(_load(base, **kw), _load(cand, **kw), margin, error_margin=error_margin,
-                               metrics=metrics, conf=conf)
+        a, b = _analyses((base, cand), slo, warmup=warmup, cooldown=cooldown, steady_state=steady_state)
+        return non_inferiority(a, b, margin, error_margin=error_margin, metrics=metrics, conf=conf)

@@ -33,6 +33,8 @@ from .schema import RECORD_SCHEMA
 
 UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "sec": 1.0}
 VLLM_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "errors", "generated_texts", "start_times")
+# Never listed as missing: our own fields, and ones null by nature (no sessions, no failures).
+OURS = ("worker", "target_model", "target", "session_id", "http_status", "error")
 
 
 def _status_from_text(text: str, code: int | None = None) -> str:
@@ -43,23 +45,7 @@ def _status_from_text(text: str, code: int | None = None) -> str:
         return "cancelled"
     if "connect" in low or "reset" in low:
         return "connection_error"
-    if code is not None and 400 <= code < 600:
-        return "http_error"
-    return "http_error" if code is None else "protocol_error"
-
-
-def _table(cols: dict[str, list]) -> tuple[pa.Table, list[str]]:
-    n = len(cols["request_id"])
-    arrays, missing = [], []
-    for f in RECORD_SCHEMA:
-        vals = cols.get(f.name)
-        if vals is None or all(v is None for v in vals):
-            if f.name not in ("worker", "target_model", "target", "session_id", "http_status", "error"):
-                missing.append(f.name)
-            arrays.append(pa.nulls(n, f.type))
-        else:
-            arrays.append(pa.array(vals, type=f.type))
-    return pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA), missing
+    return "http_error" if code is None or 400 <= code < 600 else "protocol_error"
 
 
 def _chunk_fields(ok: bool, sent: float, ttft_s: float | None, gaps_s: list[float] | None):
@@ -70,14 +56,14 @@ def _chunk_fields(ok: bool, sent: float, ttft_s: float | None, gaps_s: list[floa
     return sent + rel[0], sent + rel[-1], rel
 
 
-def read_vllm(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
+def read_vllm(src: Path, model: str | None = None) -> tuple[list[dict], dict, list[str]]:
+    """(per-request records as dicts, the run's config, notes) of a vLLM result."""
     try:
         data = json.loads(src.read_text())
     except (OSError, ValueError) as e:
         raise ReportError(f"cannot read vLLM result JSON: {e}", file=src) from None
     if not isinstance(data, dict) or "ttfts" not in data:
-        raise ReportError("not a vLLM `bench serve --save-detailed` result: no per-request 'ttfts' "
-                          "(was --save-detailed given?)", file=src, field="ttfts")
+        raise ReportError("no per-request 'ttfts': use `vllm bench serve --save-detailed`", file=src, field="ttfts")
     n = len(data["ttfts"])
     for key in VLLM_LISTS:
         if key in data and len(data[key]) != n:
@@ -86,50 +72,37 @@ def read_vllm(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
     starts = data.get("start_times")
     if starts is None:
         starts = [0.0] * n
-        notes.append("no start_times in this vLLM result (older vLLM): every request is placed at t=0, "
-                     f"so latencies are right but throughput and time series are not (vLLM's duration "
-                     f"was {data.get('duration')} s)")
+        notes.append("no start_times in this vLLM result (older vLLM): every request is placed at t=0, so latencies "
+                     f"are right but throughput and time series are not (vLLM's duration was {data.get('duration')} s)")
     t0 = min(starts) if n else 0.0
-    errors = data.get("errors") or [""] * n
-    cols: dict[str, list] = {k: [] for k in ("request_id", "sent_s", "first_token_s", "last_token_s",
-                                             "token_times", "status", "error")}
+    errors, itls = data.get("errors") or [""] * n, data.get("itls", [[]] * n)
+    inputs, outputs = data.get("input_lens") or [None] * n, data.get("output_lens") or [None] * n
+    label = model or data.get("model_id") or None
+    rows = []
     for i in range(n):   # parsing JSON lists is per request by nature
-        ok = not errors[i]
-        sent = float(starts[i]) - t0
-        first, last, rel = _chunk_fields(ok, sent, data["ttfts"][i], data.get("itls", [[]] * n)[i])
-        for k, v in (("request_id", str(i)), ("sent_s", sent), ("first_token_s", first),
-                     ("last_token_s", last), ("token_times", rel),
-                     ("status", "ok" if ok else _status_from_text(errors[i])),
-                     ("error", None if ok else str(errors[i])[:500])):
-            cols[k].append(v)
-    cols["input_tokens"] = data.get("input_lens")
-    cols["completion_tokens"] = [v if cols["status"][i] == "ok" else None
-                                 for i, v in enumerate(data.get("output_lens") or [None] * n)]
-    label = model or data.get("model_id")
-    cols["model"] = [label] * n if label else None
-    table, missing = _table(cols)
-    config = {k: v for k, v in data.items() if k not in VLLM_LISTS and not isinstance(v, (list, dict))}
-    return table, {"config": config, "missing": missing, "notes": notes}
+        ok, sent = not errors[i], float(starts[i]) - t0
+        first, last, rel = _chunk_fields(ok, sent, data["ttfts"][i], itls[i])
+        rows.append({"request_id": str(i), "sent_s": sent, "first_token_s": first, "last_token_s": last,
+                     "token_times": rel, "status": "ok" if ok else _status_from_text(errors[i]),
+                     "error": None if ok else str(errors[i])[:500], "input_tokens": inputs[i],
+                     "completion_tokens": outputs[i] if ok else None, "model": label})
+    return rows, {k: v for k, v in data.items() if k not in VLLM_LISTS and not isinstance(v, (list, dict))}, notes
 
 
-def _metric_s(metrics: dict, name: str):
-    m = metrics.get(name)
-    if not isinstance(m, dict) or m.get("value") is None:
-        return None
-    scale = UNIT_S.get(str(m.get("unit", "ms")).lower(), 1e-3)
-    v = m["value"]
-    return [x * scale for x in v] if isinstance(v, list) else v * scale
-
-
-def _metric(metrics: dict, *names: str):
+def _metric(metrics: dict, *names: str, seconds: bool = False):
+    """The first of `names` with a value; with `seconds`, converted from its display unit."""
     for name in names:
         m = metrics.get(name)
         if isinstance(m, dict) and m.get("value") is not None:
-            return m["value"]
+            if not seconds:
+                return m["value"]
+            scale, v = UNIT_S.get(str(m.get("unit", "ms")).lower(), 1e-3), m["value"]
+            return [x * scale for x in v] if isinstance(v, list) else v * scale
     return None
 
 
-def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
+def read_aiperf(src: Path, model: str | None = None) -> tuple[list[dict], dict | None, list[str]]:
+    """(per-request records as dicts, AIPerf's input_config, notes) of an AIPerf export."""
     try:
         lines = [ln for ln in src.read_text().splitlines() if ln.strip()]
     except OSError as e:
@@ -141,8 +114,7 @@ def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
         except ValueError as e:
             raise ReportError(f"line {i + 1} is not JSON: {e}", file=src) from None
         if not isinstance(rec, dict) or "metadata" not in rec:
-            raise ReportError(f"line {i + 1} has no 'metadata' object (is this profile_export.jsonl?)",
-                              file=src, field="metadata")
+            raise ReportError(f"line {i + 1}: no 'metadata' (not profile_export.jsonl?)", file=src, field="metadata")
         if rec["metadata"].get("request_start_ns") is None:
             raise ReportError(f"line {i + 1} has no request_start_ns", file=src, field="metadata.request_start_ns")
         recs.append(rec)
@@ -160,51 +132,41 @@ def read_aiperf(src: Path, model: str | None = None) -> tuple[pa.Table, dict]:
         except (OSError, ValueError, AttributeError, TypeError):
             notes.append(f"could not read {sibling.name}; no run config imported")
     t0 = min(r["metadata"]["request_start_ns"] for r in recs) if recs else 0
-    cols: dict[str, list] = {k: [] for k in ("request_id", "session_id", "sent_s", "first_token_s",
-                                             "last_token_s", "first_answer_s", "token_times", "input_tokens",
-                                             "prompt_tokens", "completion_tokens", "reasoning_tokens",
-                                             "reasoning_chunks", "status", "http_status", "error")}
+    rows = []
     for i, r in enumerate(recs):
-        md, mt, err = r["metadata"], r.get("metrics") or {}, r.get("error")
+        md, mt, err = r["metadata"], r.get("metrics") or {}, r.get("error") or {}
         sent = (md["request_start_ns"] - t0) * 1e-9
-        if md.get("was_cancelled"):
-            status = "cancelled"
-        elif err:
-            code = err.get("code")
-            status = _status_from_text(f"{err.get('type', '')} {err.get('message', '')}", code)
-        else:
-            status = "ok"
+        status = ("cancelled" if md.get("was_cancelled") else "ok" if not err else
+                  _status_from_text(f"{err.get('type', '')} {err.get('message', '')}", err.get("code")))
         ok = status == "ok"
-        first, last, rel = _chunk_fields(ok, sent, _metric_s(mt, "time_to_first_token"),
-                                         _metric_s(mt, "inter_chunk_latency"))
-        lat = _metric_s(mt, "request_latency")
+        first, last, rel = _chunk_fields(ok, sent, _metric(mt, "time_to_first_token", seconds=True),
+                                         _metric(mt, "inter_chunk_latency", seconds=True))
+        lat = _metric(mt, "request_latency", seconds=True)
         if ok and lat is not None:
             last = sent + lat
         elif ok and md.get("request_end_ns") and rel is None:
             last = (md["request_end_ns"] - t0) * 1e-9
         # server usage first; AIPerf's re-tokenized counts (output_sequence_length ~10 % high) as fallback
         reasoning = _metric(mt, "usage_reasoning_tokens", "reasoning_token_count") if ok else None
-        ttfa = _metric_s(mt, "time_to_first_output_token") if ok else None
+        ttfa = _metric(mt, "time_to_first_output_token", seconds=True) if ok else None
         if rel is None:
             rc = None
         elif ttfa is not None:     # chunks before the first answer chunk (TTFA is one of the chunk times)
             rc = sum(t < ttfa - 1e-6 for t in rel)
         else:                      # no answer: all chunks were reasoning, if there was any
             rc = len(rel) if reasoning else None
-        for k, v in (("request_id", md.get("x_request_id") or str(i)), ("session_id", md.get("x_correlation_id")),
-                     ("sent_s", sent), ("first_token_s", first), ("last_token_s", last),
-                     ("first_answer_s", None if ttfa is None else sent + ttfa), ("token_times", rel),
-                     ("input_tokens", _metric(mt, "input_sequence_length", "error_isl")),
-                     ("prompt_tokens", _metric(mt, "usage_prompt_tokens") if ok else None),
-                     ("completion_tokens", _metric(mt, "usage_completion_tokens", "output_sequence_length",
-                                                   "output_token_count") if ok else None),
-                     ("reasoning_tokens", reasoning), ("reasoning_chunks", rc),
-                     ("status", status), ("http_status", (err or {}).get("code") if status == "http_error" else None),
-                     ("error", None if ok else f"{(err or {}).get('type', 'cancelled')}: {(err or {}).get('message', '')}"[:500])):
-            cols[k].append(v)
-    cols["model"] = [model] * len(recs) if model else None
-    table, missing = _table(cols)
-    return table, {"config": config, "missing": missing, "notes": notes}
+        rows.append({"request_id": md.get("x_request_id") or str(i), "session_id": md.get("x_correlation_id"),
+                     "sent_s": sent, "first_token_s": first, "last_token_s": last,
+                     "first_answer_s": None if ttfa is None else sent + ttfa, "token_times": rel,
+                     "input_tokens": _metric(mt, "input_sequence_length", "error_isl"),
+                     "prompt_tokens": _metric(mt, "usage_prompt_tokens") if ok else None,
+                     "completion_tokens": _metric(mt, "usage_completion_tokens", "output_sequence_length",
+                                                  "output_token_count") if ok else None,
+                     "reasoning_tokens": reasoning, "reasoning_chunks": rc, "status": status,
+                     "http_status": err.get("code") if status == "http_error" else None,
+                     "error": None if ok else f"{err.get('type', 'cancelled')}: {err.get('message', '')}"[:500],
+                     "model": model or None})
+    return rows, config, notes
 
 
 READERS = {"vllm": read_vllm, "aiperf": read_aiperf}
@@ -216,10 +178,10 @@ def import_results(fmt: str, src: str | Path, out_dir: str | Path, *, model: str
     if fmt not in READERS:
         raise ReportError(f"unknown result format {fmt!r} (known: {', '.join(READERS)})")
     src, out = Path(src), Path(out_dir)
-    table, info = READERS[fmt](src, model)
+    rows, config, notes = READERS[fmt](src, model)
+    missing = [f.name for f in RECORD_SCHEMA if f.name not in OURS and all(r.get(f.name) is None for r in rows)]
     out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, out / "records.parquet")
-    run = {"imported_from": {"tool": fmt, "file": str(src)}, "missing": info["missing"],
-           "notes": info["notes"], "source_config": info["config"]}
+    pq.write_table(pa.Table.from_pylist(rows, schema=RECORD_SCHEMA), out / "records.parquet")
+    run = {"imported_from": {"tool": fmt, "file": str(src)}, "missing": missing, "notes": notes, "source_config": config}
     (out / "run.json").write_text(json.dumps(run, indent=1, default=str) + "\n")
-    return {"rows": table.num_rows, "missing": info["missing"], "notes": info["notes"], "dir": str(out)}
+    return {"rows": len(rows), "missing": missing, "notes": notes, "dir": str(out)}

@@ -88,13 +88,14 @@ def loads(text: bytes | str):
 
 def own_trace_ids(run_id: str | None) -> set[str]:
     return {traceparent(run_id, r)[1] for r in OWN_REQUESTS} if run_id else set()
+
+
 LATENCY = {"gen_ai.latency.time_in_queue": "queue_s", "gen_ai.latency.time_to_first_token": "ttft_s",
            "gen_ai.latency.e2e": "e2e_s", "gen_ai.latency.time_in_model_prefill": "prefill_s",
            "gen_ai.latency.time_in_model_decode": "decode_s",
            "gen_ai.latency.time_in_model_inference": "inference_s"}
-OTHER = {"gen_ai.request.id": "server_request_id", "gen_ai.usage.prompt_tokens": "prompt_tokens",
-         "gen_ai.usage.completion_tokens": "completion_tokens"}
-WANTED = {**LATENCY, **OTHER}
+WANTED = {**LATENCY, "gen_ai.request.id": "server_request_id", "gen_ai.usage.prompt_tokens": "prompt_tokens",
+          "gen_ai.usage.completion_tokens": "completion_tokens"}
 COLUMNS = SPANS_SCHEMA.names
 _AT = {name: i for i, name in enumerate(COLUMNS)}
 _INTS = {"prompt_tokens", "completion_tokens"}
@@ -145,13 +146,8 @@ def _hex_id(value, size: int, what: str) -> str:
     """OTLP/JSON ids are hex; base64 (protobuf's own JSON mapping, some exporters) is accepted too."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a hex string, got {type(value).__name__}")
-    if len(value) == 2 * size:
-        try:
-            return bytes.fromhex(value).hex()
-        except ValueError:
-            pass
     try:
-        raw = base64.b64decode(value, validate=True)
+        raw = bytes.fromhex(value) if len(value) == 2 * size else base64.b64decode(value, validate=True)
     except ValueError:
         raw = b""
     if len(raw) != size:
@@ -177,8 +173,7 @@ def decode_json(obj, received: float | None = None) -> tuple[list[tuple], int]:
         raise ValueError("not a JSON object")
     rows, other = [], 0
     for rs in _list(obj, "resourceSpans"):
-        res = rs.get("resource") or {}
-        service = next((_json_value(a.get("value")) for a in _list(res, "attributes")
+        service = next((_json_value(a.get("value")) for a in _list(rs.get("resource") or {}, "attributes")
                         if a.get("key") == "service.name"), None)
         for ss in _list(rs, "scopeSpans") + _list(rs, "instrumentationLibrarySpans"):
             for s in _list(ss, "spans"):
@@ -254,11 +249,9 @@ def to_table(rows: list[tuple]) -> pa.Table:
 def once(parts: list[pa.Table]) -> pa.Table:
     """Span tables as one, a span delivered twice (an exporter's retry: same trace and span id) once."""
     t = pa.concat_tables(parts) if parts else to_table([])
-    if t.num_rows:
-        key = pc.binary_join_element_wise(t.column("trace_id"), pc.fill_null(t.column("span_id"), ""), "/")
-        _, first = np.unique(key.to_numpy(zero_copy_only=False).astype(str), return_index=True)
-        t = t.take(np.sort(first))
-    return t
+    key = pc.binary_join_element_wise(t.column("trace_id"), pc.fill_null(t.column("span_id"), ""), "/")
+    _, first = np.unique(key.to_numpy(zero_copy_only=False).astype(str), return_index=True)
+    return t.take(np.sort(first))
 
 
 def f64(col) -> np.ndarray:
@@ -280,17 +273,15 @@ def write_spans(parts: list[pa.Table], path: str | Path, t0_wall: float) -> int:
 
 def import_spans(run_dir: str | Path, src: str | Path) -> dict:
     """`replay report RUN --spans FILE`: a collector's file export -> RUN/spans.parquet."""
-    run_dir = Path(run_dir)
-    info_path = run_dir / "run.json"
+    info_path = Path(run_dir) / "run.json"
     try:
         t0 = json.loads(info_path.read_text()).get("t0_wall")
     except (OSError, ValueError):
         t0 = None
     if not isinstance(t0, (int, float)):
-        raise ReportError("--spans needs the run's t0_wall (a run directory written by `replay run`)",
-                          file=info_path)
+        raise ReportError("--spans needs the run's t0_wall (a run directory written by `replay run`)", file=info_path)
     parts, other = read_collector_file(src)
-    n = write_spans(parts, run_dir / SPANS_FILE, t0)
+    n = write_spans(parts, info_path.with_name(SPANS_FILE), t0)
     return {"file": str(src), "request_spans": n, "other_spans": other}
 
 
@@ -326,13 +317,12 @@ def resolve(trace_id: pa.Array, client: dict[str, np.ndarray], spans: pa.Table) 
     row, seen = np.full(n, -1, np.int64), np.zeros(n, bool)
     seen[rec] = True
     ok = ~bad
-    if ok.any():
-        values = np.column_stack([rec[ok]] + [s[k][ok] for k in s])
-        values = np.where(np.isnan(values), -1e300, values)   # unknown == unknown
-        distinct, first = np.unique(values, axis=0, return_index=True)
-        per = np.bincount(distinct[:, 0].astype(np.int64), minlength=n)
-        one = per[distinct[:, 0].astype(np.int64)] == 1
-        row[distinct[one, 0].astype(np.int64)] = of[ok][first[one]]
+    values = np.column_stack([rec[ok]] + [s[k][ok] for k in s])
+    values = np.where(np.isnan(values), -1e300, values)   # unknown == unknown
+    distinct, first = np.unique(values, axis=0, return_index=True)
+    ids = distinct[:, 0].astype(np.int64)                 # the record of each distinct credible span
+    one = np.bincount(ids, minlength=n)[ids] == 1
+    row[ids[one]] = of[ok][first[one]]
     rejected = seen & (row < 0)
     counts = {"duplicate": int(len(of) - seen.sum()), "impossible": int(bad.sum()), "rejected": int(rejected.sum())}
     return row, rejected, counts
