@@ -26,21 +26,15 @@ class TraceError(ValueError):
 
     def __init__(self, rule: str, *, file: str | None = None, column: str | None = None,
                  rows: Sequence[int] | None = None, total_rows: int | None = None) -> None:
-        self.rule, self.file, self.column = rule, file, column
+        self.rule, self.file, self.column, self.total_rows = rule, file, column, total_rows
         self.rows = list(rows) if rows is not None else None
-        self.total_rows = total_rows
         super().__init__(self._format())
 
     def _format(self) -> str:
-        where = []
-        if self.file:
-            where.append(printable(str(self.file), 300))
-        if self.column:
-            where.append(f"column {self.column!r}")
         msg = printable(self.rule)
         if self.rows is not None:
-            shown = ", ".join(str(r) for r in self.rows[:10])
             more = f" and {len(self.rows) - 10} more" if len(self.rows) > 10 else ""
             of = f" (of {self.total_rows} rows)" if self.total_rows is not None else ""
-            msg += f": rows {shown}{more}{of}"
-        return (": ".join(where) + ": " + msg) if where else msg
+            msg += f": rows {', '.join(map(str, self.rows[:10]))}{more}{of}"
+        where = [printable(str(self.file), 300) if self.file else "", f"column {self.column!r}" if self.column else ""]
+        return ": ".join([*filter(None, where), msg])

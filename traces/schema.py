@@ -23,34 +23,31 @@ class Column:
     type: pa.DataType
     required: bool
     nullable: bool
-    doc: str
 
 
-COLUMNS: tuple[Column, ...] = (
-    Column("arrival_ns", pa.int64(), True, False, "ns since the trace origin"),
-    Column("input_tokens", pa.int32(), True, False, "prompt length in tokens"),
-    Column("output_tokens", pa.int32(), True, True, "tokens to generate; null = server decides"),
-    Column("request_id", pa.string(), False, False, "unique; row index when absent"),
-    Column("model", pa.dictionary(pa.int32(), pa.string()), False, True, "trace-side model label"),
-    Column("session_id", pa.string(), False, True, "conversation grouping"),
-    Column("turn", pa.int32(), False, True, "0-based turn within the session"),
-    Column("parent_id", pa.string(), False, True, "parent request in a conversation tree"),
-    Column("hash_ids", pa.list_(pa.int64()), False, True, "prefix block ids (block_size tokens each)"),
-    Column("slo_class", pa.string(), False, True, "SLO class of the request"),
-    Column("api", pa.string(), False, True, "completions or chat"),
-    Column("prompt", pa.string(), False, True, "real prompt text, sent verbatim"),
-    Column("failed_in_source", pa.bool_(), False, True, "source marked the request failed"),
-    Column("observed_latency_s", pa.float64(), False, True, "latency observed in the source"),
-    Column("client_id", pa.string(), False, True, "originating client / tenant"),
-    Column("num_images", pa.int16(), False, True, "images sent with the request (0..64); null = none"),
-    Column("image_px", pa.string(), False, True, "image size WxH in pixels; null = 512x512"),
-    Column("reasoning_tokens", pa.int32(), False, True,
-           "of output_tokens, how many are reasoning (<= output_tokens); null = not said"),
-    Column("task_id", pa.string(), False, True, "agentic task (graph of calls); needed with depends_on"),
-    Column("depends_on", pa.list_(pa.string()), False, True,
-           "request_ids of earlier rows of the same task that must complete before this row is sent"),
-    Column("delay_s", pa.float64(), False, True, "tool/think time after the last dependency completes; null = 0"),
-    Column("extra", pa.string(), False, True, "unknown source columns as JSON"),
+COLUMNS: tuple[Column, ...] = (   # each one's meaning: docs/architecture.md, Trace schema (a test compares them)
+    Column("arrival_ns", pa.int64(), True, False),
+    Column("input_tokens", pa.int32(), True, False),
+    Column("output_tokens", pa.int32(), True, True),
+    Column("request_id", pa.string(), False, False),
+    Column("model", pa.dictionary(pa.int32(), pa.string()), False, True),
+    Column("session_id", pa.string(), False, True),
+    Column("turn", pa.int32(), False, True),
+    Column("parent_id", pa.string(), False, True),
+    Column("hash_ids", pa.list_(pa.int64()), False, True),
+    Column("slo_class", pa.string(), False, True),
+    Column("api", pa.string(), False, True),
+    Column("prompt", pa.string(), False, True),
+    Column("failed_in_source", pa.bool_(), False, True),
+    Column("observed_latency_s", pa.float64(), False, True),
+    Column("client_id", pa.string(), False, True),
+    Column("num_images", pa.int16(), False, True),
+    Column("image_px", pa.string(), False, True),
+    Column("reasoning_tokens", pa.int32(), False, True),
+    Column("task_id", pa.string(), False, True),
+    Column("depends_on", pa.list_(pa.string()), False, True),
+    Column("delay_s", pa.float64(), False, True),
+    Column("extra", pa.string(), False, True),
 )
 
 # Images (multimodal requests). More than 64 images in one chat request is absurd: such a
@@ -70,6 +67,7 @@ BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 REQUIRED: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
 TRACE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
 
+
 def schema_for(names: list[str]) -> pa.Schema:
     """The canonical schema restricted to `names`, in canonical column order."""
     return pa.schema([TRACE_SCHEMA.field(n) for n in TRACE_SCHEMA.names if n in names])
@@ -80,8 +78,7 @@ def check_blocks(hash_ids: pa.Array | pa.ChunkedArray, input_tokens: pa.Array | 
     """A request cannot hold more prefix blocks than ceil(input_tokens / block_size)."""
     n = pc.list_value_length(hash_ids).fill_null(0).to_numpy(zero_copy_only=False)
     cap = -(-np.asarray(input_tokens.to_numpy(zero_copy_only=False), dtype=np.float64) // block_size)
-    bad = n > cap
-    if bad.any():
+    if (bad := n > cap).any():
         raise TraceError(f"hash_ids has more blocks than ceil(input_tokens / {block_size}) allows",
                          file=file, column="hash_ids", rows=(np.flatnonzero(bad)[:11] + row0).tolist(),
                          total_rows=len(n) if row0 == 0 else None)
@@ -90,17 +87,13 @@ def check_blocks(hash_ids: pa.Array | pa.ChunkedArray, input_tokens: pa.Array | 
 def check_num_images(col: pa.ChunkedArray, *, file: str | None) -> None:
     """0 <= num_images <= MAX_IMAGES (nulls are fine: no images). `col` holds int64 values, so
     that an absurd count is reported as such, not as an int16 overflow."""
-    mm = pc.min_max(col)  # cheap; rows are located only when it fails
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    lo, hi = pc.min_max(col).as_py().values()  # cheap; rows are located only when it fails
     if lo is None or (lo >= 0 and hi <= MAX_IMAGES):
         return
     v = col.fill_null(0).to_numpy()
-    if lo < 0:
-        raise TraceError(f"num_images must be >= 0 (got {lo})", file=file, column="num_images",
-                         rows=np.flatnonzero(v < 0)[:11].tolist(), total_rows=len(v))
-    raise TraceError(f"num_images must be <= {MAX_IMAGES}: more images in one request is absurd (got {hi})",
-                     file=file, column="num_images", rows=np.flatnonzero(v > MAX_IMAGES)[:11].tolist(),
-                     total_rows=len(v))
+    rule = f">= 0 (got {lo})" if lo < 0 else f"<= {MAX_IMAGES}: more images in one request is absurd (got {hi})"
+    raise TraceError(f"num_images must be {rule}", file=file, column="num_images", total_rows=len(v),
+                     rows=np.flatnonzero(v < 0 if lo < 0 else v > MAX_IMAGES)[:11].tolist())
 
 
 def _side_ok(side: pa.Array) -> pa.Array:

@@ -57,31 +57,30 @@ def parquet_writer(path: Path, schema: pa.Schema, metadata: dict[str, Any]) -> p
                             write_statistics=["arrival_ns"])
 
 
-def _bad_rows(mask: np.ndarray) -> list[int]:
-    return np.flatnonzero(mask)[:11].tolist()
-
-
 def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
             fill_request_id: bool = True) -> pa.Table:
     """Cast `table` to the canonical schema and check every rule; raise TraceError otherwise.
 
     Unknown columns are an error here: importers move them into `extra` first.
     """
-    n = table.num_rows
+    n, names = table.num_rows, table.column_names
+
+    def fail(column: str, rule: str, mask: np.ndarray | None = None, limit: int | None = 11) -> TraceError:
+        """The error naming the rows of `mask` (the first `limit`: TraceError shows 10 and "more")."""
+        return TraceError(rule, file=file, column=column, total_rows=n,
+                          rows=None if mask is None else np.flatnonzero(mask)[:limit].tolist())
+
     if n == 0:
         raise TraceError("the trace is empty (0 rows)", file=file)
-    missing = [c for c in REQUIRED if c not in table.column_names]
-    if missing:
-        raise TraceError(f"missing required column(s) {', '.join(missing)}; "
-                         f"present: {', '.join(table.column_names) or 'none'}", file=file)
-    unknown = [c for c in table.column_names if c not in BY_NAME]
-    if unknown:
+    if missing := [c for c in REQUIRED if c not in names]:
+        raise TraceError(f"missing required column(s) {', '.join(missing)}; present: {', '.join(names) or 'none'}",
+                         file=file)
+    if unknown := [c for c in names if c not in BY_NAME]:
         raise TraceError(f"unknown column(s) {', '.join(unknown)}: not in the trace schema "
                          "(importers keep such columns in 'extra')", file=file)
     cols = {}
-    for name in table.column_names:
-        spec = BY_NAME[name]
-        col = table.column(name)
+    for name in names:
+        spec, col = BY_NAME[name], table.column(name)
         if isinstance(col.type, pa.DictionaryType) and not pa.types.is_dictionary(spec.type):
             col = col.dictionary_decode()
         if name == "depends_on":
@@ -90,97 +89,68 @@ def conform(table: pa.Table, *, file: str | None = None, sort: bool = False,
             except TraceError as e:
                 raise TraceError(e.rule, file=file, column=e.column, rows=e.rows, total_rows=n) from None
         if name == "num_images":  # range first: 1000 images is absurd, not an int16 overflow
-            col = _cast_int(col, pa.int64(), name, file, n)
+            col = _cast(col, pa.int64(), name, fail)
             check_num_images(col, file=file)
-        if pa.types.is_integer(spec.type):
-            col = _cast_int(col, spec.type, name, file, n)
-        else:
-            try:
-                col = col.cast(spec.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise TraceError(f"cannot convert {col.type} to {spec.type}: {e}",
-                                 file=file, column=name) from None
+        col = _cast(col, spec.type, name, fail)
         if not spec.nullable and col.null_count:
-            raise TraceError("must not be null", file=file, column=name,
-                             rows=_bad_rows(col.is_null().to_numpy(zero_copy_only=False)), total_rows=n)
+            raise fail(name, "must not be null", col.is_null().to_numpy(zero_copy_only=False))
         cols[name] = col
     arr = cols["arrival_ns"].to_numpy()
     if (arr < 0).any():
-        raise TraceError("arrival_ns must be >= 0", file=file, column="arrival_ns",
-                         rows=_bad_rows(arr < 0), total_rows=n)
+        raise fail("arrival_ns", "arrival_ns must be >= 0", arr < 0)
     for name in [c for c in ("input_tokens", "output_tokens", "reasoning_tokens") if c in cols]:
-        mm = pc.min_max(cols[name])  # cheap; rows are located only when it fails
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        lo, hi = pc.min_max(cols[name]).as_py().values()  # cheap; rows are located only when it fails
         if lo is not None and lo < 0:
-            v = cols[name].fill_null(0).to_numpy()
-            raise TraceError(f"{name} must be >= 0", file=file, column=name, rows=_bad_rows(v < 0), total_rows=n)
+            raise fail(name, f"{name} must be >= 0", cols[name].fill_null(0).to_numpy() < 0)
         if hi is not None and hi > MAX_TOKENS:
-            v = cols[name].fill_null(0).to_numpy()
-            raise TraceError(f"{name} must be <= {MAX_TOKENS:,} (2^24) tokens per request: no model takes "
-                             f"more; a larger count is a unit or mapping mistake (got {hi:,})",
-                             file=file, column=name, rows=_bad_rows(v > MAX_TOKENS), total_rows=n)
-    order = None
-    if n > 1 and (np.diff(arr) < 0).any():
-        if not sort:
-            raise TraceError("arrival_ns must be non-decreasing (use --sort to sort the trace)",
-                             file=file, column="arrival_ns",
-                             rows=(np.flatnonzero(np.diff(arr) < 0) + 1)[:11].tolist(), total_rows=n)
-        order = np.argsort(arr, kind="stable")
+            raise fail(name, f"{name} must be <= {MAX_TOKENS:,} (2^24) tokens per request: no model takes more; a "
+                       f"larger count is a unit or mapping mistake (got {hi:,})",
+                       cols[name].fill_null(0).to_numpy() > MAX_TOKENS)
+    if (down := np.diff(arr) < 0).any() and not sort:
+        raise fail("arrival_ns", "arrival_ns must be non-decreasing (use --sort to sort the trace)",
+                   np.append(False, down))
     if "reasoning_tokens" in cols:  # a part of the output: more than all of it is a mapping mistake
         over = pc.fill_null(pc.greater(cols["reasoning_tokens"], cols["output_tokens"]), False)
         if pc.any(over).as_py():
-            v = over.to_numpy(zero_copy_only=False)
-            i = int(np.argmax(v))
-            raise TraceError(f"reasoning_tokens must be <= output_tokens (they are a part of the output; got "
-                             f"{cols['reasoning_tokens'][i].as_py()} > {cols['output_tokens'][i].as_py()})",
-                             file=file, column="reasoning_tokens", rows=_bad_rows(v), total_rows=n)
+            i = int(np.argmax(v := over.to_numpy(zero_copy_only=False)))
+            raise fail("reasoning_tokens", "reasoning_tokens must be <= output_tokens (they are a part of the output; "
+                       f"got {cols['reasoning_tokens'][i].as_py()} > {cols['output_tokens'][i].as_py()})", v)
     if "image_px" in cols:
         check_image_px(cols["image_px"], file=file)
     if "depends_on" in cols or "delay_s" in cols:
         check_rows(cols, file, n)
     if "request_id" in cols:
-        rid = cols["request_id"]
-        counts = pc.value_counts(rid)
-        dup = pc.filter(counts, pc.greater(counts.field("counts"), 1))
+        dup = pc.filter(vc := pc.value_counts(rid := cols["request_id"]), pc.greater(vc.field("counts"), 1))
         if len(dup):
             first = dup.field("values")[0].as_py()
-            rows = np.flatnonzero(pc.equal(rid, first).to_numpy(zero_copy_only=False))
-            raise TraceError(f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})",
-                             file=file, column="request_id", rows=rows.tolist(), total_rows=n)
-    if "request_id" not in cols and fill_request_id:  # unique by construction: no duplicate check
+            raise fail("request_id", f"request_id must be unique ({len(dup)} duplicated ids, e.g. {first!r})",
+                       pc.equal(rid, first).to_numpy(zero_copy_only=False), limit=None)
+    elif fill_request_id:  # unique by construction: no duplicate check
         cols["request_id"] = pa.chunked_array([pa.array(np.arange(n)).cast(pa.string())])
-    out_table = pa.table(cols, schema=schema_for(list(cols)))
-    if order is not None:
-        out_table = out_table.take(order)
-    return out_table
+    out = pa.table(cols, schema=schema_for(list(cols)))
+    return out.take(np.argsort(arr, kind="stable")) if down.any() else out
 
 
-def _cast_int(col: pa.ChunkedArray, typ: pa.DataType, name: str, file: str | None, n: int):
-    t = col.type
-    if pa.types.is_floating(t):
+def _cast(col: pa.ChunkedArray, typ: pa.DataType, name: str, fail) -> pa.ChunkedArray:
+    """`col` as `typ`; into integers only whole numbers in range, rows located only on failure."""
+    t, integer = col.type, pa.types.is_integer(typ)
+    if integer and pa.types.is_floating(t):
         v = col.to_numpy(zero_copy_only=False).astype(np.float64)
-        nan = np.isnan(v) & ~col.is_null().to_numpy(zero_copy_only=False)
-        if nan.any():
-            raise TraceError("must not be NaN", file=file, column=name, rows=_bad_rows(nan), total_rows=n)
-        finite = np.where(np.isnan(v), 0, v)
-        frac = finite != np.round(finite)
-        if frac.any():
-            raise TraceError("must be a whole number", file=file, column=name,
-                             rows=_bad_rows(frac), total_rows=n)
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        if (nan := np.isnan(v) & ~col.is_null().to_numpy(zero_copy_only=False)).any():
+            raise fail(name, "must not be NaN", nan)
+        if (frac := (w := np.nan_to_num(v)) != np.round(w)).any():
+            raise fail(name, "must be a whole number", frac)
+    if integer and (pa.types.is_integer(t) or pa.types.is_floating(t)):
         lim = int(np.iinfo(typ.to_pandas_dtype()).max)
-        mm = pc.min_max(col)  # cheap range check first; rows only located when it fails
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        lo, hi = pc.min_max(col).as_py().values()  # cheap range check first
         if lo is not None and (abs(lo) > lim or abs(hi) > lim):
             v = col.to_numpy(zero_copy_only=False).astype(np.float64)
-            big = np.abs(np.nan_to_num(v)) > lim
-            raise TraceError(f"value overflows {typ}", file=file, column=name,
-                             rows=_bad_rows(big), total_rows=n)
+            raise fail(name, f"value overflows {typ}", np.abs(np.nan_to_num(v)) > lim)
     try:
         return col.cast(typ)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise TraceError(f"expected integers ({typ}), got {t}: {str(e)[:120]}", file=file,
-                         column=name) from None
+        raise fail(name, f"expected integers ({typ}), got {t}: {str(e)[:120]}" if integer else
+                   f"cannot convert {t} to {typ}: {e}") from None
 
 
 class Trace:
@@ -188,15 +158,14 @@ class Trace:
 
     def __init__(self, table: pa.Table, metadata: dict[str, Any] | None = None, *,
                  file: str | None = None, sort: bool = False, validate: bool = True) -> None:
-        self.table = conform(table, file=file, sort=sort) if validate else table
+        t = self.table = conform(table, file=file, sort=sort) if validate else table
         self.metadata: dict[str, Any] = with_schema_version(metadata)
         bs = self.metadata.get("block_size")
-        if validate and bs and "hash_ids" in self.table.column_names:
+        if validate and bs and "hash_ids" in t.column_names:
             if not isinstance(bs, int) or bs < 1:
                 raise TraceError(f"metadata block_size must be a positive integer, got {bs!r}", file=file)
-            check_blocks(self.table.column("hash_ids"), self.table.column("input_tokens"), bs, file=file)
-        if validate and "depends_on" in self.table.column_names:
-            t = self.table
+            check_blocks(t.column("hash_ids"), t.column("input_tokens"), bs, file=file)
+        if validate and "depends_on" in t.column_names:
             check_graph(t.column("request_id"), t.column("task_id") if "task_id" in t.column_names else None,
                         t.column("depends_on"), file=file)
 
@@ -212,16 +181,12 @@ class Trace:
         a = self.table.column("arrival_ns")
         return (a[-1].as_py() - a[0].as_py()) / 1e9 if len(a) else 0.0
 
-    def to_pandas(self):
-        return self.table.to_pandas()
-
     # --- Parquet (canonical) ------------------------------------------------------
     @classmethod
     def read(cls, path: str | Path, *, sort: bool = False) -> "Trace":
         """Read a trace file: Parquet, or CSV/JSONL in the canonical columns (by suffix)."""
-        path = Path(path)
-        text = path.suffix.lower() in (".csv", ".jsonl", ".json", ".ndjson")   # read by the importers' code
-        table, meta = read_text(path) if text else _read_parquet(path)
+        path = Path(path)   # (text files are read by the importers' code)
+        table, meta = (read_text if path.suffix.lower() in (*TEXT_SUFFIXES, ".json") else _read_parquet)(path)
         return cls(table, meta, file=str(path), sort=sort)
 
     def write(self, path: str | Path) -> None:
@@ -235,27 +200,28 @@ class Trace:
 
     @staticmethod
     def read_metadata(path: str | Path) -> dict[str, Any]:
-        try:
-            raw = pq.read_metadata(path).metadata or {}  # file key-value metadata (also set by streaming writers)
-        except (OSError, pa.ArrowInvalid) as e:
-            raise not_parquet(path, e) from None
-        return _decode_meta(raw)
+        """The file's key-value metadata (streaming writers set it at close)."""
+        return _decode_meta(_parquet_file(path).metadata.metadata or {})
 
     @staticmethod
     def iter_batches(path: str | Path, *, batch_size: int = 65536, columns: list[str] | None = None,
                      use_threads: bool = True) -> Iterator[pa.RecordBatch]:
         """Stream a Parquet trace in record batches with bounded memory (`use_threads=False`:
         decode in the calling thread only)."""
-        try:
-            f = pq.ParquetFile(path)
-        except (OSError, pa.ArrowInvalid) as e:
-            raise not_parquet(path, e) from None
+        f = _parquet_file(path)
         if columns is not None:
             columns = [c for c in columns if c in f.schema_arrow.names]
         yield from f.iter_batches(batch_size=batch_size, columns=columns, use_threads=use_threads)
 
     def __repr__(self) -> str:
         return f"Trace({self.num_rows} rows, {self.duration_s:.1f}s, columns={self.table.column_names})"
+
+
+def _parquet_file(path: str | Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise not_parquet(path, e) from None
 
 
 def not_parquet(path: str | Path, e: Exception) -> TraceError:

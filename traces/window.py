@@ -28,12 +28,13 @@ def _cut(values: list[Any], j0: int, n: int, repeat: bool) -> list[Any]:
     return [values[i] for i in idx]
 
 
-def _first_window(start: float, w: float, where: str) -> int:
+def _windows(start: float, D: float, w: float, where: str) -> tuple[int, int]:
+    """The first window of [start, start + D) and how many windows of `w` seconds it spans."""
     j = round(start / w)
     if abs(j * w - start) > 1e-6 * max(w, 1.0):
         raise TraceError(f"--start {start:g} s is not on a window edge of {where} ({w:g} s windows); "
                          f"use a multiple of {w:g} s, e.g. {math.floor(start / w) * w:g}")
-    return j
+    return j, math.ceil(D / w - 1e-9)
 
 
 def slice_spec(spec: dict[str, Any], start: float = 0.0, duration: float | None = None) -> dict[str, Any]:
@@ -46,15 +47,13 @@ def slice_spec(spec: dict[str, Any], start: float = 0.0, duration: float | None 
         raise TraceError(f"--start {start:g} s is at or past the end of the spec ({T0:g} s); nothing to generate")
     if start == 0 and D == T0:
         return spec
-    out = {**spec, "duration": D}     # (copies of what changes only: the PMFs can be millions of points)
     kept = []
     for i, (d, c) in enumerate(zip(spec["clients"], parsed.clients)):
         d = dict(d)
         p, where = c.profile, f"clients[{i}]"
         if p.kind == "table":
             w, v = p.window, np.asarray(p.values)
-            j0 = _first_window(start, w, f"{where}.profile")
-            n = math.ceil(D / w - 1e-9)
+            j0, n = _windows(start, D, w, f"{where}.profile")
             own = np.append(np.arange(0.0, T0, w), T0)     # the rates' normalisation: over the spec's duration
             per_s = c.rate * T0 / float((v[np.arange(len(own) - 1) % len(v)] * np.diff(own)).sum())
             cut = v[np.arange(j0, j0 + n) % len(v)]
@@ -70,8 +69,7 @@ def slice_spec(spec: dict[str, Any], start: float = 0.0, duration: float | None 
                              "own time to cut at --start; --start cuts table and constant profiles")
         models = d.get("models")
         if isinstance(models, list) and len(c.models[0].weight) > 1:  # per-mix-window model weights
-            j0 = _first_window(start, c.mix_window, f"{where}.mix_window")
-            n = math.ceil(D / c.mix_window - 1e-9)
+            j0, n = _windows(start, D, c.mix_window, f"{where}.mix_window")
             d["models"] = [{**m, "weight": _cut(pm.weight, j0, n, False)} for m, pm in zip(models, c.models)]
         if c.length_windows:
             froms = [f for f, _, _ in c.length_windows]
@@ -81,6 +79,6 @@ def slice_spec(spec: dict[str, Any], start: float = 0.0, duration: float | None 
         kept.append(d)
     if not kept:
         raise TraceError(f"every client is idle in [{start:g} s, {start + D:g} s); nothing to generate")
-    out["clients"] = kept
+    out = {**spec, "duration": D, "clients": kept}   # (copies of what changes only: PMFs can be millions of points)
     parse_spec(out)
     return out
