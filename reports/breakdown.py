@@ -30,7 +30,7 @@ import pyarrow as pa
 from .analysis import Analysis
 from .metrics import as_f64
 from .stats import describe, grouped_percentiles, regrouped_percentiles
-from .window import inflight
+from .window import inflight, time_basis
 
 LENGTH_EDGES = (0, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 GROUP_LATENCIES = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -46,26 +46,21 @@ SERVER_SERIES = {
 }
 
 
-def _clean(x) -> list:
-    return [None if (v is None or (isinstance(v, float) and math.isnan(v))) else v for v in
-            (x.tolist() if hasattr(x, "tolist") else x)]
+def _clean(x: np.ndarray) -> list:
+    return [None if v != v else v for v in x.tolist()]     # NaN -> None
 
 
 MAX_CELLS = 1 << 16   # beyond this many label combinations, each grouping is counted on its own
 
 
-def groups(an: Analysis, codes: np.ndarray, labels: list[str]) -> list[dict]:
-    """One row per non-empty group of the measured requests: counts, rates, latency percentiles."""
-    return breakdowns(an, {"key": (codes, labels)})["key"]
-
-
 def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> dict[str, list[dict]]:
-    """groups() for several groupings at once: requests are counted and their latencies
-    histogrammed once per fine cell (the combination of every grouping's label), and each
-    grouping's rows are sums of cells, so the work over requests does not grow with groupings."""
+    """Per grouping (codes, labels), one row per non-empty group of the measured requests: counts,
+    rates, latency percentiles. Requests are counted and their latencies histogrammed once per
+    fine cell (the combination of every grouping's label), and each grouping's rows are sums of
+    cells, so the work over requests does not grow with groupings."""
     sizes = [max(len(labels), 1) for _, labels in kinds.values()]
     if len(kinds) > 1 and math.prod(sizes) > MAX_CELLS:
-        return {k: groups(an, *v) for k, v in kinds.items()}
+        return {k: breakdowns(an, {k: v})[k] for k, v in kinds.items()}
     ncells, rm, m = math.prod(sizes), an.rm, an.mask
     cells = np.zeros(rm.n, dtype=np.int64)
     for (codes, _), size in zip(kinds.values(), sizes):
@@ -79,38 +74,27 @@ def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> 
     state += an.good
     per = np.bincount(state if everything else state[m], minlength=4 * ncells).reshape(ncells, 4)
     del state
-    okm = m & rm.ok
-    okm &= ~np.isnan(rm.n_out)
     # Output tokens of the measured successes; other rows add 0.0 (sums of whole numbers: exact).
-    out_tok = np.bincount(cells, weights=np.where(okm, rm.n_out, 0.0), minlength=ncells)
+    out_tok = np.bincount(cells, weights=np.where(m & rm.ok & ~np.isnan(rm.n_out), rm.n_out, 0.0), minlength=ncells)
     lat = {}
     for name in GROUP_LATENCIES + (GROUP_REASONING if rm.has_reasoning else ()):
         vals = np.where(rm.ok, rm.reasoning, np.nan) if name == "reasoning_tokens" else rm.columns[name]
         lat[name] = regrouped_percentiles(vals if everything else vals[m], cells if everything else cells[m],
                                           ncells, list(zip(maps, sizes)), [50, 90, 99])
     d = an.duration_s
+
+    def rate(x: float) -> float | None:
+        return float(x / d) if d else None
     out = {}
-    for k, ((_, labels), to, size) in enumerate(zip(kinds.values(), maps, sizes)):
-        def total(x):
-            return np.bincount(to, weights=x, minlength=size)[:size]
-        issued, ok, good = total(per.sum(axis=1)), total(per[:, 1] + per[:, 3]), total(per[:, 3])
-        tok = total(out_tok)
-        rows = []
-        for i, label in enumerate(labels):
-            if issued[i] == 0:
-                continue
-            row = {"key": label, "issued": int(issued[i]), "ok": int(ok[i]),
-                   "error_rate": float(1 - ok[i] / issued[i]), "attainment": float(good[i] / issued[i]),
-                   "requests_per_s": float(ok[i] / d) if d else None,
-                   "goodput_rps": float(good[i] / d) if d else None,
-                   "output_tokens_per_s": float(tok[i] / d) if d else None}
-            for name, per_grouping in lat.items():
-                counts, pct = per_grouping[k]
-                row[name] = {"n": int(counts[i]), "p50": pct[i, 0], "p90": pct[i, 1], "p99": pct[i, 2]}
-                row[name] = {key: (None if isinstance(v, float) and math.isnan(v) else v)
-                             for key, v in row[name].items()}
-            rows.append(row)
-        out[list(kinds)[k]] = rows
+    for k, (kind, (_, labels), to, size) in enumerate(zip(kinds, kinds.values(), maps, sizes)):
+        issued, ok, good, tok = (np.bincount(to, weights=x, minlength=size)[:size]
+                                 for x in (per.sum(axis=1), per[:, 1] + per[:, 3], per[:, 3], out_tok))
+        out[kind] = [{"key": label, "issued": int(issued[i]), "ok": int(ok[i]),
+                      "error_rate": float(1 - ok[i] / issued[i]), "attainment": float(good[i] / issued[i]),
+                      "requests_per_s": rate(ok[i]), "goodput_rps": rate(good[i]), "output_tokens_per_s": rate(tok[i]),
+                      **{name: {"n": int(g[k][0][i]), **dict(zip(("p50", "p90", "p99"), _clean(g[k][1][i])))}
+                         for name, g in lat.items()}}
+                     for i, label in enumerate(labels) if issued[i]]
     return out
 
 
@@ -166,13 +150,10 @@ def window_edges(t0: float, t1: float, w: float) -> np.ndarray:
 def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | None = None) -> dict:
     """Per-window series over the whole run (warm-up included, so it can be seen)."""
     rm = an.rm
-    basis = np.where(np.isnan(rm.scheduled), rm.sent, rm.scheduled)
+    basis = time_basis(rm)
     if rm.n == 0 or np.isnan(basis).all():
         return {}
-    t0 = float(np.nanmin(basis))
-    first_sent = np.fmin.reduce(rm.sent) if rm.n else np.nan     # NaN only when nothing was sent
-    if not np.isnan(first_sent):
-        t0 = min(t0, float(first_sent))
+    t0 = float(np.fmin(np.nanmin(basis), np.fmin.reduce(rm.sent)))     # fmin.reduce: NaN when nothing was sent
     t1 = float(np.nanmax(rm.end)) if not np.isnan(rm.end).all() else float(np.nanmax(basis))
     w = window_s or nice_window(t1 - t0, int(np.count_nonzero(~np.isnan(basis))))
     edges = window_edges(t0, t1, w)
@@ -180,10 +161,8 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
 
     def idx(t: np.ndarray) -> np.ndarray:
         k = np.subtract(t, t0)
-        k /= w
-        np.floor(k, out=k)
-        k[np.isnan(k)] = 0
-        return np.clip(k, 0, nwin - 1, out=k).astype(np.int64)   # the merged tail is in the last
+        np.floor(np.divide(k, w, out=k), out=k)
+        return np.clip(np.nan_to_num(k, copy=False), 0, nwin - 1, out=k).astype(np.int64)   # the merged tail: last
 
     def per_window(window: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return np.bincount(window[rows], minlength=nwin)[:nwin] / widths
@@ -197,8 +176,7 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
                  "errors_per_s": _clean(per_window(end_w, ~rm.ok & ~np.isnan(rm.sent))),
                  "inflight": _clean(inflight(rm.sent, rm.end, edges))}
     for name in ("ttft_ms", "tpot_ms", "lag_ms"):
-        vals = rm.columns[name]
-        _, pct = grouped_percentiles(vals, sent_w, nwin, [50, 99])
+        _, pct = grouped_percentiles(rm.columns[name], sent_w, nwin, [50, 99])
         out[f"{name}_p50"], out[f"{name}_p99"] = _clean(pct[:, 0]), _clean(pct[:, 1])
     out["server"] = server_series(server, edges) if server is not None and server.num_rows else {}
     return out
@@ -207,8 +185,7 @@ def timeseries(an: Analysis, server: pa.Table | None = None, window_s: float | N
 def server_series(server: pa.Table, edges: np.ndarray) -> dict:
     """Scraped samples folded into the same windows: gauges averaged (summed across label sets
     at each scrape, KV usage averaged), counters turned into increases per window."""
-    df = server.to_pandas()
-    nwin = len(edges) - 1
+    df, nwin = server.to_pandas(), len(edges) - 1
 
     def window_of(t: np.ndarray) -> np.ndarray:
         return np.clip(np.searchsorted(edges, t, "right") - 1, 0, nwin - 1)
@@ -221,12 +198,10 @@ def server_series(server: pa.Table, edges: np.ndarray) -> dict:
         if how == "counter":
             sel = sel.sort_values("time_s")
             inc = sel.groupby(sel["labels"].fillna(""), sort=False)["value"].diff().clip(lower=0).fillna(0)
-            t, v = sel["time_s"].to_numpy(), inc.to_numpy()
-            series = np.bincount(window_of(t), weights=v, minlength=nwin)[:nwin]
+            series = np.bincount(window_of(sel["time_s"].to_numpy()), weights=inc.to_numpy(), minlength=nwin)[:nwin]
         else:
             per_scrape = sel.groupby("time_s")["value"].agg("mean" if how == "mean" else "sum")
-            t, v = per_scrape.index.to_numpy(), per_scrape.to_numpy()
-            wi = window_of(t)
+            wi, v = window_of(per_scrape.index.to_numpy()), per_scrape.to_numpy()
             cnt = np.bincount(wi, minlength=nwin)[:nwin]
             with np.errstate(invalid="ignore"):
                 series = np.bincount(wi, weights=v, minlength=nwin)[:nwin] / cnt
@@ -268,52 +243,44 @@ def window_peers(sent_new: np.ndarray, sent_reused: np.ndarray, window_s: float 
     (0 exactly for one in no window)."""
     lo = np.searchsorted(sent_reused, sent_new - window_s / 2, side="left")
     hi = np.searchsorted(sent_reused, sent_new + window_s / 2, side="right")
-    k = hi - lo
-    has = k > 0
-    step, held = np.zeros(len(sent_reused) + 1), np.zeros(len(sent_reused) + 1, np.int64)
-    np.add.at(step, lo[has], 1.0 / k[has])
-    np.add.at(step, hi[has], -1.0 / k[has])
-    np.add.at(held, lo[has], 1)
-    np.add.at(held, hi[has], -1)
+    has, size = hi > lo, len(sent_reused) + 1
+    step, w = np.zeros(size), 1.0 / (hi - lo)[has]
+    np.add.at(step, np.concatenate([lo[has], hi[has]]), np.concatenate([w, -w]))   # in this order, as before
+    held = np.bincount(lo[has], minlength=size) - np.bincount(hi[has], minlength=size)
     return lo, hi, np.where(np.cumsum(held)[:-1] > 0, np.cumsum(step)[:-1], 0.0)
 
 
 def peak_per_second(times: np.ndarray) -> int:
     """The most of `times` (seconds, NaN ignored) within any one-second window."""
     ts = np.sort(times[~np.isnan(times)])
-    if not len(ts):
-        return 0
-    return int((np.searchsorted(ts, ts + 1.0, side="left") - np.arange(len(ts))).max())
+    return int((np.searchsorted(ts, ts + 1.0, side="left") - np.arange(len(ts))).max(initial=0))
 
 
 def connections(an, config: dict | None = None) -> dict:
     """The `connections` section for the measured rows of `an` (reports.analysis.Analysis).
     `config`: run.json, whose run config says the records carry connect_s even when every
     request reused a connection (older runs and imported results do not: `recorded` false)."""
-    rm, m = an.rm, an.mask
-    t = an.table
+    rm, m, t = an.rm, an.mask, an.table
     c = as_f64(t.column("connect_s")) if "connect_s" in t.column_names else np.full(rm.n, np.nan)
     new = ~np.isnan(c)
     run_config = config.get("config") if isinstance(config, dict) else None
     recorded = bool(new.any()) or (isinstance(run_config, dict) and "preconnect" in run_config)
     empty = {"n": 0, "p50": None, "p99": None}
+    out = {"recorded": recorded, "opened": None, "reused": None, "peak_opened_per_s": None,
+           "connect_ms": {**empty, "max": None},
+           "ttft_ms": dict.fromkeys(("new", "reused", "new_matched", "reused_matched", "new_matched_excess"), empty),
+           "match_window_s": MATCH_WINDOW_S, "unmatched_new": None, "note": None, "warning": None}
     if not recorded:
-        return {"recorded": False, "opened": None, "reused": None, "peak_opened_per_s": None,
-                "connect_ms": {**empty, "max": None},
-                "ttft_ms": {"new": empty, "reused": empty, "new_matched": empty, "reused_matched": empty,
-                            "new_matched_excess": empty},
-                "match_window_s": MATCH_WINDOW_S, "unmatched_new": None, "note": None, "warning": None}
+        return out
     opened = m & new
     reused = m & ~new & ~np.isnan(rm.sent)
     ttft = rm.columns["ttft_ms"]
     # when each connection was opened: its request's send less the set-up (schedule if never sent)
     when = np.where(np.isnan(rm.sent), rm.scheduled, rm.sent - np.nan_to_num(c))[opened]
-    out = {"recorded": True, "opened": int(np.count_nonzero(opened)), "reused": int(np.count_nonzero(reused)),
-           "peak_opened_per_s": peak_per_second(when),
-           "connect_ms": _stats(c[opened] * 1e3, ("p50", "p99", "max")),
-           "ttft_ms": {"new": _stats(ttft[opened]), "reused": _stats(ttft[reused])},
-           "match_window_s": MATCH_WINDOW_S, "unmatched_new": None, "note": None, "warning": None}
-    out["ttft_ms"].update(_matched(rm.sent, ttft, opened, reused))
+    out.update(opened=int(np.count_nonzero(opened)), reused=int(np.count_nonzero(reused)),
+               peak_opened_per_s=peak_per_second(when), connect_ms=_stats(c[opened] * 1e3, ("p50", "p99", "max")),
+               ttft_ms={"new": _stats(ttft[opened]), "reused": _stats(ttft[reused]),
+                        **_matched(rm.sent, ttft, opened, reused)})
     tt = out["ttft_ms"]
     out["unmatched_new"] = tt["new"]["n"] - tt["new_matched"]["n"]
     p_new, p_old = tt["new_matched"]["p99"], tt["reused_matched"]["p99"]
@@ -345,8 +312,6 @@ def _matched(sent: np.ndarray, ttft: np.ndarray, opened: np.ndarray, reused: np.
     peer = weight > 0
     ref = weighted_quantiles(ttft[old_i][peer], weight[peer], (50, 99))
     nm = _stats(ttft[new_m])
-    excess = {"n": len(new_m), "p50": None, "p99": None}
-    if len(new_m):
-        excess.update(p50=nm["p50"] - ref[0], p99=nm["p99"] - ref[1])
     return {"new_matched": nm, "reused_matched": {"n": int(np.count_nonzero(peer)), "p50": ref[0], "p99": ref[1]},
-            "new_matched_excess": excess}
+            "new_matched_excess": {"n": len(new_m), **{k: nm[k] - r if len(new_m) else None
+                                                        for k, r in zip(("p50", "p99"), ref)}}}

@@ -36,7 +36,6 @@ def encode(col: pa.ChunkedArray, dtype=np.int64) -> tuple[np.ndarray, list[str]]
     unify_dictionaries gives); each chunk's indices are mapped through a small lookup table
     straight into the output, so no whole-column temporaries are made."""
     codes = np.empty(len(col), dtype=dtype)
-    labels: list[str] = []
     index: dict[str, int] = {}
     nulls, lo = False, 0
     for chunk in col.chunks:
@@ -116,7 +115,6 @@ SILENT_TOKENS = 3       # tokens a stream may count without a chunk (EOS, think 
 STREAMED_COLUMNS = ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "first_answer_s", "input_tokens",
                     "output_tokens", "prompt_tokens", "completion_tokens", "reasoning_tokens", "reasoning_chunks",
                     "num_images")
-METRIC_INPUTS = (*STREAMED_COLUMNS, "token_times")
 ARRAYS = ("scheduled", "sent", "end", "n_out", "input_len")
 OUTPUTS = (*ARRAYS, "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms", "answer_ms", "ttft_sched_ms", "e2e_sched_ms",
            "ntpot_sched_ms", "lag_ms")
@@ -124,16 +122,6 @@ OUTPUTS = (*ARRAYS, "ttft_ms", "tpot_ms", "e2e_ms", "ntpot_ms", "answer_ms", "tt
 # the output) or, for reasoning_ms, NaN: no memory is spent on them.
 REASONING_OUTPUTS = ("ttfa_ms", "ttfa_sched_ms", "tpot_answer_ms", "reasoning_ms", "reasoning", "reasoning_chunks")
 TWINS = {"ttfa_ms": "ttft_ms", "ttfa_sched_ms": "ttft_sched_ms", "tpot_answer_ms": "tpot_ms"}
-
-
-def _reasoning_arrays(out: dict, lo: int, n: int) -> dict:
-    """The REASONING_OUTPUTS, with rows [0, lo) (which had no reasoning) filled from their twins."""
-    r = {k: np.empty(n) for k in REASONING_OUTPUTS}
-    for k, twin in TWINS.items():
-        r[k][:lo] = out[twin][:lo]
-    r["reasoning_ms"][:lo] = r["reasoning"][:lo] = np.nan
-    r["reasoning_chunks"][:lo] = 0.0
-    return r
 
 
 def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
@@ -153,46 +141,43 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
     usage, chunk_kind, images = np.empty(n, dtype=bool), np.empty(n, dtype=np.int8), np.empty(n, dtype=np.int16)
     out = {k: np.empty(n) for k in OUTPUTS}
     rsn: dict | None = None
-    checks = {k: (np.empty(n, dtype=bool), [], []) for k in LENGTH_CHECKS}
-    empty: list[np.ndarray] = []
+    no_rows = np.empty(0, np.int64)      # each list of rows starts with it: a run may have no batch
+    checks = {k: (np.empty(n, dtype=bool), [no_rows], [np.empty(0)]) for k in LENGTH_CHECKS}
+    empty = [no_rows]
     lo = 0
     if stream is None:
         stream = table.select(list(STREAMED_COLUMNS)).to_batches(max_chunksize=BATCH)
-    rest = table.select([c for c in METRIC_INPUTS if c not in STREAMED_COLUMNS])
+    token_times = table.column("token_times")
     for tb in stream:
         sl = slice(lo, lo + tb.num_rows)
-        batch = rest.slice(lo, tb.num_rows)
         o = {k: v[sl] for k, v in out.items()}
         sched, sent = o["scheduled"], o["sent"]
         sched[:], sent[:] = as_f64(tb.column("scheduled_s")), as_f64(tb.column("sent_s"))
         first, last = as_f64(tb.column("first_token_s")), as_f64(tb.column("last_token_s"))
         lengths = {k: as_f64(tb.column(k)) for k in ("input_tokens", "output_tokens", "prompt_tokens",
                                                       "completion_tokens")}
-        im = images[sl]
-        im[:] = tb.column("num_images").fill_null(0).to_numpy()
+        images[sl] = tb.column("num_images").fill_null(0).to_numpy()
         for kind, (want, got) in LENGTH_CHECKS.items():
             both, rows, diffs = checks[kind]
             a, b = lengths[want], lengths[got]
             np.logical_not(np.isnan(a) | np.isnan(b), out=both[sl])
             if kind == "input":     # the server counts image tokens in prompt_tokens; the trace does not
-                both[sl] &= im == 0
+                both[sl] &= images[sl] == 0
             bad = np.flatnonzero(both[sl] & (a != b))
             rows.append(bad + sl.start)
             diffs.append(b[bad] - a[bad])
         completion = lengths["completion_tokens"]
-        n_chunks = as_f64(pc.list_value_length(batch.column("token_times")))   # NaN: no chunk list
+        n_chunks = as_f64(pc.list_value_length(token_times.slice(lo, tb.num_rows)))   # NaN: no chunk list
         np.logical_not(np.isnan(completion), out=usage[sl])
         n_out = o["n_out"]
         np.copyto(n_out, np.where(usage[sl], completion, n_chunks))
         with np.errstate(invalid="ignore"):
             empty.append(np.flatnonzero(ok[sl] & ~(n_chunks >= 1) & ~(completion > 0)
                                         & (lengths["output_tokens"] > 0)) + sl.start)
-        with np.errstate(invalid="ignore"):
             excess = completion - n_chunks
             one = (excess >= 0) & (excess <= np.maximum(SILENT_TOKENS, 0.02 * n_chunks))
-        ck = chunk_kind[sl]
-        ck[:] = np.where(usage[sl], np.where(one, ONE_TOKEN, SEVERAL), ASSUMED)
-        ck[~ok[sl] | ~(n_chunks >= 1)] = NO_CHUNKS
+        kind = np.where(usage[sl], np.where(one, ONE_TOKEN, SEVERAL), ASSUMED)
+        chunk_kind[sl] = np.where(ok[sl] & (n_chunks >= 1), kind, NO_CHUNKS)
         prompt = lengths["prompt_tokens"]
         np.copyto(o["input_len"], np.where(np.isnan(prompt), lengths["input_tokens"], prompt))
         # Seconds to ms, NaN for failed requests: one multiply (x * 1e3 is what x * 1e3 * 1.0 was).
@@ -219,7 +204,11 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
         reasoning = as_f64(tb.column("reasoning_tokens"))
         rc = np.nan_to_num(as_f64(tb.column("reasoning_chunks")))   # null: no reasoning phase
         if rsn is None and ((rc > 0).any() or (reasoning > 0).any()):
-            rsn = _reasoning_arrays(out, lo, n)
+            rsn = {k: np.empty(n) for k in REASONING_OUTPUTS}   # rows [0, lo) had none: filled from their twins
+            for k, twin in TWINS.items():
+                rsn[k][:lo] = out[twin][:lo]
+            rsn["reasoning_ms"][:lo] = rsn["reasoning"][:lo] = np.nan
+            rsn["reasoning_chunks"][:lo] = 0.0
         if rsn is not None:
             r = {k: v[sl] for k, v in rsn.items()}
             r["reasoning"][:], r["reasoning_chunks"][:] = reasoning, rc
@@ -235,10 +224,8 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
                           r["tpot_answer_ms"])
         end = o["end"]                    # last token, else first token, else sent
         np.copyto(end, last)
-        gap = np.isnan(end)
-        end[gap] = first[gap]
-        gap = np.isnan(end)
-        end[gap] = sent[gap]
+        np.copyto(end, first, where=np.isnan(end))
+        np.copyto(end, sent, where=np.isnan(end))
         ms(sent, sched, o["lag_ms"], blank=False)
         lo += tb.num_rows
     if lo != n:
@@ -255,24 +242,21 @@ def request_metrics(table: pa.Table, stream=None) -> RequestMetrics:
                           usage & ok, out["input_len"], chunk_kind, images, rsn is not None, reasoning,
                           reasoning_chunks, cols, encode(table.column("model"), np.int32),
                           encode(table.column("slo_class"), np.int32),
-                          {k: LengthCheck(both, np.concatenate(rows or [np.empty(0, np.int64)]),
-                                          np.concatenate(diffs or [np.empty(0)]))
+                          {k: LengthCheck(both, np.concatenate(rows), np.concatenate(diffs))
                            for k, (both, rows, diffs) in checks.items()},
                           encode(table.column("target"), np.int32) if "target" in table.column_names else None,
-                          np.concatenate(empty) if empty else np.empty(0, np.int64))
+                          np.concatenate(empty))
 
 
 def _flat(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """Flat values and per-row lengths of a list column (null lists are empty), chunk by chunk
-    so the list column is never copied whole."""
-    if col.num_chunks == 0:
-        return np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+    so the list column is never copied whole (it has a chunk: pooled_gaps asks only for one with rows)."""
     lens = np.concatenate([pc.fill_null(pc.list_value_length(c), 0).to_numpy() for c in col.chunks])
     values = np.concatenate([c.flatten().to_numpy(zero_copy_only=False) for c in col.chunks])
     return values, lens.astype(np.int64)
 
 
-def _gaps(values: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def token_gaps(values: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.diff(values) and a mask of the gaps whose two chunks belong to the same request."""
     offsets = np.concatenate([[0], np.cumsum(lens)])
     total = int(offsets[-1])
@@ -318,20 +302,19 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None, one_token: np.n
     per_chunk, lo, n_icl = [], 0, 0
     for chunk in tt.chunks:
         tl = pc.fill_null(pc.list_value_length(chunk), 0).to_numpy().astype(np.int64)
-        r = None if rows is None else rows[lo:lo + len(chunk)]
-        n_gaps = np.maximum(tl - 1, 0)
-        n_icl += int(n_gaps.sum() if r is None else n_gaps[r].sum())
-        per_chunk.append((chunk, tl, r, slice(lo, lo + len(chunk))))
+        sl = slice(lo, lo + len(chunk))
+        n_icl += int(np.maximum(tl - 1, 0)[sel[sl]].sum())
+        per_chunk.append((chunk, tl, sl))
         lo += len(chunk)
     # ITL is ICL itself when every selected request with a gap carried one token per chunk
-    itl_is_icl = not have.any() and not any((sel[sl] & ~one[sl] & (tl > 1)).any() for _, tl, _, sl in per_chunk)
+    itl_is_icl = not have.any() and not any((sel[sl] & ~one[sl] & (tl > 1)).any() for _, tl, sl in per_chunk)
     icl, at = np.empty(n_icl, dtype=np.float32), 0
     parts: dict[str, list] = {"icl_answer_ms": [], "itl_ms": [], "itl_answer_ms": []}
-    for chunk, tl, r, sl in per_chunk:
+    for chunk, tl, sl in per_chunk:
         tv = chunk.flatten().to_numpy(zero_copy_only=False)
-        gaps, keep = _gaps(tv, tl)
-        if r is not None and (~r & (tl > 1)).any():   # failed requests usually have no chunks
-            keep &= np.repeat(r, tl)[1:]      # gap i ends at chunk i+1, owned by that request
+        gaps, keep = token_gaps(tv, tl)
+        if (~sel[sl] & (tl > 1)).any():   # failed requests usually have no chunks
+            keep &= np.repeat(sel[sl], tl)[1:]      # gap i ends at chunk i+1, owned by that request
         out = icl[at:at + np.count_nonzero(keep)]
         np.compress(keep, gaps, out=out)
         out *= np.float32(1e3)
@@ -346,7 +329,7 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None, one_token: np.n
                 parts["itl_answer_ms"].append(gaps[answer & owner] * np.float32(1e3))
     if have.any():
         tv_h, kv_h = tv_all[np.repeat(have, tl_all)], kv_all[np.repeat(have, kl_all)].astype(np.int64)
-        g, m = _gaps(tv_h, tl_all[have])
+        g, m = token_gaps(tv_h, tl_all[have])
         masks = {"itl_ms": m}
         if phase:
             masks["itl_answer_ms"] = m & _in_answer(tl_all[have], reasoning_chunks[have])
@@ -355,14 +338,13 @@ def pooled_gaps(table: pa.Table, rows: np.ndarray | None = None, one_token: np.n
             pos = k > 0
             parts[key].append(np.repeat(gk[pos] * np.float32(1e3) / k[pos], k[pos]))
     itl = icl if itl_is_icl else _cat(parts["itl_ms"])
-    if not phase:
-        return {"icl_ms": icl, "itl_ms": itl, "icl_answer_ms": icl, "itl_answer_ms": itl}
-    return {"icl_ms": icl, "itl_ms": itl, "icl_answer_ms": _cat(parts["icl_answer_ms"]),
-            "itl_answer_ms": _cat(parts["icl_answer_ms"]) if itl_is_icl else _cat(parts["itl_answer_ms"])}
+    answer = _cat(parts["icl_answer_ms"]) if phase else icl
+    return {"icl_ms": icl, "itl_ms": itl, "icl_answer_ms": answer,
+            "itl_answer_ms": itl if not phase else answer if itl_is_icl else _cat(parts["itl_answer_ms"])}
 
 
 def _in_answer(lens: np.ndarray, reasoning_chunks: np.ndarray) -> np.ndarray:
-    """Per gap of the flattened chunks (as `_gaps`): True when it starts at or after the request's
+    """Per gap of the flattened chunks (as `token_gaps`): True when it starts at or after the request's
     first answer chunk (index `reasoning_chunks`), so both of its chunks are answer chunks."""
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) + reasoning_chunks.astype(np.int64)
     return (np.arange(int(lens.sum())) >= np.repeat(starts, lens))[:-1]

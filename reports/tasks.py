@@ -38,20 +38,16 @@ class Tasks:
         return self.ok & ((self.task_s <= limit_s) if limit_s is not None else True)
 
 
-def has_tasks(table: pa.Table) -> bool:
-    return "task_id" in table.column_names and table.column("task_id").null_count < table.num_rows
-
-
 def task_metrics(table: pa.Table, rm) -> Tasks | None:
     """Tasks of the records `table` (with request_id, task_id, depends_on, delay_s) whose request
     metrics are `rm`; None when no record has a task."""
-    if not has_tasks(table) or "request_id" not in table.column_names:
+    names = table.column_names
+    if "task_id" not in names or "request_id" not in names or table.column("task_id").null_count == table.num_rows:
         return None
-    tid = table.column("task_id").to_pylist()
-    rid = table.column("request_id").to_pylist()
-    deps = table.column("depends_on").to_pylist() if "depends_on" in table.column_names else [None] * len(rid)
+    tid, rid = (table.column(c).to_pylist() for c in ("task_id", "request_id"))
+    deps = table.column("depends_on").to_pylist() if "depends_on" in names else [None] * len(rid)
     delay = (table.column("delay_s").to_numpy(zero_copy_only=False).astype(float)
-             if "delay_s" in table.column_names else np.full(len(rid), np.nan))
+             if "delay_s" in names else np.full(len(rid), np.nan))
     where = {r: i for i, (r, t) in enumerate(zip(rid, tid)) if t is not None}
     dep = [[where[d] for d in ds if d in where] if ds and t is not None else () for ds, t in zip(deps, tid)]
     depth = [-1] * len(rid)
@@ -99,17 +95,15 @@ def task_metrics(table: pa.Table, rm) -> Tasks | None:
     parts["other_s"] = task_s - parts["llm_s"] - parts["tool_s"] - parts["dispatch_s"]
     depth = np.array(depth, np.int32)
     cached = None
-    if "cached_tokens" in table.column_names and table.column("cached_tokens").null_count < len(rid):
+    if "cached_tokens" in names and table.column("cached_tokens").null_count < len(rid):
         cached = table.column("cached_tokens").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     return Tasks(ids, task_s, ok, steps, parts, depth, first, cached)
 
 
 def _dist(x: np.ndarray) -> dict | None:
     x = x[~np.isnan(x)]
-    if not len(x):
-        return None
     return {"n": int(len(x)), "mean": float(x.mean()), **{f"p{q}": float(np.percentile(x, q)) for q in (50, 90, 99)},
-            "max": float(x.max())}
+            "max": float(x.max())} if len(x) else None
 
 
 def tasks_summary(tk: Tasks, rm, mask: np.ndarray, duration_s: float | None, limit_s: float | None) -> dict:
@@ -121,23 +115,20 @@ def tasks_summary(tk: Tasks, rm, mask: np.ndarray, duration_s: float | None, lim
     path = {k: _dist(v[sel]) for k, v in tk.path.items()}
     total = sum((p or {}).get("mean", 0.0) for p in path.values())
     ttft = rm.latency("ttft_ms")
-    cached = None     # prefix-cache hits the server reported (vLLM omits a 0): null counts as 0
-    if tk.cached is not None and (tk.cached >= 0).any():
-        cached = np.where(tk.cached >= 0, tk.cached, 0)
+    # prefix-cache hits the server reported (vLLM omits a 0): null counts as 0
+    cached = np.maximum(tk.cached, 0) if tk.cached is not None and (tk.cached >= 0).any() else None
     by_depth = []
     d = tk.depth
     bins = np.where(d < EXACT_DEPTHS, d, EXACT_DEPTHS + np.log2(np.maximum(d, 1) / EXACT_DEPTHS).astype(np.int32))
     for b in range(int(bins.max()) + 1 if len(bins) else 0):
         at = (bins == b) & mask
         lo = b if b < EXACT_DEPTHS else EXACT_DEPTHS << (b - EXACT_DEPTHS)
-        x = ttft[at]
-        x = x[~np.isnan(x)]
+        x = ttft[at & ~np.isnan(ttft)]
         ok = at & rm.ok
         prompt = float(np.nansum(rm.input_len[ok]))
         by_depth.append({"depth": lo, "to": lo if b < EXACT_DEPTHS else min(2 * lo - 1, int(d.max())),
                          "requests": int(at.sum()), "ok": int(ok.sum()),
-                         "ttft_ms_p50": float(np.percentile(x, 50)) if len(x) else None,
-                         "ttft_ms_p90": float(np.percentile(x, 90)) if len(x) else None,
+                         **{f"ttft_ms_p{q}": float(np.percentile(x, q)) if len(x) else None for q in (50, 90)},
                          "cached_share": float(cached[ok].sum() / prompt) if cached is not None and prompt else None})
     return {"tasks": n, "completed": int((tk.ok & sel).sum()), "good": int(good.sum()), "task_s_limit": limit_s,
             "task_attainment": good.sum() / n if n else None,

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .metrics import LATENCIES, SCHED_ALIAS, chunk_token_rows
+from .metrics import LATENCIES, SCHED_ALIAS, chunk_token_rows, token_gaps
 from .stats import describe
 
 LATE_MS = 10.0            # a request sent more than this after its schedule is late
@@ -56,21 +56,17 @@ SETTLE = LATE_MS / 1e3    # a stamp this soon after a stall may be the read that
 # what a late send taints: the latencies from schedule (those that are not mere aliases) and the lag;
 # the rates when fewer requests went out than the trace offered; every latency from `sent`
 # when the host stalled (or the client stamped at read time)
-SCHED = (*(m.replace("_ms", "_sched_ms") for m in LATENCIES if m.replace("_ms", "_sched_ms") not in SCHED_ALIAS),
-         "lag_ms")
+SCHED = (*(s for s in (m.replace("_ms", "_sched_ms") for m in LATENCIES) if s not in SCHED_ALIAS), "lag_ms")
 RATES = ("requests_per_s", "output_tokens_per_s", "goodput_rps", "token_goodput_per_s")
 FROM_SENT = tuple(m for m in LATENCIES if m != "lag_ms")
 
 
 def load_cpu(run_dir: str | Path | None) -> pa.Table | None:
     """The run's CPU samples, or None (none were taken, or the file is unreadable)."""
-    path = Path(run_dir) / CPU_FILE if run_dir is not None else None
-    if path is None or not path.exists():
-        return None
     import pyarrow.parquet as pq
     try:
-        return pq.read_table(path)
-    except (pa.ArrowException, OSError):
+        return pq.read_table(Path(run_dir) / CPU_FILE) if run_dir is not None else None
+    except (pa.ArrowException, OSError):     # none taken (FileNotFoundError), or unreadable
         return None
 
 
@@ -96,23 +92,19 @@ def assess(an, config: dict | None, cpu: pa.Table | None) -> dict:
     out.update(late_threshold_ms=LATE_MS, late_share=share, behind_schedule=behind, offered_rps=offered,
                achieved_rps=achieved, client_bottleneck=False, cause=None, late_by_cause={}, windows=[], cpu=None,
                tainted=[], warning=None, stalls=None)
-    if isinstance(config, dict):
-        out["client"] = config.get("client")
-        out["scheduling"] = config.get("scheduling")   # run.json: session, autogroup, nice (replay/priority.py)
+    if isinstance(config, dict):   # run.json's scheduling: session, autogroup, nice (replay/parent.py)
+        out.update(client=config.get("client"), scheduling=config.get("scheduling"))
     if cpu is not None and cpu.num_rows:
         out["cpu"] = _cpu_summary(cpu)
     if not behind:
         return out
     if out["cpu"] is not None:
-        sched, sent = rm.scheduled[m][sent_rows][late], rm.sent[m][sent_rows][late]
-        _attribute(out, cpu, sched, sent)
+        _attribute(out, cpu, rm.scheduled[m][sent_rows][late], rm.sent[m][sent_rows][late])
     cause = out["cause"]
     slow_rate = offered is not None and achieved is not None and achieved < 0.98 * offered
-    tainted = list(SCHED) + (list(RATES) if slow_rate else [])
-    read_stamps = str((config or {}).get("target") or "").startswith("https") if isinstance(config, dict) else False
-    if cause is not None and ("host" in cause or (("client" in cause) and read_stamps)):
-        tainted += FROM_SENT
-    out["tainted"] = tainted
+    read_stamps = isinstance(config, dict) and str(config.get("target") or "").startswith("https")
+    from_sent = cause is not None and ("host" in cause or ("client" in cause and read_stamps))
+    out["tainted"] = [*SCHED, *(RATES if slow_rate else ()), *(FROM_SENT if from_sent else ())]
     out["client_bottleneck"] = cause is None or "client" in cause
     out["warning"] = _warning(out, slow_rate)
     b = bias_of(an, out)   # what the gate's bounds rest on
@@ -124,11 +116,11 @@ def assess(an, config: dict | None, cpu: pa.Table | None) -> dict:
 
 def _cpu_summary(cpu: pa.Table) -> dict:
     col = {k: cpu.column(k).to_numpy() for k in ("client_cores", "client_max_cores", "busy_cores", "steal_cores")}
-    meta = cpu.schema.metadata or {}
-    return {"samples": cpu.num_rows, "ncpu": int(meta.get(b"ncpu", b"0")) or None,
-            "client_cores_mean": float(col["client_cores"].mean()), "client_max_cores_p99": float(
-                np.percentile(col["client_max_cores"], 99)), "steal_cores_mean": float(col["steal_cores"].mean()),
-            "steal_cores_max": float(col["steal_cores"].max()), "busy_cores_mean": float(col["busy_cores"].mean())}
+    return {"samples": cpu.num_rows, "ncpu": int((cpu.schema.metadata or {}).get(b"ncpu", b"0")) or None,
+            "client_cores_mean": float(col["client_cores"].mean()),
+            "client_max_cores_p99": float(np.percentile(col["client_max_cores"], 99)),
+            "steal_cores_mean": float(col["steal_cores"].mean()), "steal_cores_max": float(col["steal_cores"].max()),
+            "busy_cores_mean": float(col["busy_cores"].mean())}
 
 
 def _attribute(out: dict, cpu: pa.Table, sched: np.ndarray, sent: np.ndarray) -> None:
@@ -144,67 +136,47 @@ def _attribute(out: dict, cpu: pa.Table, sched: np.ndarray, sent: np.ndarray) ->
     flags = {"client": top >= CLIENT_BUSY, "steal": steal >= STEAL_BUSY, "contention": crowded & (top < CLIENT_BUSY)}
     starts = t - period / 2
     lo = np.clip(np.searchsorted(starts, sched, side="right") - 1, 0, len(t) - 1)
-    hi = np.clip(np.searchsorted(starts, sent, side="right"), 1, len(t))
-    hi = np.maximum(hi, lo + 1)
-    n = len(sched)
-    hit = {}
-    for name, f in flags.items():
-        cs = np.concatenate([[0], np.cumsum(f)])
-        hit[name] = (cs[hi] - cs[lo]) > 0
+    hi = np.maximum(np.clip(np.searchsorted(starts, sent, side="right"), 1, len(t)), lo + 1)
+    hit = {name: (cs := np.concatenate([[0], np.cumsum(f)]))[hi] > cs[lo] for name, f in flags.items()}
     host = hit["steal"] | hit["contention"]
-    out["late_by_cause"] = {"client": int(hit["client"].sum()), "steal": int(hit["steal"].sum()),
-                            "contention": int(hit["contention"].sum()),
+    out["late_by_cause"] = {**{k: int(h.sum()) for k, h in hit.items()},
                             "unexplained": int((~hit["client"] & ~host).sum())}
-    named = [c for c, h in (("client", hit["client"]), ("host", host)) if n and h.mean() >= EXPLAINS]
+    named = [c for c, h in (("client", hit["client"]), ("host", host)) if len(sched) and h.mean() >= EXPLAINS]
     out["cause"] = "+".join(named) if named else "unexplained"
     # the worst windows: runs of consecutive intervals holding late sends
     per = np.bincount(lo, minlength=len(t))
     idx = np.flatnonzero(per)
     runs = np.split(idx, np.flatnonzero(np.diff(idx) > 1) + 1) if len(idx) else []
-    windows = []
-    for r in sorted(runs, key=lambda r: -per[r].sum())[:10]:
-        a, b = r[0], r[-1]
-        causes = [c for c, f in (("client", flags["client"]), ("steal", flags["steal"]),
-                                 ("contention", flags["contention"])) if f[a:b + 1].any()]
-        windows.append({"start_s": float(starts[a]), "end_s": float(starts[b] + period), "late": int(per[r].sum()),
-                        "client_max_cores": float(top[a:b + 1].max()), "steal_cores": float(steal[a:b + 1].max()),
-                        "busy_cores": float(busy[a:b + 1].max()), "cause": "+".join(causes) or "unexplained"})
-    out["windows"] = sorted(windows, key=lambda w: w["start_s"])
+    out["windows"] = [{"start_s": float(starts[r[0]]), "end_s": float(starts[r[-1]] + period),
+                       "late": int(per[r].sum()), "client_max_cores": float(top[r].max()),
+                       "steal_cores": float(steal[r].max()), "busy_cores": float(busy[r].max()),
+                       "cause": "+".join(c for c, f in flags.items() if f[r].any()) or "unexplained"}
+                      for r in sorted(sorted(runs, key=lambda r: -per[r].sum())[:10], key=lambda r: r[0])]
 
 
 def _warning(out: dict, slow_rate: bool) -> str:
     late = (f"{out['late_share']:.1%} of requests were sent more than {LATE_MS:g} ms after their schedule "
             f"(p99 lag {out['p99']:.1f} ms, max {out['max']:.1f} ms)")
-    rates = ""
-    if out["offered_rps"] and out["achieved_rps"]:
-        rates = f"; offered {out['offered_rps']:.4g} req/s by the trace, sent {out['achieved_rps']:.4g} req/s"
-        if slow_rate:
-            rates += " (the offered load was lower than the trace's)"
-    cause, w = out["cause"], out["windows"]
-    where = ""
-    if w:
-        shown = ", ".join(f"{x['start_s']:.1f}-{x['end_s']:.1f} s ({x['cause']})" for x in w[:3])
-        where = f", mostly in {shown}"
-    cpu = out["cpu"] or {}
-    if cause is None:
-        head = "the replay fell behind its schedule (no CPU samples of this run: the client or the host)"
-        advice = "add workers or lower the rate if the client is saturated"
-    elif cause == "client":
-        head = "the client was the bottleneck"
-        advice = "add workers (--workers) or lower the rate"
-    elif cause == "host":
-        by = out["late_by_cause"]
-        why = [f"the hypervisor stole up to {cpu.get('steal_cores_max', 0):.2f} cores"] if by.get("steal") else []
-        why += ["other processes held the cores while the client waited for one"] if by.get("contention") else []
-        head = (f"the host stalled, not the client (the client used {cpu.get('client_cores_mean', 0):.2f} cores on "
-                f"average; {' and '.join(why)})")
-        advice = "the latencies of those windows include the stall; re-run on a quieter host, or give the client a core"
-    elif cause == "client+host":
-        head = "both the client and the host were the bottleneck"
-        advice = "add workers, and re-run on a quieter host"
-    else:
-        head = "the replay fell behind its schedule, with neither the client nor the host visibly busy"
-        advice = "look at the late windows in summary.json"
+    rates = (f"; offered {out['offered_rps']:.4g} req/s by the trace, sent {out['achieved_rps']:.4g} req/s"
+             + (" (the offered load was lower than the trace's)" if slow_rate else "")
+             if out["offered_rps"] and out["achieved_rps"] else "")
+    cause = out["cause"]
+    shown = [f"{x['start_s']:.1f}-{x['end_s']:.1f} s ({x['cause']})" for x in out["windows"][:3]]
+    where = f", mostly in {', '.join(shown)}" if shown else ""
+    cpu, by = out["cpu"] or {}, out["late_by_cause"]
+    why = [f"the hypervisor stole up to {cpu.get('steal_cores_max', 0):.2f} cores"] if by.get("steal") else []
+    why += ["other processes held the cores while the client waited for one"] if by.get("contention") else []
+    head, advice = {
+        None: ("the replay fell behind its schedule (no CPU samples of this run: the client or the host)",
+               "add workers or lower the rate if the client is saturated"),
+        "client": ("the client was the bottleneck", "add workers (--workers) or lower the rate"),
+        "host": (f"the host stalled, not the client (the client used {cpu.get('client_cores_mean', 0):.2f} cores "
+                 f"on average; {' and '.join(why)})", "the latencies of those windows include the stall; re-run on "
+                 "a quieter host, or give the client a core"),
+        "client+host": ("both the client and the host were the bottleneck",
+                        "add workers, and re-run on a quieter host"),
+    }.get(cause, ("the replay fell behind its schedule, with neither the client nor the host visibly busy",
+                  "look at the late windows in summary.json"))
     sched = out.get("scheduling") or {}
     if sched.get("session") == "own":
         advice += "; the runner ran in a session of its own (its own CPU group under autogroups)"
@@ -234,10 +206,8 @@ class Bias:
     def delay(self, t: np.ndarray) -> np.ndarray:
         """ms by which stamps at `t` (seconds from T0) may be late."""
         a, b = self.stalls[:, 0], self.stalls[:, 1]
-        k = np.searchsorted(a, np.nan_to_num(t, nan=-np.inf), side="right") - 1
-        j = np.maximum(k, 0)
-        inside = (k >= 0) & (t <= b[j] + SETTLE)
-        return np.where(inside, (t - a[j]) * 1e3, 0.0)
+        j, some = _last_stall(a, t)
+        return np.where(some & (t <= b[j] + SETTLE), (t - a[j]) * 1e3, 0.0)
 
     def sample_bounds(self, metric: str, rm, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """(lower, upper) samples of a per-request metric over `rows` (NaN dropped alike), or
@@ -284,9 +254,8 @@ class Bias:
             tt = an.table.column("token_times").take(idx).combine_chunks()
             lens = np.diff(tt.offsets.to_numpy())
             t = tt.values.to_numpy(zero_copy_only=False).astype(np.float64) + np.repeat(an.rm.sent[idx], lens)
-            g, same = np.diff(t) * 1e3, np.ones(max(len(t) - 1, 0), bool)
-            ends = np.cumsum(lens)[:-1]
-            same[ends[(ends > 0) & (ends < len(t))] - 1] = False
+            g, same = token_gaps(t, lens)
+            g *= 1e3
             d = self.delay(t)
             g, lo, hi = g[same], (g - d[1:])[same], (g + d[:-1])[same]
             if len(g) == len(dirty):      # the same gaps pooled_gaps found (else: the safe bound)
@@ -298,41 +267,35 @@ class Bias:
         """RequestMetrics with every biased per-request latency at its upper (or lower) end,
         for good requests (attainment, goodput) under the worst and best case."""
         cols = dict(rm.columns)
-        everyone = np.ones(rm.n, bool)
         for key in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms"):
-            if key in cols:
-                b = self.sample_bounds(key, rm, everyone)
-                if b is not None:
-                    col = cols[key].copy()
-                    col[~np.isnan(col)] = b[1] if upper else b[0]
-                    cols[key] = col
+            b = self.sample_bounds(key, rm, np.ones(rm.n, bool))
+            if b is not None:
+                cols[key] = col = cols[key].copy()
+                col[~np.isnan(col)] = b[1] if upper else b[0]
         return replace(rm, columns=cols)
 
 
 def _merge(iv: np.ndarray) -> np.ndarray:
+    """Overlapping or touching intervals (start <= end) joined, by start."""
     if not len(iv):
         return np.zeros((0, 2))
     iv = iv[np.argsort(iv[:, 0])]
-    out = [list(iv[0])]
-    for a, b in iv[1:]:
-        if a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return np.asarray(out, float)
+    first = np.flatnonzero(np.r_[True, iv[1:, 0] > np.maximum.accumulate(iv[:-1, 1])])   # of each joined one
+    return np.column_stack([iv[first, 0], np.maximum.reduceat(iv[:, 1], first)])
+
+
+def _last_stall(starts: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per t, the index of the last stall starting at or before it (0 when none), and whether there is one."""
+    k = np.searchsorted(starts, np.nan_to_num(t, nan=-np.inf), side="right") - 1
+    return np.maximum(k, 0), k >= 0
 
 
 def _stalled_before(stalls: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Total stalled time (s) before each t (NaN -> NaN)."""
-    if not len(stalls):
-        return np.zeros_like(t)
+    """Total stalled time (s) before each t (NaN -> NaN) in the (non-empty) stalls."""
     a, b = stalls[:, 0], stalls[:, 1]
-    cum = np.concatenate([[0.0], np.cumsum(b - a)])
-    tt = np.nan_to_num(t, nan=-np.inf)
-    k = np.searchsorted(a, tt, side="right")          # stalls starting at or before t
-    inside = np.where(k > 0, np.minimum(tt, b[np.maximum(k - 1, 0)]) - a[np.maximum(k - 1, 0)], 0.0)
-    out = cum[np.maximum(k - 1, 0)] + np.maximum(inside, 0.0)
-    out = np.where(k > 0, out, 0.0)
+    j, some = _last_stall(a, t)
+    before = np.concatenate([[0.0], np.cumsum(b - a)])[j]     # the whole stalls before stall j
+    out = np.where(some, before + np.maximum(np.minimum(t, b[j]) - a[j], 0.0), 0.0)
     return np.where(np.isnan(t), np.nan, out)
 
 
@@ -347,17 +310,14 @@ def bias_of(an, dispatch_lag: dict | None) -> Bias | None:
     factor = off / ach if off and ach and ach < 0.98 * off else 1.0
     if not late.any() and factor == 1.0:
         return None
-    iv = [np.column_stack([rm.scheduled[late], rm.sent[late]])]
-    iv += [np.asarray([[w["start_s"], w["end_s"]] for w in d.get("windows") or []], float).reshape(-1, 2)]
-    stalls = _merge(np.concatenate(iv))
+    windows = np.asarray([[w["start_s"], w["end_s"]] for w in d.get("windows") or []], float).reshape(-1, 2)
+    stalls = _merge(np.concatenate([np.column_stack([rm.scheduled[late], rm.sent[late]]), windows]))
     bias = Bias(stalls, *(np.zeros(rm.n) for _ in range(5)), factor)
     if not len(stalls):
         return bias
-    a, b = stalls[:, 0], stalls[:, 1]
-    k = np.searchsorted(a, np.nan_to_num(rm.sent + SETTLE, nan=-np.inf), side="right") - 1
-    j = np.maximum(k, 0)
-    near = (k >= 0) & (rm.sent <= b[j])
-    bias.send = np.nan_to_num(np.where(near, np.maximum(b[j] - rm.sent, 0) * 1e3, 0.0))
+    j, some = _last_stall(stalls[:, 0], rm.sent + SETTLE)
+    b = stalls[j, 1]
+    bias.send = np.nan_to_num(np.where(some & (rm.sent <= b), np.maximum(b - rm.sent, 0) * 1e3, 0.0))
     bias.lag = np.where(late, lag, 0.0)
     bias.d_first = np.nan_to_num(bias.delay(rm.sent + rm.columns["ttft_ms"] / 1e3))
     bias.d_end = np.nan_to_num(bias.delay(rm.end))
