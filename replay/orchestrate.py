@@ -13,39 +13,38 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 READY_PREFIX = "engine-stub ready: "
 
 
+@dataclass(eq=False)
 class LocalEngine:
     """A running `engine-stub serve` child process; stop it with `.stop()` (by PID)."""
 
-    def __init__(self, proc: subprocess.Popen, url: str, log: list[str] | None = None) -> None:
-        self.proc, self.url, self.log = proc, url, log if log is not None else []
+    proc: subprocess.Popen
+    url: str
+    log: list[str] = field(default_factory=list)
 
     def pin(self, cpus: set[int]) -> bool:
         """Keep every thread of the engine on `cpus` (threads it starts later inherit it). False
         where CPU affinity is not available."""
-        if not hasattr(os, "sched_setaffinity"):
-            return False
         try:
             for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
                 os.sched_setaffinity(int(tid), cpus)
-        except OSError:
+        except (OSError, AttributeError):   # no /proc, or no sched_setaffinity (macOS)
             return False
         return True
 
     def stop(self, timeout: float = 10) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        self.proc.terminate()   # terminate and kill: no-ops once it has exited
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
 
     def __enter__(self) -> "LocalEngine":
         return self
@@ -56,11 +55,8 @@ class LocalEngine:
 
 def child_env() -> dict[str, str]:
     """Environment for our child processes: this checkout importable even when not installed."""
-    env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    return {"PYTHONUNBUFFERED": "1", **os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def start_engine(*args: str, timeout: float = 90, new_session: bool = False) -> LocalEngine:
@@ -73,8 +69,7 @@ def start_engine(*args: str, timeout: float = 90, new_session: bool = False) -> 
     log: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if not ready:
+        if not select.select([proc.stdout], [], [], 0.5)[0]:
             continue
         line = proc.stdout.readline()
         log.append(line)
@@ -86,11 +81,9 @@ def start_engine(*args: str, timeout: float = 90, new_session: bool = False) -> 
                     del log[:-200]
             threading.Thread(target=drain, daemon=True).start()
             return LocalEngine(proc, line[len(READY_PREFIX):].strip(), log)
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(5)
-    raise RuntimeError("engine-stub did not become ready (exit code %s):\n%s"
-                       % (proc.returncode, "".join(log[-40:])))
+    proc.kill()   # a no-op once it has exited (Popen.send_signal polls first)
+    proc.wait(5)
+    raise RuntimeError(f"engine-stub did not become ready (exit code {proc.returncode}):\n{''.join(log[-40:])}")
 
 
 @dataclass
@@ -101,24 +94,17 @@ class RunOutcome:
 
 
 def run_args(options: dict[str, Any]) -> list[str]:
-    """`{"max_requests": 10, "force_output_len": False}` -> `--max-requests 10 --no-force-output-len`."""
+    """`{"max_requests": 10, "force_output_len": False}` -> `--max-requests 10 --no-force-output-len`;
+    a list repeats the flag, a dict gives one `KEY=VALUE` flag per item, None leaves it out."""
     out: list[str] = []
     for key, value in options.items():
-        if value is None:
-            continue
         flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False:
-            out.append("--no-" + key.replace("_", "-"))
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                out += [flag, str(v)]
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                out += [flag, f"{k}={v}"]
-        else:
-            out += [flag, str(value)]
+        if value is True or value is False:
+            out.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            values = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else \
+                value if isinstance(value, (list, tuple)) else [value]
+            out += [a for v in values for a in (flag, str(v))]
     return out
 
 
@@ -126,13 +112,10 @@ def replay_run(trace: Path, target: str | list[str], run_dir: Path, *, extra: li
                timeout: float | None = None, echo: bool = False, cpus: set[int] | None = None) -> RunOutcome:
     """Replay `trace` against `target` (a URL, or `replay run --target` values) into `run_dir` in a
     child process (on `cpus` when given)."""
-    env = child_env()
     targets = [a for t in ([target] if isinstance(target, str) else target) for a in ("--target", t)]
     cmd = [sys.executable, "-m", "llm_replay.replay", "run", "--trace", str(trace), *targets,
            "-o", str(run_dir), *(extra or [])]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
-    if echo:  # the child's live progress goes straight to our terminal
-        proc = subprocess.run(cmd, env=env, timeout=timeout, text=True, preexec_fn=pin)
-    else:
-        proc = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True, preexec_fn=pin)
+    # echo: the child's live progress goes straight to our terminal
+    proc = subprocess.run(cmd, env=child_env(), timeout=timeout, capture_output=not echo, text=True, preexec_fn=pin)
     return RunOutcome(Path(run_dir), proc.returncode, (proc.stdout or "") + (proc.stderr or ""))

@@ -15,11 +15,21 @@ that hangs up costs a count, never a traceback.
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import json
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from llm_replay.reports.spans import MAX_BODY, MAX_SPANS, TooLarge, own_trace_ids, traceparent  # noqa: F401
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from llm_replay.reports.schema import RECORD_SCHEMA
+from llm_replay.reports.spans import (MAX_BODY, MAX_SPANS, SPANS_FILE, TooLarge, decode_json, decode_protobuf, f64,
+                                      gunzip, loads, once, own_trace_ids, resolve, to_table, traceparent, write_spans)
 
 DEFAULT = "127.0.0.1:4318"
 PATH = "/v1/traces"
@@ -39,7 +49,6 @@ def parse_address(value: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
     try:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -52,13 +61,6 @@ class Receiver:
     CHUNK = 8192   # rows kept as tuples before they become an Arrow table (memory on long runs)
 
     def __init__(self, host: str, port: int, token: str | None = None) -> None:
-        from http.server import ThreadingHTTPServer
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address) -> None:   # a client that hung up: counted
-                pass
         self.token = token
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(4)   # posts inflated and decoded at once (memory)
@@ -67,13 +69,14 @@ class Receiver:
         self.trace_ids: set[str] = set()
         self.spans = self.other = self.kept = self.over_limit = self.bad_posts = self.unauthorized = 0
         self.last_bad: str | None = None
-        self.server = Server((host, port), _handler(self))   # OSError: address in use
+        self.server = ThreadingHTTPServer((host, port), _handler(self))   # OSError: address in use
+        self.server.daemon_threads = True
+        self.server.handle_error = lambda request, client_address: None   # a client that hung up: counted
         self.address = f"{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="otlp-receiver", daemon=True)
         self.thread.start()
 
     def add(self, body: bytes, ctype: str) -> None:
-        from llm_replay.reports.spans import decode_json, decode_protobuf, loads, to_table
         now = time.time()
         rows, other = decode_json(loads(body), now) if "json" in ctype else decode_protobuf(body, now)
         with self.lock:
@@ -97,32 +100,21 @@ class Receiver:
         return self.last_bad
 
     def tables(self) -> list:
-        from llm_replay.reports.spans import to_table
         with self.lock:
             return self.parts + [to_table(self.rows)]
 
     def finish(self, run_dir: str | Path, wait_s: float, info: dict) -> dict:
         """Wait until every ok traced request of the run has a credible span, or `wait_s` after the
         last request ended; then write spans.parquet and return run.json's `otlp` counts."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-        from llm_replay.reports.spans import SPANS_FILE, f64, once, resolve, write_spans
-        run_dir = Path(run_dir)
-        t0 = info.get("t0_wall")
-        tid, ok, last_end = pa.array([], pa.string()), np.zeros(0, bool), None
-        client = {k: np.zeros(0) for k in ("ttft_s", "e2e_s", "prompt_tokens", "completion_tokens")}
-        path = run_dir / "records.parquet"
-        if path.exists():
-            t = pq.read_table(path, columns=["trace_id", "status", "sent_s", "first_token_s", "end_s",
-                                             "prompt_tokens", "completion_tokens"])
-            tid = t.column("trace_id").combine_chunks()
-            ok = np.asarray(pc.fill_null(pc.equal(t.column("status"), "ok"), False).to_numpy(zero_copy_only=False))
-            sent = f64(t.column("sent_s"))
-            client = {"ttft_s": f64(t.column("first_token_s")) - sent, "e2e_s": f64(t.column("end_s")) - sent,
-                      **{k: f64(t.column(k)) for k in ("prompt_tokens", "completion_tokens")}}
-            last_end = pc.max(t.column("end_s")).as_py()
+        path, t0 = Path(run_dir) / "records.parquet", info.get("t0_wall")
+        cols = ["trace_id", "status", "sent_s", "first_token_s", "end_s", "prompt_tokens", "completion_tokens"]
+        t = pq.read_table(path, columns=cols) if path.exists() else RECORD_SCHEMA.empty_table().select(cols)
+        tid = t.column("trace_id").combine_chunks()
+        ok = np.asarray(pc.fill_null(pc.equal(t.column("status"), "ok"), False).to_numpy(zero_copy_only=False))
+        sent = f64(t.column("sent_s"))
+        client = {"ttft_s": f64(t.column("first_token_s")) - sent, "e2e_s": f64(t.column("end_s")) - sent,
+                  **{k: f64(t.column(k)) for k in ("prompt_tokens", "completion_tokens")}}
+        last_end = pc.max(t.column("end_s")).as_py()
         traced = tid.is_valid().to_numpy(zero_copy_only=False)
         ok &= traced
         want = set(tid.filter(pa.array(ok)).to_pylist())
@@ -149,7 +141,7 @@ class Receiver:
         own = own_trace_ids((info.get("config") or {}).get("run_id"))
         n_own = pc.sum(pc.is_in(stid, pa.array(sorted(own), pa.string()))).as_py() or 0
         unmatched = spans.num_rows - (pc.sum(pc.is_in(stid, tid.drop_null())).as_py() or 0) - n_own
-        n = write_spans([spans], run_dir / SPANS_FILE, t0) if t0 else 0
+        n = write_spans([spans], path.parent / SPANS_FILE, t0) if t0 else 0
         missing = traced & (row < 0) & ~rejected
         out = {"endpoint": f"http://{self.address}{PATH}", "authenticated": self.token is not None,
                "spans": self.spans, "request_spans": n, "other_spans": self.other, "bad_posts": self.bad_posts,
@@ -164,11 +156,6 @@ class Receiver:
 
 
 def _handler(rec: Receiver):
-    import json
-    from http.server import BaseHTTPRequestHandler
-
-    from llm_replay.reports.spans import gunzip
-
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"   # keep-alive: exporters reuse their connection
         timeout = 60                    # a client that stops sending frees its thread
@@ -208,12 +195,11 @@ def _handler(rec: Receiver):
             self._reply(200, ctype)
 
         def _reply(self, code: int, ctype: str, error: str | None = None) -> None:
+            # an empty ExportTraceServiceResponse in the request's encoding, or a google.rpc.Status (JSON
+            # only: its message is for a person) with UNAUTHENTICATED, RESOURCE_EXHAUSTED or INVALID_ARGUMENT
             json_ = "json" in ctype
-            if error is None:   # an empty ExportTraceServiceResponse, in the request's encoding
-                body = b"{}" if json_ else b""
-            else:               # a google.rpc.Status (JSON only: its message is for a person)
-                status = {401: 16, 413: 8}.get(code, 3)   # UNAUTHENTICATED, RESOURCE_EXHAUSTED, INVALID_ARGUMENT
-                body = json.dumps({"code": status, "message": error}).encode() if json_ else b""
+            body = b"" if not json_ else b"{}" if error is None else \
+                json.dumps({"code": {401: 16, 413: 8}.get(code, 3), "message": error}).encode()
             try:
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json" if json_ else "application/x-protobuf")

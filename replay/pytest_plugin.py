@@ -77,83 +77,69 @@ def _verdict(run_dir: Path, gate) -> str:
 def _load_slo(slo: Any):
     """A path, a spec dict, an SloSpec, or a list of objective strings."""
     from llm_replay import reports
-    if isinstance(slo, (list, tuple)):
-        return reports.load_slo({"objectives": list(slo)})
-    return reports.load_slo(slo)
+    return reports.load_slo({"objectives": list(slo)} if isinstance(slo, (list, tuple)) else slo)
 
 
 def slo_from_marker(mark: pytest.Mark):
     """`slo("slo.yaml")`, `slo("ttft_ms.p99 <= 800", ...)`, `slo(per_request=..., objectives=...)`."""
     objectives = [a for a in mark.args if isinstance(a, str) and _OBJECTIVE.search(a)]
-    files = [a for a in mark.args if not (isinstance(a, str) and _OBJECTIVE.search(a))]
+    files = [a for a in mark.args if a not in objectives]
     if files and (objectives or mark.kwargs):
         raise pytest.UsageError("@pytest.mark.slo takes a file or objectives/keywords, not both")
     if files:
         return _load_slo(files[0])
-    spec = dict(mark.kwargs)
-    if objectives:
-        spec["objectives"] = list(spec.get("objectives", [])) + objectives
-    return _load_slo(spec)
+    return _load_slo({**mark.kwargs, "objectives": list(mark.kwargs.get("objectives", [])) + objectives}
+                     if objectives else dict(mark.kwargs))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("replay", "llm-replay SLO tests")
-    group.addoption("--replay-target", action="append", default=None, metavar="[MODEL=]URL",
-                    help="OpenAI-compatible base URL to test (env REPLAY_TARGET, space-separated); "
-                         "MODEL=URL (repeatable) sends that trace model's rows to its own deployment; "
-                         "default: start engine-stub locally for the session")
-    group.addoption("--replay-runs-dir", default=None,
-                    help="directory for run directories (default: pytest's tmp dir)")
-    group.addoption("--replay-engine-arg", action="append", default=[],
-                    help="extra argument for the auto-started engine-stub (repeatable)")
-    group.addoption("--replay-arg", action="append", default=[],
-                    help="extra argument for every `replay run` (repeatable)")
-    group.addoption("--replay-require-target", action="store_true",
-                    default=os.environ.get("REPLAY_REQUIRE_TARGET", "") not in ("", "0"),
-                    help="fail when no target is given (env REPLAY_REQUIRE_TARGET=1), instead of testing a local "
-                         "engine-stub: in CI, a missing secret must not pass having tested nothing")
+    group.addoption("--replay-target", action="append", metavar="[MODEL=]URL",
+                    help="OpenAI-compatible base URL to test (env REPLAY_TARGET, space-separated); MODEL=URL "
+                         "(repeatable) sends that trace model's rows to its own deployment; default: local engine-stub")
+    group.addoption("--replay-runs-dir", help="directory for run directories (default: pytest's tmp dir)")
+    for flag, to in (("--replay-engine-arg", "the auto-started engine-stub"), ("--replay-arg", "every `replay run`")):
+        group.addoption(flag, action="append", default=[], help=f"extra argument for {to} (repeatable)")
+    group.addoption("--replay-require-target", action="store_true", help="fail when no target is given (env "
+                    "REPLAY_REQUIRE_TARGET=1): in CI, a missing secret must not pass having tested nothing",
+                    default=os.environ.get("REPLAY_REQUIRE_TARGET", "") not in ("", "0"))
     group.addoption("--replay-as-measured", "--replay-judge-as-measured", "--replay-allow-client-bottleneck",
-                    dest="replay_as_measured", action="store_true", help="judge every figure at its measured "
-                    "value (k6's semantics): no confidence bounds, no bias bound (docs/verdicts.md)")
-    group.addoption("--replay-fixed-length", action="store_true",
-                    help="replay each trace once, even where the SLO is known before the run (default: run "
-                         "until the gate is decided, docs/verdicts.md#run-until-decided)")
-    group.addoption("--replay-confidence", type=float, default=None, metavar="C",
+                    dest="replay_as_measured", action="store_true", help="judge every figure at its measured value "
+                    "(k6's semantics): no confidence bounds, no bias bound (docs/verdicts.md)")
+    group.addoption("--replay-fixed-length", action="store_true", help="replay each trace once, not until the gate "
+                    "is decided (docs/verdicts.md#run-until-decided)")
+    group.addoption("--replay-confidence", type=float, metavar="C",
                     help="each gate verdict's confidence (default: the SLO spec's, else 0.95)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slo(*file_or_objectives, **spec): gate every replay run of the test on this SLO")
+    config.addinivalue_line("markers", "slo(*file_or_objectives, **spec): gate every replay run of the test on its SLO")
 
 
 @pytest.fixture(scope="session")
 def replay_targets(request: pytest.FixtureRequest, replay_target: str) -> list[str]:
     """Every `replay run --target` value: the default URL, then the MODEL=URL ones."""
-    named = [t for t in _given_targets(request.config) if re.match(r"https?://", t) is None]
-    return ([replay_target] if replay_target else []) + named
+    return ([replay_target] if replay_target else []) + [t for t in _given_targets(request.config) if not _url(t)]
 
 
 def _given_targets(config: pytest.Config) -> list[str]:
     return config.getoption("--replay-target") or os.environ.get("REPLAY_TARGET", "").split()
 
 
+def _url(target: str) -> bool:
+    return re.match(r"https?://", target) is not None
+
+
 @pytest.fixture(scope="session")
 def replay_target(request: pytest.FixtureRequest):
     """The default base URL under test: the plain --replay-target URL; with none, a session-wide
     local engine-stub (unless every trace model has its own MODEL=URL target: then "")."""
-    given = _given_targets(request.config)
-    plain = [t for t in given if re.match(r"https?://", t)]
-    if plain:
-        yield plain[0].rstrip("/")
-        return
-    if given:   # only MODEL=URL targets: no default deployment
-        yield ""
+    if given := _given_targets(request.config):   # the plain URL; only MODEL=URL ones: "" (no default deployment)
+        yield next((t.rstrip("/") for t in given if _url(t)), "")
         return
     if request.config.getoption("--replay-require-target"):
-        pytest.fail("no target: --replay-target and REPLAY_TARGET are empty, and --replay-require-target (or "
-                    "REPLAY_REQUIRE_TARGET=1) forbids testing a local engine-stub instead (a pull request from "
-                    "a fork gets no secrets)", pytrace=False)
+        pytest.fail("no target: --replay-target and REPLAY_TARGET are empty, and --replay-require-target (or env "
+                    "REPLAY_REQUIRE_TARGET=1) forbids a local engine-stub (forks get no secrets)", pytrace=False)
     try:
         import llm_replay.engine_stub.cli  # noqa: F401  (only to know it is installed; the engine runs as a child)
     except ImportError as e:
@@ -182,22 +168,19 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
         if not path.exists():
             from llm_replay.traces.presets import PRESETS
             if str(trace) not in PRESETS:   # a mistyped path: say the file is missing
-                raise FileNotFoundError(
-                    f"replay({str(trace)!r}): no such trace file (from {Path.cwd()}), and not a preset "
-                    f"name either (presets: {', '.join(PRESETS)})")
+                raise FileNotFoundError(f"replay({str(trace)!r}): no such trace file (from {Path.cwd()}), and "
+                                        f"not a preset name either (presets: {', '.join(PRESETS)})")
             path = _preset_trace(str(trace), options, tmp_path)
         run_dir = runs_dir / f"run-{len(runs)}"
         extra = _until_args(request, options, runs_dir, len(runs))
         extra += run_args(options) + _key_args() + list(request.config.getoption("--replay-arg"))
         outcome = replay_run(path, replay_targets, run_dir, extra=extra)
         if not (run_dir / "records.parquet").exists():
-            raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n"
-                               f"{outcome.output[-3000:]}")
+            raise RuntimeError(f"replay run produced no records (exit {outcome.returncode}):\n{outcome.output[-3000:]}")
         result = ReplayResult(run_dir, reports.summarize_run(run_dir), outcome.returncode, outcome.output,
                               as_measured=request.config.getoption("replay_as_measured"),
                               confidence=request.config.getoption("replay_confidence"))
-        for name, value in reports.headline(result.summary).items():
-            request.node.user_properties.append((f"replay.{len(runs)}.{name}", value))
+        request.node.user_properties += [(f"replay.{len(runs)}.{name}", v) for name, v in result.metrics.items()]
         runs.append(result)
         return result
 
@@ -208,12 +191,10 @@ def replay(request: pytest.FixtureRequest, replay_targets: list[str], tmp_path: 
 def _until_args(request: pytest.FixtureRequest, options: dict, runs_dir: Path, k: int) -> list[str]:
     """`--slo FILE --until-decided` when the SLO is known before the run and the test did not opt out."""
     import json
-    spec = options.pop("slo", None)
-    until = options.pop("until_decided", True) and not request.config.getoption("replay_fixed_length")
+    spec, until = options.pop("slo", None), options.pop("until_decided", True)
     mark = request.node.get_closest_marker("slo")
-    if spec is None and mark is not None:
-        spec = slo_from_marker(mark)
-    if spec is None or not until:
+    spec = slo_from_marker(mark) if spec is None and mark is not None else spec
+    if spec is None or not until or request.config.getoption("replay_fixed_length"):
         return []
     spec = _load_slo(spec)
     conf = request.config.getoption("replay_confidence")
@@ -229,9 +210,8 @@ def _key_args() -> list[str]:
     if "REPLAY_API_KEY" not in os.environ:
         return []
     if not os.environ["REPLAY_API_KEY"]:
-        pytest.fail("REPLAY_API_KEY is set but empty: the key's secret is missing (a pull request from a fork "
-                    "gets no secrets); unset it for a target without a key (examples/github/slo-gate.yml: delete its "
-                    "REPLAY_API_KEY line)", pytrace=False)
+        pytest.fail("REPLAY_API_KEY is set but empty: a missing secret (forks get none); unset it for a target without "
+                    "a key (examples/github/slo-gate.yml: delete its REPLAY_API_KEY line)", pytrace=False)
     return ["--api-key-env", "REPLAY_API_KEY"]
 
 
@@ -256,12 +236,8 @@ def pytest_runtest_call(item: pytest.Item):
     # pytrace=False: the report is the message alone, not this hook's source above it
     if not runner.runs:
         pytest.fail("@pytest.mark.slo: the test made no replay run to gate", pytrace=False)
-    failures = []
-    for run in runner.runs:
-        gate = run.gate(slo)
-        item.user_properties.append((f"slo.{run.run_dir.name}", "pass" if gate.exit_code == 0 else "fail"))
-        if gate.exit_code != 0:
-            failures.append(_verdict(run.run_dir, gate))
-    if failures:
+    gates = [(run, run.gate(slo)) for run in runner.runs]
+    item.user_properties += [(f"slo.{run.run_dir.name}", "fail" if g.exit_code else "pass") for run, g in gates]
+    if failures := [_verdict(run.run_dir, g) for run, g in gates if g.exit_code]:
         pytest.fail("\n".join(failures), pytrace=False)
     return result

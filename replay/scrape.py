@@ -1,13 +1,13 @@
 """`--scrape [MODEL=]URL`: sample the targets' Prometheus metrics during the run.
 
-The scraper is a process of its own (`python -m llm_replay.replay.scrape RUN_DIR`, niced,
-started by `replay run` beside its runner, or by the runner's Output on the Locust CLI path): fetching and parsing a vLLM /metrics page (54 KB) takes ~22 ms of
-CPU, which inside the runner's event loop doubled its worst stall (issue 21). It waits for T0
-in run.json, then every interval fetches the text exposition, parses it with
-prometheus_client's parser and appends it (one row per sample, time relative to T0) to an IPC
-stream, finalised into `server_metrics.parquet` (reports.schema.SERVER_METRICS_SCHEMA) when its
-standard input closes (the runner is done, or died). A failed scrape is counted and retried at
-the next tick; it never disturbs the replay.
+The scraper is a process of its own (`python -m llm_replay.replay.scrape RUN_DIR`, niced, started
+by `replay run` beside its runner, or by the runner's Output on the Locust CLI path): fetching and
+parsing a vLLM /metrics page (54 KB) takes ~22 ms of CPU, which inside the runner's event loop
+doubled its worst stall (issue 21). It waits for T0 in run.json, then every interval fetches the
+text exposition, parses it with prometheus_client's parser and appends it (one row per sample,
+time relative to T0) to an IPC stream, finalised into `server_metrics.parquet`
+(reports.schema.SERVER_METRICS_SCHEMA) when its standard input closes (the runner is done, or
+died). A failed scrape is counted and retried at the next tick; it never disturbs the replay.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 import pyarrow as pa
@@ -51,12 +52,10 @@ def sources(c: plan.RunConfig) -> list[tuple[str, str | None]]:
 
 
 class Scraper:
-    """Samples `urls` (a URL, or (URL, target) pairs: that target's samples carry a `target` label)."""
+    """Samples `sources` (URL, target or None): a target's samples carry a `target` label."""
 
-    def __init__(self, urls, run_dir: str | Path, t0_perf: float, interval_s: float = 1.0) -> None:
-        self.sources = [(urls, None)] if isinstance(urls, str) else list(urls)
-        self.url = ", ".join(u for u, _ in self.sources)
-        self.dir, self.t0, self.interval = Path(run_dir), t0_perf, max(0.05, interval_s)
+    def __init__(self, sources: list, run_dir: str | Path, t0_perf: float, interval_s: float = 1.0) -> None:
+        self.sources, self.dir, self.t0, self.interval = sources, Path(run_dir), t0_perf, max(0.05, interval_s)
         self.file = IpcFile(self.dir / STREAM, SERVER_METRICS_SCHEMA)
         self.ok = self.failed = 0
         self.last_error: str | None = None
@@ -74,19 +73,21 @@ class Scraper:
                 self.last_error = f"{url}: {type(e).__name__}: {e}"[:200]
 
     def run(self, stop: threading.Event) -> None:
+        """Scrape every interval until `stop`, then finalise server_metrics.parquet."""
         nxt = time.perf_counter()
-        while not stop.is_set():
-            self.scrape_once()
-            nxt += self.interval
-            stop.wait(max(0.0, nxt - time.perf_counter()))
-        self.scrape_once()   # the counters after the last request: the run's increase is complete
-
-    def close(self) -> None:
-        self.file.close()
-        finalize(self.dir / STREAM, self.dir / FILE, SERVER_METRICS_SCHEMA)
-        if self.failed:
-            print(f"replay: {self.failed} of {self.ok + self.failed} scrapes of {self.url} failed "
-                  f"(last: {self.last_error})", file=sys.stderr)
+        try:
+            while not stop.is_set():
+                self.scrape_once()
+                nxt += self.interval
+                stop.wait(max(0.0, nxt - time.perf_counter()))
+            self.scrape_once()   # the counters after the last request: the run's increase is complete
+        finally:
+            self.file.close()
+            finalize(self.dir / STREAM, self.dir / FILE, SERVER_METRICS_SCHEMA)
+            if self.failed:
+                urls = ", ".join(u for u, _ in self.sources)
+                print(f"replay: {self.failed} of {self.ok + self.failed} scrapes of {urls} failed "
+                      f"(last: {self.last_error})", file=sys.stderr)
 
 
 OWNED = "LLM_REPLAY_SCRAPER"   # set for a runner whose parent runs the scraper
@@ -94,51 +95,37 @@ OWNED = "LLM_REPLAY_SCRAPER"   # set for a runner whose parent runs the scraper
 
 def start(run_dir: str | Path) -> subprocess.Popen | None:
     """The scraper process of a run (None: nothing to scrape); close its stdin to end it."""
-    if os.environ.get(OWNED):
-        return None
-    config = plan.RunConfig.from_json(json.loads((Path(run_dir) / "run.json").read_text())["config"])
-    if not sources(config):
+    if os.environ.get(OWNED) or not sources(_config(run_dir)):
         return None
     return subprocess.Popen([sys.executable, "-m", "llm_replay.replay.scrape", str(run_dir)],
                             stdin=subprocess.PIPE, preexec_fn=_lower_priority)
+
+
+def _config(run_dir: str | Path) -> plan.RunConfig:
+    return plan.RunConfig.from_json(json.loads((Path(run_dir) / "run.json").read_text())["config"])
 
 
 def _lower_priority() -> None:
     """Niced, and deaf to the terminal's Ctrl-C (it shares `replay run`'s process group): it
     ends when its stdin closes, after a last sample."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
+    with suppress(OSError):
         os.nice(NICE)
-    except OSError:
-        pass
-
-
-def _t0(run_json: Path, stop: threading.Event) -> float | None:
-    """T0 on CLOCK_MONOTONIC (perf_counter), once the runner has written it."""
-    while not stop.wait(0.02):
-        try:
-            t0 = json.loads(run_json.read_text()).get("t0_monotonic")
-        except (OSError, ValueError):
-            t0 = None
-        if t0 is not None:
-            return float(t0)
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     run_dir = Path((argv or sys.argv[1:])[0])
-    config = plan.RunConfig.from_json(json.loads((run_dir / "run.json").read_text())["config"])
+    config = _config(run_dir)
     stop = threading.Event()
     # the runner closes our stdin when it is done (or dies): the only stop signal we need
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop.set()), daemon=True).start()
-    t0 = _t0(run_dir / "run.json", stop)
+    t0 = None   # on CLOCK_MONOTONIC (perf_counter), once the runner has written it
+    while t0 is None and not stop.wait(0.02):
+        with suppress(OSError, ValueError):
+            t0 = json.loads((run_dir / "run.json").read_text()).get("t0_monotonic")
     if t0 is None:
         return 0
-    scraper = Scraper(sources(config), run_dir, t0, config.scrape_interval_s)
-    try:
-        scraper.run(stop)
-    finally:
-        scraper.close()
+    Scraper(sources(config), run_dir, float(t0), config.scrape_interval_s).run(stop)
     return 0
 
 

@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from llm_replay.reports.sequential import FIRST_LOOK, look_confidence, look_rows
+from llm_replay.traces import Trace
 
 EXTRA_LAPS = 7          # without a budget: the window and up to 7 more passes of it
 LAP_SUFFIX = "~{}"      # request/session/parent ids of pass k (k >= 1)
@@ -38,17 +40,14 @@ class UntilError(ValueError):
 def extend_trace(args, run_dir: Path) -> dict:
     """Write RUN_DIR/trace.parquet: the window of args.trace and further passes up to the budget.
     Returns run.json's `until_decided` (the passes, their kind, the budget)."""
-    from llm_replay.traces import Trace
     from llm_replay.traces.generate import generate
     src = Trace.read(args.trace)
     if args.sessions == "closed":
-        raise UntilError("--until-decided with --sessions closed: a turn is sent when the previous one ended, so "
-                         "the rows a look could judge would be chosen by their latency; use --sessions timestamps")
+        raise UntilError("--until-decided with --sessions closed: a turn waits for the previous one, so a look "
+                         "would judge rows chosen by their latency; use --sessions timestamps")
     base = _window(src.table, args)
-    if "depends_on" in base.column_names and pc.any(pc.fill_null(pc.greater(
-            pc.list_value_length(base.column("depends_on")), 0), False)).as_py():
-        raise UntilError("--until-decided on a task-graph trace (depends_on): a dependant is sent when its "
-                         "dependencies ended, so the rows a look could judge would be chosen by their latency")
+    if "depends_on" in base.column_names and (pc.max(pc.list_value_length(base.column("depends_on"))).as_py() or 0):
+        raise UntilError("--until-decided on a task-graph trace (depends_on): looks would judge rows chosen by latency")
     if base.num_rows == 0:
         raise UntilError("--until-decided: no trace rows in the selected window (check --start/--duration)")
     arr = base.column("arrival_ns").to_numpy()
@@ -58,21 +57,20 @@ def extend_trace(args, run_dir: Path) -> dict:
     cap_ns = None if args.max_duration is None else int(args.max_duration * args.speed * 1e9)
     gen = (src.metadata.get("generator") or {})
     regenerate = bool(gen.get("spec")) and gen.get("seed") is not None
-    laps, rows, k = [base], n, 1
-    while rows < cap_rows and (cap_ns is None or k * lap_ns < cap_ns):
+    laps = [base]
+    while sum(x.num_rows for x in laps) < cap_rows and (cap_ns is None or len(laps) * lap_ns < cap_ns):
+        k = len(laps)
         t = _window(generate(gen["spec"], int(gen["seed"]) + k).table, args) if regenerate else base
         if t.num_rows == 0:
             break
         laps.append(_lap(t, k, int(arr[0]) + k * lap_ns, base))
-        rows += t.num_rows
-        k += 1
     table = pa.concat_tables(laps, promote_options="permissive").slice(0, cap_rows)
     if cap_ns is not None:
         a = table.column("arrival_ns").to_numpy()
         table = table.slice(0, max(1, int(np.searchsorted(a, a[0] + cap_ns, "right"))))
     meta = {k: v for k, v in src.metadata.items() if k != "generator"}
     Trace(table, meta, file=str(args.trace)).write(run_dir / "trace.parquet")
-    return {"trace": str(args.trace), "passes": k, "pass_s": lap_ns / 1e9 / args.speed,
+    return {"trace": str(args.trace), "passes": len(laps), "pass_s": lap_ns / 1e9 / args.speed,
             "rows": table.num_rows, "how": "regenerated (seed + k)" if regenerate else "repeated (fresh ids)",
             "budget": {"max_requests": args.max_requests, "max_duration_s": args.max_duration},
             "window": {"start_s": args.start, "duration_s": args.duration}, "looks": []}
@@ -84,26 +82,23 @@ def _window(t: pa.Table, args) -> pa.Table:
         t = t.append_column("request_id", pa.array(np.arange(t.num_rows).astype(str), pa.string()))
     a = t.column("arrival_ns").to_numpy()
     lo = int(a[0]) + int(args.start * 1e9) if len(a) else 0
-    hi = len(a) if args.duration is None else int(np.searchsorted(a, lo + int(args.duration * 1e9)))
-    return t.slice(int(np.searchsorted(a, lo)), hi - int(np.searchsorted(a, lo)))
+    i = int(np.searchsorted(a, lo))
+    return t.slice(i, None if args.duration is None else int(np.searchsorted(a, lo + int(args.duration * 1e9))) - i)
 
 
 def _lap(t: pa.Table, k: int, start_ns: int, base: pa.Table) -> pa.Table:
     """Pass k of the window: arrivals from start_ns, ids suffixed, prefix blocks renumbered."""
     a = t.column("arrival_ns").to_numpy()
-    t = t.set_column(t.schema.get_field_index("arrival_ns"), "arrival_ns", pa.array(a - a[0] + start_ns))
-    for name in ("request_id", "session_id", "parent_id"):
-        if name in t.column_names:
-            col = t.column(name).cast(pa.string())
-            t = t.set_column(t.schema.get_field_index(name), name,
-                             pc.binary_join_element_wise(col, pa.scalar(LAP_SUFFIX.format(k)), ""))
+    new = {"arrival_ns": pa.array(a - a[0] + start_ns)}
+    for name in {"request_id", "session_id", "parent_id"} & set(t.column_names):
+        new[name] = pc.binary_join_element_wise(t.column(name).cast(pa.string()), LAP_SUFFIX.format(k), "")
     if "hash_ids" in t.column_names and t.column("hash_ids").null_count < t.num_rows:
         top = pc.max(pc.list_flatten(base.column("hash_ids"))).as_py() or 0
-        flat = pc.list_flatten(t.column("hash_ids"))
-        off = pa.array(np.asarray(flat.to_numpy(zero_copy_only=False)) + k * (top + 1), pa.int64())
         col = t.column("hash_ids").combine_chunks()
-        t = t.set_column(t.schema.get_field_index("hash_ids"), "hash_ids",
-                         pa.ListArray.from_arrays(col.offsets, off, mask=col.is_null()))
+        off = pc.add(pc.list_flatten(col).cast(pa.int64()), k * (top + 1))
+        new["hash_ids"] = pa.ListArray.from_arrays(col.offsets, off, mask=col.is_null())
+    for name, col in new.items():
+        t = t.set_column(t.schema.get_field_index(name), name, col)
     return t
 
 
@@ -111,7 +106,6 @@ class Looks:
     """The parent's watch over a run until decided: a look whenever the next prefix has records."""
 
     def __init__(self, run_dir: Path, slo, speed: float) -> None:
-        from llm_replay.traces import Trace
         self.run_dir, self.slo = run_dir, slo
         t = Trace.read(run_dir / "trace.parquet").table
         a = t.column("arrival_ns").to_numpy()
@@ -119,13 +113,6 @@ class Looks:
         self.index = {rid: i for i, rid in enumerate(t.column("request_id").to_pylist())}
         self.done = np.zeros(len(a), dtype=bool)
         self.k, self.looks, self.decided = 1, [], None
-        self.confidence = slo.confidence
-
-    def bound(self, rows: int) -> tuple[int, float]:
-        """The rows judged at a look of `rows` rows (ties at its edge included) and their time bound."""
-        n = int(np.searchsorted(self.sched, self.sched[rows - 1], "right"))
-        return n, (float(self.sched[n - 1] + self.sched[n]) / 2 if n < len(self.sched) else
-                   float(self.sched[-1]) + 1.0)
 
     def look(self) -> bool:
         """Read the records so far; judge every look whose prefix is complete. True once decided."""
@@ -133,28 +120,27 @@ class Looks:
             return self.decided is not None
         from llm_replay.replay.recorder import read_stream
         stream, final = self.run_dir / "records.arrows", self.run_dir / "records.parquet"
-        if stream.exists() or not final.exists():
-            batches = list(read_stream(stream))
-            if not batches:
-                return False
-            table = pa.Table.from_batches(batches)
-        else:   # the run has ended (the stream became records.parquet): the looks it ended before
-            import pyarrow.parquet as pq
+        if final.exists() and not stream.exists():   # the run has ended: the looks it ended before
             table = pq.read_table(final)
+        elif batches := list(read_stream(stream)):
+            table = pa.Table.from_batches(batches)
+        else:
+            return False
         idx = [self.index.get(r, -1) for r in table.column("request_id").to_pylist()]
         self.done[[i for i in idx if i >= 0]] = True
         while self.decided is None and look_rows(self.k) <= len(self.sched):
-            n, until = self.bound(look_rows(self.k))
+            # the rows of this look (ties at its edge included), and their time bound
+            n = int(np.searchsorted(self.sched, self.sched[look_rows(self.k) - 1], "right"))
             if not self.done[:n].all():
                 break
-            self._judge(table, n, until)
+            self._judge(table, n, float((self.sched[n - 1] + self.sched[n]) / 2 if n < len(self.sched) else
+                                        self.sched[-1] + 1.0))
         return self.decided is not None
 
     def _judge(self, table: pa.Table, n: int, until: float) -> None:
         from llm_replay.reports import evaluate_slo
-        conf = look_confidence(self.confidence, self.k)
-        sel = table.filter(pc.less_equal(table.column("scheduled_s"), until))
-        gate = evaluate_slo(sel, self.slo, confidence=conf)
+        conf = look_confidence(self.slo.confidence, self.k)
+        gate = evaluate_slo(table.filter(pc.less_equal(table.column("scheduled_s"), until)), self.slo, confidence=conf)
         self.looks.append({"look": self.k, "rows": n, "confidence": round(conf, 6), "exit_code": gate.exit_code,
                            "at_wall": round(time.time(), 3)})
         print(f"replay: until decided: look {self.k} at {n} rows ({conf:.2%}): "
@@ -170,6 +156,6 @@ class Looks:
         last = self.decided or {"look": self.k, "judged_rows": len(self.sched),
                                 "judged_until_s": float(self.sched[-1]) + 1.0}
         return {**info, "looks": self.looks, **last, "decided": self.decided is not None, "stopped": stopped,
-                "confidence_per_look": round(look_confidence(self.confidence, last["look"]), 6),
+                "confidence_per_look": round(look_confidence(self.slo.confidence, last["look"]), 6),
                 "method": f"alpha spending over looks at {FIRST_LOOK}, {2 * FIRST_LOOK}, {4 * FIRST_LOOK}, ... rows: "
                           "look k at 1 - (1 - confidence) * 6 / (pi^2 k^2)"}
