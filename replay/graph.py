@@ -7,9 +7,10 @@ are its own dependants. Dependencies outside the replay window count as done.
 
 Chat prompts carry the task's real conversation: a dependant whose input_tokens exceed its
 conversation's context (prompt + reply of its session's previous call in the task, else of its
-first dependency), and whose hash_ids (if both have some) start with that call's, sends that conversation, the other dependencies' replies (subagent results)
-and new text for the difference; a smaller one starts a fresh context (a subagent). Conversations are linked lists shared by the calls that extend them (no
-copy per step), and a finished row's state is dropped when its last dependant is released:
+first dependency), and whose hash_ids (if both have some) start with that call's, sends that
+conversation, the other dependencies' replies (subagent results) and new text for the
+difference; a smaller one starts a fresh context (a subagent). Conversations are linked lists
+shared by the calls that extend them (no copy per step), and a finished row's state is dropped when its last dependant is released:
 memory follows the tasks in flight, not the length of the replay.
 """
 from __future__ import annotations
@@ -70,30 +71,23 @@ class Graph:
         deps = row[plan.DEPS]
         if not deps:
             return None
-        missing = 0
-        for d in deps:
-            if d in self.open:
-                self.open[d].append(rid)
-                missing += 1
+        missing = [d for d in deps if d in self.open]
+        for d in missing:
+            self.open[d].append(rid)
         if missing:
-            self.waiting[rid] = [row, missing]
+            self.waiting[rid] = [row, len(missing)]
             return None
         return self.release(row)
 
     def release(self, row: tuple):
         """("send", row with its due time as SCHED and its applied delay) or ("fail", row, why)."""
-        nodes, conv = [], row[plan.CONV]
-        for d in row[plan.DEPS]:
-            node = self._take(d)
-            if node is not None:
-                nodes.append((d, node))
+        conv = row[plan.CONV]
+        nodes = [(d, node) for d in row[plan.DEPS] if (node := self._take(d)) is not None]
         base = self._take(conv) if conv is not None else None   # kept for this row apart from its deps
         bad = next(((d, n) for d, n in nodes if n.status != "ok"), None)
         if bad is not None:
             return "fail", row, f"dependency {bad[0]} ended {bad[1].status}"
-        delay = row[plan.DELAY] or 0.0
-        if self.max_delay_s is not None:
-            delay = min(delay, self.max_delay_s)
+        delay = min(row[plan.DELAY] or 0.0, self.max_delay_s if self.max_delay_s is not None else float("inf"))
         due = (max(n.end for _, n in nodes) + delay / self.speed) if nodes else row[plan.SCHED]
         row = row[:plan.SCHED] + (due,) + row[plan.SCHED + 1:plan.DELAY] + (delay,) + row[plan.DELAY + 1:]
         if base is None and nodes:
@@ -138,8 +132,7 @@ class Graph:
             return []
         ctx = None
         if status == "ok" and user_text is not None:
-            parent, others = (base[0].context, base[1]) if base is not None else (None, [])
-            msgs = _results(others) if parent is not None else ()
+            parent, msgs = (base[0].context, _results(base[1])) if base is not None else (None, ())
             tokens = (prompt_tokens or row[plan.IN]) + (completion_tokens or 0)
             ctx = Context(parent, msgs + ({"role": "user", "content": user_text},
                                           {"role": "assistant", "content": reply or ""}), tokens)

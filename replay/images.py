@@ -36,8 +36,7 @@ PREFIX = b"data:image/png;base64,"
 def parse_px(px: str | None) -> tuple[int, int]:
     """`WxH` (a trace's `image_px`, by the trace schema's rule) as (width, height); null is
     DEFAULT_IMAGE_PX. Cached: each request names its size, few sizes repeat."""
-    problem = image_px_problem(px or DEFAULT_IMAGE_PX)
-    if problem:
+    if problem := image_px_problem(px or DEFAULT_IMAGE_PX):
         raise ValueError(f"image_px {px!r}: {problem}")
     w, _, h = (px or DEFAULT_IMAGE_PX).partition("x")
     return int(w), int(h)
@@ -53,8 +52,7 @@ class PngTemplate:
     def __init__(self, width: int, height: int, seed: int = 0) -> None:
         self.width, self.height = width, height
         rng = np.random.default_rng([seed & 0xFFFFFFFF, width, height])
-        rows = np.empty((height - 1, 1 + 3 * width), np.uint8)
-        rows[:, 0] = 0                                          # filter: none
+        rows = np.zeros((height - 1, 1 + 3 * width), np.uint8)   # column 0: filter none
         rows[:, 1:] = rng.integers(0, 2, (height - 1, 3 * width), np.uint8) * 255
         raw = rows.tobytes()
         z = zlib.compressobj(6)
@@ -66,17 +64,12 @@ class PngTemplate:
         prefix = head + _chunk(b"tEXt", b"Comment\x00" + b" " * pad) + idat
         assert len(prefix) % 3 == 0
         self.b64 = PREFIX + base64.b64encode(prefix)   # the data URL up to the request's own bytes
-        self._row = 3 * width
-        n = 1 + self._row
-        self._stored = b"\x01" + struct.pack("<HH", n, n ^ 0xFFFF)   # final stored block header
-        self._iend = _chunk(b"IEND", b"")
+        self._stored = b"\x01" + struct.pack("<HH", 1 + 3 * width, (1 + 3 * width) ^ 0xFFFF)   # final stored block
 
     def png_suffix(self, key: bytes) -> bytes:
         """IDAT 2 and IEND for image `key`: its last row drawn from `key`."""
-        row = b"\x00" + hashlib.shake_128(key).digest(self._row)
-        data = self._stored + row + struct.pack(">I", zlib.adler32(row, self._adler))
-        return struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(data, _IDAT_CRC)) \
-            + self._iend
+        row = b"\x00" + hashlib.shake_128(key).digest(3 * self.width)
+        return _chunk(b"IDAT", self._stored + row + struct.pack(">I", zlib.adler32(row, self._adler))) + _IEND
 
     def url(self, key: bytes) -> bytes:
         """The data URL (ASCII bytes) of a PNG distinct for each `key`."""
@@ -87,7 +80,7 @@ class PngTemplate:
         return base64.b64decode(self.b64[len(PREFIX):]) + self.png_suffix(key)
 
 
-_IDAT_CRC = zlib.crc32(b"IDAT")
+_IEND = _chunk(b"IEND", b"")
 
 
 class Images:
@@ -97,29 +90,20 @@ class Images:
         self.seed, self.url_base = seed, url_base.rstrip("/") if url_base else None
         self.templates: dict[tuple[int, int], PngTemplate] = {}
 
-    def template(self, px: str | None) -> PngTemplate:
-        size = parse_px(px)
-        t = self.templates.get(size)
-        if t is None:
-            t = self.templates[size] = PngTemplate(*size, seed=self.seed)
-        return t
-
     def parts(self, n: int, px: str | None, key: int) -> list[bytes]:
         """Byte pieces that joined are the JSON of `n` `image_url` content parts of size `px`
         for request `key` (a row index), comma-separated: data URLs distinct per (key, image),
         or with `url_base` the hosted file of that size, `{base}/{W}x{H}.png`. Pieces, so that the
         request body is copied once, by its final join (a 512x512 image is ~170 KB of base64)."""
+        size = parse_px(px)
         if self.url_base is not None:
-            w, h = parse_px(px)
-            urls = [[f"{self.url_base}/{w}x{h}.png".encode()]] * n
+            urls = [[f"{self.url_base}/{size[0]}x{size[1]}.png".encode()]] * n
         else:
-            t, seed = self.template(px), self.seed & 0xFFFFFFFF
+            t = self.templates.get(size) or self.templates.setdefault(size, PngTemplate(*size, seed=self.seed))
+            seed = self.seed & 0xFFFFFFFF
             urls = [[t.b64, base64.b64encode(t.png_suffix(struct.pack("<IQI", seed, key & 0xFFFFFFFFFFFFFFFF, k)))]
                     for k in range(n)]
-        out: list[bytes] = []
-        for k, url in enumerate(urls):
-            out += [_OPEN if not k else b"," + _OPEN, *url, _CLOSE]
-        return out
+        return [p for k, url in enumerate(urls) for p in (_OPEN if not k else b"," + _OPEN, *url, _CLOSE)]
 
 
 _OPEN, _CLOSE = b'{"type":"image_url","image_url":{"url":"', b'"}}'
@@ -135,12 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", required=True, help="directory to write WxH.png files into")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for px in a.px:
-        w, h = parse_px(px)
-        (out / f"{w}x{h}.png").write_bytes(PngTemplate(w, h, a.seed).png(b"hosted"))
-        print(out / f"{w}x{h}.png")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    for w, h in map(parse_px, a.px):
+        (Path(a.out) / f"{w}x{h}.png").write_bytes(PngTemplate(w, h, a.seed).png(b"hosted"))
+        print(Path(a.out) / f"{w}x{h}.png")
     return 0
 
 

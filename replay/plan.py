@@ -34,7 +34,7 @@ IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, 
     TASK, DEPS, DELAY, NDEP, CONV, REASON = range(len(ROW_FIELDS))
 ROW_LEN = len(ROW_FIELDS)
 RECORD_COLUMNS = {c for _, c in RECORD_LAYOUT if c}   # those a record of a row never sent takes
-ROW_COLUMNS = ("arrival_ns", *(n for n in ROW_FIELDS if n in BY_NAME))   # what it reads of the trace
+ROW_COLUMNS = ["arrival_ns", *(n for n in ROW_FIELDS if n in BY_NAME)]   # what it reads of the trace
 
 
 @dataclass
@@ -111,9 +111,8 @@ class RunConfig:
     def prompt_seed(self) -> int:
         """The seed of the prompt and image bytes: `seed`, salted per run so that a second run
         does not hit the first one's prefix cache (equal blocks within a run stay equal)."""
-        if self.salt is None:
-            return self.seed
-        return int.from_bytes(hashlib.blake2b(f"{self.seed}:{self.salt}".encode(), digest_size=4).digest(), "little")
+        return self.seed if self.salt is None else \
+            int.from_bytes(hashlib.blake2b(f"{self.seed}:{self.salt}".encode(), digest_size=4).digest(), "little")
 
     def target_model(self, label: str | None) -> str | None:
         """The served model name for `label`: --model-map, else its target's first served model
@@ -133,10 +132,8 @@ def sha256_file(path: str | Path) -> str:
 
 def _origin(path: str) -> int:
     for b in Trace.iter_batches(path, batch_size=1, columns=["arrival_ns"]):
-        if not b.num_rows:
-            return 0
         try:
-            return int(b.column(0)[0].as_py())
+            return int(b.column(0)[0].as_py()) if b.num_rows else 0
         except (TypeError, ValueError):   # not a number: the batch checks name the rule and the row
             return 0
     raise TraceError("the trace is empty (0 rows)", file=path)
@@ -153,7 +150,7 @@ class TraceWindow:
         self.hi = None if config.duration_s is None else self.lo + int(config.duration_s * 1e9)
         self._ndep: np.ndarray | None = None
         self.conv: dict[int, str] = {}
-        self._src: Iterator | None = None   # the window's batches, shared by rows() and rest()
+        self._src = self.batches(use_threads=False)   # the window's batches, shared by rows() and rest()
         self._ahead: list = []              # a batch read before it was asked for (prefetch)
         self._left = config.max_requests
 
@@ -183,44 +180,34 @@ class TraceWindow:
             n += end
         if first is None:
             return np.zeros(0, np.int32)
-        t = pa.Table.from_batches(parts)   # cast as conform does (scan has checked each batch's rows)
-        for name, typ in (("request_id", pa.string()), ("task_id", pa.string()), ("depends_on", pa.list_(pa.string()))):
-            if name in t.column_names:
-                col = parse_depends_on(t.column(name)) if name == "depends_on" else t.column(name)
-                t = t.set_column(t.schema.get_field_index(name), name, col.cast(typ))
+        t = pa.Table.from_batches(parts)
         if self.config.max_requests is not None:
             t = t.slice(0, first + self.config.max_requests)
-        ids = t.column("request_id") if "request_id" in t.column_names else \
-            pa.chunked_array([pa.array(np.arange(t.num_rows)).cast(pa.string())])
-        counts = check_graph(ids, t.column("task_id") if "task_id" in t.column_names else None,
-                             t.column("depends_on"), file=path, count_from=first)
-        if not (counts[first:].any() or _has_deps(t, first)):
+        # cast as conform does (scan has checked each batch's rows)
+        col = {n: t.column(n).cast(pa.string()) for n in ("request_id", "task_id", "session_id") if n in t.column_names}
+        ids = col["request_id"] if "request_id" in col else pa.array(np.arange(t.num_rows)).cast(pa.string())
+        deps = parse_depends_on(t.column("depends_on")).cast(pa.list_(pa.string()))
+        counts = check_graph(ids, col.get("task_id"), deps, file=path, count_from=first)
+        has = pc.list_value_length(deps.slice(first)).fill_null(0).to_numpy(zero_copy_only=False) > 0
+        if not (counts[first:].any() or has.any()):
             return np.zeros(0, np.int32)
-        if "session_id" in t.column_names and "task_id" in t.column_names:
-            self._conversations(t, ids, first, counts)
-        return counts[first:]
-
-    def _conversations(self, t: pa.Table, ids, first: int, counts: np.ndarray) -> None:
-        """Per window dependant with a session_id: the previous row of its (task, session)."""
-        w = t.slice(first)
-        key = pc.binary_join_element_wise(w.column("task_id").cast(pa.string()),
-                                          w.column("session_id").cast(pa.string()), "\x00")
-        has = pc.list_value_length(w.column("depends_on")).fill_null(0).to_numpy(zero_copy_only=False) > 0
-        codes = pc.dictionary_encode(key.combine_chunks()).indices.fill_null(-1).to_numpy(zero_copy_only=False)
-        order = np.lexsort((np.arange(len(codes)), codes))
-        c = codes[order]
-        same = (c[1:] == c[:-1]) & (c[1:] >= 0) & has[order[1:]]
-        rows, prev = order[1:][same], order[:-1][same]
-        if len(rows):
+        if "session_id" in col and "task_id" in col:
+            # a dependant with a session_id: the previous row of its (task, session) in the window
+            key = pc.binary_join_element_wise(col["task_id"].slice(first), col["session_id"].slice(first), "\x00")
+            codes = pc.dictionary_encode(key.combine_chunks()).indices.fill_null(-1).to_numpy(zero_copy_only=False)
+            order = np.lexsort((np.arange(len(codes)), codes))
+            c = codes[order]
+            same = (c[1:] == c[:-1]) & (c[1:] >= 0) & has[order[1:]]
+            rows, prev = order[1:][same], order[:-1][same]
             np.add.at(counts, prev + first, 1)
-            rid = ids.slice(first).take(pa.array(prev)).to_pylist()
-            self.conv = dict(zip(rows.tolist(), rid))
+            self.conv = dict(zip(rows.tolist(), ids.slice(first).take(pa.array(prev)).to_pylist()))
+        return counts[first:]
 
     def batches(self, validate: bool = False, use_threads: bool = True) -> Iterator[tuple[int, pa.RecordBatch]]:
         """(file row offset, batch) restricted to the window's time range."""
         offset, last, cast = 0, None, ...   # cast: the schema to cast to (None: none; ...: not known yet)
         path = self.config.trace
-        for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=list(ROW_COLUMNS), use_threads=use_threads):
+        for b in Trace.iter_batches(path, batch_size=self.batch_size, columns=ROW_COLUMNS, use_threads=use_threads):
             if validate:
                 _validate(b, path, offset, last)
                 last = int(b.column("arrival_ns")[-1].as_py())
@@ -243,8 +230,6 @@ class TraceWindow:
         """The next unread (file row offset, batch) of the window (bounded by `max_requests`)."""
         if self._ahead:
             return self._ahead.pop()
-        if self._src is None:
-            self._src = self.batches(use_threads=False)
         nxt = next(self._src, None) if self._left is None or self._left > 0 else None
         if nxt is not None and self._left is not None:
             nxt = nxt[0], nxt[1].slice(0, self._left)
@@ -288,21 +273,16 @@ class TraceWindow:
         `min_rows` rows (but the last), with `request_id` filled in and `scheduled_s` added: the
         columns a not_sent record takes from its row, without a Python object per row."""
         parts, n = [], 0
-        while True:
-            nxt = self._next()
-            if nxt is not None:
-                offset, b = nxt
-                if "request_id" not in b.schema.names:
-                    ids = pa.array(np.arange(offset, offset + b.num_rows)).cast(pa.string())
-                    b = b.append_column("request_id", ids)
-                sched = (b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / self.config.speed
-                parts.append(b.append_column("scheduled_s", pa.array(sched)))
-                n += b.num_rows
-            if parts and (n >= min_rows or nxt is None):
+        for offset, b in iter(self._next, None):
+            if "request_id" not in b.schema.names:
+                b = b.append_column("request_id", pa.array(np.arange(offset, offset + b.num_rows)).cast(pa.string()))
+            sched = (b.column("arrival_ns").to_numpy() - self.lo) / 1e9 / self.config.speed
+            parts.append(b.append_column("scheduled_s", pa.array(sched)))
+            if (n := n + b.num_rows) >= min_rows:
                 yield pa.Table.from_batches(parts).combine_chunks()
                 parts, n = [], 0
-            if nxt is None:
-                return
+        if parts:
+            yield pa.Table.from_batches(parts).combine_chunks()
 
 
 def table_of(rows: list[tuple]) -> pa.Table:
@@ -334,32 +314,19 @@ def scan(config: RunConfig) -> tuple[int, float]:
     """Validate the window of the trace batch by batch: (row count, schedule length in s)."""
     if not Path(config.trace).exists():
         raise TraceError("file not found", file=config.trace)
-    n, last, cap = 0, None, config.max_requests
-    window = TraceWindow(config, batch_size=65536)
-    for _, b in window.batches(validate=True):
-        if cap is not None:
-            b = b.slice(0, cap - n)
-        n += b.num_rows
-        if b.num_rows:
-            last = int(b.column("arrival_ns")[-1].as_py())
-        if cap is not None and n >= cap:
-            break
+    window, n, last = TraceWindow(config, batch_size=65536), 0, None
+    window._src = window.batches(validate=True)   # read as rows() reads, max_requests included
+    for _, b in iter(window._next, None):
+        n, last = n + b.num_rows, int(b.column("arrival_ns")[-1].as_py())
     if n == 0:
-        raise TraceError("no trace rows in the selected window (check --start/--duration)",
-                         file=config.trace)
+        raise TraceError("no trace rows in the selected window (check --start/--duration)", file=config.trace)
     config.graph = window.dependants() is not None
     return n, (last - window.lo) / 1e9 / config.speed
 
 
-def _has_deps(t: pa.Table, first: int) -> bool:
-    d = t.column("depends_on").slice(first)
-    return bool(len(d)) and (pc.list_value_length(d).fill_null(0).to_numpy(zero_copy_only=False) > 0).any()
-
-
 def trace_block_size(path: str, default: int = 16) -> int:
-    meta = Trace.read_metadata(path)
     try:
-        return int(meta.get("block_size") or default)
+        return int(Trace.read_metadata(path).get("block_size") or default)
     except (TypeError, ValueError):
         return default
 

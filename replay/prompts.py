@@ -76,22 +76,18 @@ class PromptBuilder:
 
     # --- token ids ----------------------------------------------------------------
     def _block(self, h: int, text_words: int = 0):
-        key = (h, text_words)
-        blk = self.blocks.get(key)
+        blk = self.blocks.get((h, text_words))
         if blk is None:
             if len(self.blocks) > 8192:  # bounded cache; regenerating is deterministic
                 self.blocks.clear()
-            blk = (corpus_text(self.seed, h, text_words) if text_words
-                   else _ids(self.seed, h, self.bs))
-            self.blocks[key] = blk
+            blk = self.blocks[h, text_words] = corpus_text(self.seed, h, text_words) if text_words \
+                else _ids(self.seed, h, self.bs)
         return blk
 
     def ids(self, row: tuple) -> list[int]:
         n = max(1, row[plan.IN])
         out: list[int] = []
-        for h in row[plan.HASH] or ():
-            if len(out) >= n:
-                break
+        for h in (row[plan.HASH] or ())[:-(-n // self.bs)]:   # the blocks that start before token n
             out += self._block(h)
         if len(out) < n:
             out += _ids(self.seed ^ 0x5EED, row[plan.IDX] + 1, n - len(out))
@@ -112,15 +108,9 @@ class PromptBuilder:
         block_words = max(1, round(self.bs / b))  # fixed for the run: identical blocks stay identical
         # floor: the server's count stays at or under n (the template's tokens are in a)
         want = max(1, int((n - a) / (b * max(1.0, self.drift.get(key, 1.0))) + 1e-6))
-        parts, have = [], 0
-        for h in row[plan.HASH] or ():
-            if have + block_words > want:
-                break
-            parts.append(self._block(h, block_words))
-            have += block_words
-        if want > have:
-            parts.append(corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, want - have))
-        return "".join(parts)
+        hashes = (row[plan.HASH] or ())[:want // block_words]   # the whole blocks that fit
+        return "".join([*(self._block(h, block_words) for h in hashes),
+                        corpus_text(self.seed ^ 0x5EED, row[plan.IDX] + 1, want - len(hashes) * block_words)])
 
     def observe(self, api: str, sized: tuple[int, int], prompt_tokens: int | None, target: str | None = None) -> None:
         """Corrections from `usage.prompt_tokens` of a prompt `body` built, `sized` (words, aim):
@@ -149,8 +139,7 @@ class PromptBuilder:
             if len(offsets) >= n:
                 return text[:offsets[n - 1][1]]
             words *= 4
-        raise PromptError(f"the tokenizer makes only {len(offsets)} tokens of {len(text)} characters; "
-                          f"a prompt needs {n}")
+        raise PromptError(f"the tokenizer makes only {len(offsets)} tokens of {len(text)} characters; needs {n}")
 
     # --- bodies -------------------------------------------------------------------
     def body(self, row: tuple, model: str | None, api: str, history: list[dict] | None = None,
@@ -179,8 +168,7 @@ class PromptBuilder:
         if out is not None:
             req["max_tokens"] = max(1, out)
             if self.c.force_output_len:
-                req["min_tokens"] = max(1, out)
-                req["ignore_eos"] = True
+                req.update(min_tokens=max(1, out), ignore_eos=True)
         if row[plan.REASON] is not None and api == "chat" and self.c.ask_reasoning:
             req["reasoning_tokens"] = row[plan.REASON]   # engine-stub's field; real servers decide themselves
         body = json.dumps(req, separators=(",", ":")).encode()
@@ -217,12 +205,10 @@ def template_tokens(post: Callable[[str, dict], dict], model: str, tok, seed: in
     offsets = tok.encode(text, add_special_tokens=False).offsets
     text = text[:offsets[min(32, len(offsets)) - 1][1]]
     n = len(tok.encode(text, add_special_tokens=False).ids)
-    resp = post("/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": text}],
-                                         "max_tokens": 1})
-    pt = (resp.get("usage") or {}).get("prompt_tokens")
+    msg = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    pt = (post("/v1/chat/completions", msg).get("usage") or {}).get("prompt_tokens")
     if not isinstance(pt, int):
-        raise PromptError("--tokenizer with chat: the target reported no usage.prompt_tokens, so the chat "
-                          "template's tokens cannot be measured")
+        raise PromptError("--tokenizer with chat: no usage.prompt_tokens from the target to measure its chat template")
     return max(0, pt - n)
 
 
@@ -243,10 +229,10 @@ def calibrate(post: Callable[[str, dict], dict], api: str, model: str, seed: int
             if p1 + 1.25 * per * (words - w1) + 1 > context:
                 break
         text = corpus_text(seed, 0xCA11B + words, words)
-        body = ({"messages": [{"role": "user", "content": text}]} if api == "chat" else {"prompt": text})
+        path, body = ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}) if api == "chat" \
+            else ("/v1/completions", {"prompt": text})
         try:
-            resp = post("/v1/chat/completions" if api == "chat" else "/v1/completions",
-                        {"model": model, **body, "max_tokens": 1})
+            resp = post(path, {"model": model, **body, "max_tokens": 1})
         except Exception:   # noqa: BLE001 - a context we were not told: the probes so far serve
             if len(points) < 2:
                 raise

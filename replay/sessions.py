@@ -58,11 +58,8 @@ class Sessions:
 
     def context(self, row: tuple) -> tuple[list, int]:
         """(history messages, tokens for the new user message)."""
-        st = self.get(row[plan.SESSION])
-        n = row[plan.IN]
-        if st.history_tokens and n > st.history_tokens:
-            n -= st.history_tokens
-        return list(st.history), n
+        st, n = self.get(row[plan.SESSION]), row[plan.IN]
+        return list(st.history), n - st.history_tokens if 0 < st.history_tokens < n else n
 
     def completed(self, row: tuple, user_text: str | None, reply: str | None, ok: bool,
                   prompt_tokens: int | None, completion_tokens: int | None,
@@ -73,15 +70,12 @@ class Sessions:
             st.history += [{"role": "user", "content": user_text},
                            {"role": "assistant", "content": reply or ""}]
             st.history_tokens = (prompt_tokens or row[plan.IN]) + (completion_tokens or 0)
-        if not self.closed:
-            return None
-        if not st.pending:
-            st.busy = False
+        if not self.closed or not st.pending:
+            st.busy = False   # (never set but in closed mode)
             return None
         nxt = st.pending.popleft()
-        think = max(0.0, nxt[plan.SCHED] - (st.last_sched or nxt[plan.SCHED]))
+        due = now_s + max(0.0, nxt[plan.SCHED] - (st.last_sched or nxt[plan.SCHED]))   # + the think time
         st.last_sched = nxt[plan.SCHED]
-        due = now_s + think
         return nxt[:plan.SCHED] + (due,) + nxt[plan.SCHED + 1:], due
 
     def parked(self) -> list[tuple]:
