@@ -221,16 +221,15 @@ class ResponseParser:
             return      # keep parsing these
         fields.sort(key=lambda f: f[1])
         k = fields[0][1]
-        q = _string_end(payload, k)
-        if len(fields) == 1:
-            self._pre, self._post, self._mid = b"data: " + payload[:k], payload[q:] + b"\n\n\r\n", None
-        else:
+        q = end = _string_end(payload, k)
+        mid = None
+        if len(fields) == 2:
             k2 = fields[1][1]
-            q2 = _string_end(payload, k2)
-            if fields[1][0] != fields[0][0] or payload[k:q] != payload[k2:q2] or k2 < q:
+            end = _string_end(payload, k2)
+            if fields[1][0] != fields[0][0] or payload[k:q] != payload[k2:end] or k2 < q:
                 return
-            self._pre, self._post, self._mid = b"data: " + payload[:k], payload[q2:] + b"\n\n\r\n", payload[q:k2]
-        self._kind = kind
+            mid = payload[q:k2]
+        self._pre, self._post, self._mid, self._kind = b"data: " + payload[:k], payload[end:] + b"\n\n\r\n", mid, kind
 
     def _token(self, kind: int, t: float) -> None:
         if kind & ANSWER and self.answer_at is None:
@@ -359,19 +358,17 @@ class ResponseParser:
         err = obj.get("error")
         if err is not None or obj.get("object") == "error":
             body = err if isinstance(err, dict) else obj
-            msg = body.get("message") if isinstance(body, dict) else None
-            code = body.get("code") if isinstance(body, dict) else None
+            code = body.get("code")
             self.error_code = code if isinstance(code, int) else None
-            self.stream_error = "error in stream: " + str(msg or err)[:200]
+            self.stream_error = "error in stream: " + str(body.get("message") or err)[:200]
             return
         text, kind = event_tokens(obj)
         usage = obj.get("usage")
         prev = self.completion_tokens
         if isinstance(usage, dict):
-            if isinstance(usage.get("prompt_tokens"), int):
-                self.prompt_tokens = usage["prompt_tokens"]
-            if isinstance(usage.get("completion_tokens"), int):
-                self.completion_tokens = usage["completion_tokens"]
+            for name in ("prompt_tokens", "completion_tokens"):
+                if isinstance(usage.get(name), int):
+                    setattr(self, name, usage[name])
             reasoning = reasoning_reported(usage)
             if reasoning is not None:
                 self.reasoning_tokens = reasoning
@@ -385,10 +382,9 @@ class ResponseParser:
             if self.text is not None and text:
                 self.text.append(text)
             if self.chunk_tokens is not None:
-                if prev is not None and self.completion_tokens is not None and self.completion_tokens > prev:
-                    self.chunk_tokens.append(self.completion_tokens - prev)
-                elif prev is None and self.completion_tokens is not None:
-                    self.chunk_tokens.append(self.completion_tokens)
+                now = self.completion_tokens
+                if now is not None and (prev is None or now > prev):
+                    self.chunk_tokens.append(now - (prev or 0))
                 else:
                     self.chunk_tokens = None    # not every token chunk carries usage
 
