@@ -26,7 +26,7 @@ import math
 import numpy as np
 from scipy import optimize, signal
 
-from .sampling import discrete_mean, sample
+from .sampling import discrete_mean, sample, segmented_cumsum
 from .spec_types import Arrival, Modulation, Profile, onoff_mean_rate, weibull_cv
 
 SMOOTH_KNOTS = 200_000   # grid for ramp/sinusoid profiles (trapezoid; a ramp is exact)
@@ -120,8 +120,7 @@ def window_points(a: Arrival, p: Profile, t: np.ndarray, lam: np.ndarray, t0: fl
     else:
         g = rng.gamma(1 / gcv**2, gcv**2)
     first = np.cumsum(k) - k
-    cs = np.cumsum(g)
-    cs -= np.repeat(cs[first] - g[first], k)    # within each window
+    cs = segmented_cumsum(g, first, k)          # within each window
     win = np.repeat(np.arange(len(k)), k)
     pts = u[:-1][win] + cs / cs[first + k - 1][win] * span[win]
     last = np.zeros(len(g), bool)
@@ -173,16 +172,13 @@ def _renewal(cv: float, family: str, length: float, rng: np.random.Generator) ->
     chunks, total = [], 0.0
     # stationary-ish start: the first point falls a uniform fraction into a gap
     start = rng.random() * draw(1)[0]
-    while True:
-        n = int(length - total + 6 * cv * math.sqrt(length - total + 1) + 64)
-        g = draw(n)
-        g[0] += start if not chunks else 0.0
-        c = total + np.cumsum(g)
-        chunks.append(c)
-        total = float(c[-1])
-        if total >= length:
-            break
-    pts = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+    while not chunks or total < length:
+        g = draw(int(length - total + 6 * cv * math.sqrt(length - total + 1) + 64))
+        if not chunks:
+            g[0] += start
+        chunks.append(total + np.cumsum(g))
+        total = float(chunks[-1][-1])
+    pts = np.concatenate(chunks)
     return pts[: np.searchsorted(pts, length)]
 
 
@@ -192,16 +188,15 @@ def _onoff(a: Arrival, rate: float, length: float, rng: np.random.Generator) -> 
     on, off = a.on_s * rate, a.off_s * rate            # sojourns in operational units
     b, i = a.burst_rate / m, a.idle_rate / m           # rates per operational unit (mean 1)
     cycles = int(length / (on + off) * 1.2 + 10)
-    dur = np.empty(2 * cycles)
-    seg_start = 0.0
-    starts, lens = [], []
+    seg_start, starts, lens = 0.0, [], []
     first_on = rng.random() < on / (on + off)
     while seg_start < length:
+        dur = np.empty(2 * cycles)
         dur[0::2] = rng.exponential(on if first_on else off, cycles)
         dur[1::2] = rng.exponential(off if first_on else on, cycles)
         ends = seg_start + np.cumsum(dur)
         starts.append(ends - dur)
-        lens.append(dur.copy())
+        lens.append(dur)
         seg_start = float(ends[-1])
     s, ln = np.concatenate(starts), np.concatenate(lens)
     r = np.tile((b, i) if first_on else (i, b), len(ln) // 2)  # each segment's rate (they alternate)
