@@ -240,15 +240,15 @@ def capacity_text(result: dict, digits: int = 3) -> str:
     """The capacity line: the capacity, whether a failing rate bounds it, and the rates that
     could not be evaluated where the capacity could lie (with the gate's reasons)."""
     cap, pts = result["capacity_rps"], result["points"]
-    verdicts = [p.get("verdict") or (PASS if p["passed"] else FAIL) for p in pts]
-    unjudged = result.get("inconclusive_rps") or []
-    why = "; ".join(dict.fromkeys(p.get("reason") or "no reason given" for p in pts if p["rate"] in unjudged))
+    verdicts = [p["verdict"] for p in pts]
+    unjudged = result["inconclusive_rps"]
+    why = "; ".join(dict.fromkeys(p["reason"] or "no reason given" for p in pts if p["rate"] in unjudged))
     skipped = f"; {_rates(unjudged, digits)} req/s could not be evaluated ({why})" if unjudged else ""
     x = f"{cap:.{digits}g}" if cap is not None else ""
     if cap is None:
         head = "capacity: no tried rate meets the SLO" if FAIL in verdicts else "capacity: unknown"
     elif unjudged:
-        upper = result.get("upper_rps")
+        upper = result["upper_rps"]
         head = f"capacity: at least {x} req/s" + (f" ({upper:.{digits}g} req/s failed)" if upper else "")
     elif result["capacity_bracketed"]:
         head = f"capacity (highest rate meeting the SLO): {x} req/s"
@@ -264,11 +264,11 @@ def exit_code(result: dict) -> int:
     failed, 2 no tried rate could be judged, or one where every request failed lies where the
     capacity could be (above the capacity, below the lowest failing rate)."""
     dead = [p["rate"] for p in result["points"] if p.get("all_failed")]
-    if set(dead) & set(result.get("inconclusive_rps") or []):
+    if set(dead) & set(result["inconclusive_rps"]):
         return 2
     if result["capacity_rps"] is not None:
         return 0
-    return 1 if any((p.get("verdict") or FAIL) == FAIL for p in result["points"]) else 2
+    return 1 if any(p["verdict"] == FAIL for p in result["points"]) else 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -308,7 +308,7 @@ def write_capacity_html(path: Path, result: dict) -> None:
     (inline SVG, nothing fetched)."""
     pts = result["points"]
     rates = [p["rate"] for p in pts]
-    cap, knee_rps = result.get("capacity_rps"), result.get("knee_rps")
+    cap, knee_rps = result["capacity_rps"], result["knee_rps"]
     mark = (cap, cap) if cap else None  # the measured capacity as a thin band
     goodput = chart([{"label": "offered req/s", "x": rates, "y": rates, "dash": True},
                      {"label": "goodput req/s", "x": rates, "y": [p["goodput_rps"] for p in pts]},
@@ -337,8 +337,7 @@ td.fail{{color:#b00020;font-weight:bold}}td.unjudged{{color:#8a5a00;background:#
 
 def _verdict(p: dict) -> str:
     """The verdict cell: pass, FAIL, or cannot evaluate (set apart, with the gate's reason)."""
-    verdict = p.get("verdict") or (PASS if p["passed"] else FAIL)
-    if verdict == CANNOT:
-        why = html.escape(p.get("reason") or "")
+    if p["verdict"] == CANNOT:
+        why = html.escape(p["reason"] or "")
         return f'<td class="unjudged" title="{why}">cannot evaluate{f" ({why})" if why else ""}</td>'
-    return f'<td class="{verdict}">{html.escape(shown(verdict))}</td>'
+    return f'<td class="{p["verdict"]}">{html.escape(shown(p["verdict"]))}</td>'
