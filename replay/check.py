@@ -21,11 +21,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-def _gevent_patched() -> bool:
-    monkey = sys.modules.get("gevent.monkey")
-    return monkey is not None and monkey.is_module_patched("select")
-
-
 def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout: float, headers: dict | None) -> dict:
     """The probe from a process that gevent has patched (the locustfile under Locust's CLI): the SDK's
     HTTP stack imports trio, which needs the `select.epoll` that gevent removes, so it runs in a
@@ -36,7 +31,7 @@ def _probe_in_child(target: str, api_key: str | None, model: str | None, timeout
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         return {"errors": {"list_models": f"probe process failed: {last}"[:200]}, "models": [],
-                **{name: False for name in PROBES}}
+                **dict.fromkeys(PROBES, False)}
     return json.loads(p.stdout)
 
 
@@ -54,7 +49,8 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
           timeout: float = 20.0, headers: dict | None = None) -> dict:
     """Capabilities of `target`: each probe True/False, `models`, and `errors` per failed probe.
     `headers` go with every probe request (`replay run --otlp`: the run's probe traceparent)."""
-    if _gevent_patched():
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("select"):
         return _probe_in_child(target, api_key, model, timeout, headers)
     import openai
     client = openai.OpenAI(base_url=target.rstrip("/").removesuffix("/v1") + "/v1", api_key=api_key or "none",
@@ -85,10 +81,8 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
     cause = getattr(err, "__cause__", None)
     if isinstance(err, openai.APIConnectionError) and type(cause).__name__ in ("ConnectError", "ConnectTimeout"):
         reason = out["unreachable"] = f"cannot connect: {str(cause) or 'connect timed out'}"[:200]
-        for name in PROBES:
-            out[name] = False
-            out["errors"][name] = reason
-        out["model"] = model
+        out["errors"] = dict.fromkeys(PROBES, reason)
+        out.update(dict.fromkeys(PROBES, False), model=model)
         return out
     model = model or (served[0] if served else "default")
     out["model"] = model
@@ -122,9 +116,8 @@ def probe(target: str, api_key: str | None = None, model: str | None = None,
         return bool(calls)
     attempt("tool_calls_stream", tool_calls_stream)
     attempt("completions", lambda: client.completions.create(model=model, prompt="Hello", max_tokens=4).choices)
-    attempt("completions_stream", lambda: any(
-        c.choices and c.choices[0].text for c in
-        client.completions.create(model=model, prompt="Hello", max_tokens=4, stream=True)))
+    attempt("completions_stream", lambda: any(c.choices and c.choices[0].text for c in client.completions.create(
+        model=model, prompt="Hello", max_tokens=4, stream=True)))
     attempt("token_id_prompts", lambda: client.completions.create(
         model=model, prompt=[1000, 1001, 1002, 1003], max_tokens=2).usage.prompt_tokens == 4)
 
@@ -158,8 +151,7 @@ def main(args) -> int:
         return 0 if caps["list_models"] or caps["chat"] or caps["completions"] else 1
     print(f"target {args.target}  model {caps['model']}  served: {', '.join(caps['models']) or '-'}")
     for name in PROBES:
-        err = caps["errors"].get(name, "")
-        print(f"  {name:24s} {'yes' if caps.get(name) else 'no ':3s}  {err}")
+        print(f"  {name:24s} {'yes' if caps.get(name) else 'no ':3s}  {caps['errors'].get(name, '')}")
     if caps.get("reasoning_stream"):
         print(f"reasoning: streamed in delta.{caps['reasoning_field']}; reasoning_tokens in usage: "
               f"{'yes' if caps.get('reasoning_tokens_in_usage') else 'no, it reports 0 (replay counts reasoning chunks)' if caps.get('reasoning_tokens_reported') == 0 else 'no (replay counts reasoning chunks)'}")
