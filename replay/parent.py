@@ -25,7 +25,6 @@ from .preflight import RunError
 MAX_ERROR_RATE = 0.5   # --max-error-rate: above it, a completed run exits 1
 UNWRITABLE = 3         # the runner's exit code when the run directory could not be written
 STOP_MARGIN_S = 15.0   # after a forwarded Ctrl-C/SIGTERM and the grace time, a stuck runner is killed
-AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
 REALTIME_PRIORITY = 1   # the lowest SCHED_FIFO priority: above every normal task, below the kernel's own
 TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)   # seconds per /proc CPU tick
 
@@ -40,7 +39,7 @@ def claim_run_dir(out: str | None) -> tuple[Path, bool]:
         k += 1
         run_dir = Path(f"{base}-{k}")
     made = not run_dir.exists()
-    if run_dir.exists() and not run_dir.is_dir():
+    if not made and not run_dir.is_dir():
         raise RunError(f"-o {run_dir}: that is a file, not a run directory; choose another -o")
     if any((run_dir / f).exists() for f in ("records.parquet", "records.arrows")):
         raise RunError(f"{run_dir} already holds a run; choose another -o")
@@ -64,7 +63,7 @@ def release_run_dir(run_dir: Path, made: bool) -> None:
         run_dir.rmdir()
 
 
-def prepare_run_dir(config, notes: dict, claimed: bool = False) -> Path:
+def prepare_run_dir(config, notes: dict, claimed: bool = False) -> None:
     """Write run.json (config without secrets, trace hash, host...) into the run directory,
     claimed here unless `claimed` (by `claim_run_dir`)."""
     from . import plan
@@ -77,7 +76,6 @@ def prepare_run_dir(config, notes: dict, claimed: bool = False) -> Path:
                     tool={"name": "llm-replay", "version": __version__, "python": platform.python_version()},
                     host=platform.node(), workers=config.workers + config.remote_workers,
                     started_wall=time.time(), status="running", **notes)
-    return run_dir
 
 
 def start_receiver(address: str, token: str | None):
@@ -121,21 +119,26 @@ def warn_realtime_beside(urls: list[str]) -> None:
             return
 
 
+def _read(path, parse):
+    """parse(the open file) of a /proc (or /sys) file; None where it is missing or not as expected."""
+    try:
+        with open(path, "rb") as f:
+            return parse(f)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def autogroups_on() -> bool | None:
     """Whether the kernel groups CPU time by session (None: not Linux, or unknown)."""
-    try:
-        return AUTOGROUP_SWITCH.read_text().strip() == "1"
-    except OSError:
-        return None
+    return _read("/proc/sys/kernel/sched_autogroup_enabled", lambda f: f.read().strip() == b"1")
 
 
 def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
     """(group name, group nice) of a process, from /proc/PID/autogroup ('/autogroup-57 nice 0')."""
-    try:
-        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()
+    def parse(f):
+        name, _, nice = f.read().decode().split()
         return name, int(nice)
-    except (OSError, ValueError):
-        return None
+    return _read(f"/proc/{pid}/autogroup", parse)
 
 
 def _set_autogroup_nice(nice: int) -> str | None:
@@ -220,38 +223,27 @@ class Priority:
 
 def host_ticks() -> tuple[int, int] | None:
     """(busy, steal) ticks of the whole host; busy excludes idle and iowait, includes steal."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
+    v = _read("/proc/stat", lambda f: [int(x) for x in f.readline().split()[1:]])
+    if v is None:
         return None
     return sum(v[:8]) - v[3] - v[4], (v[7] if len(v) > 7 else 0)
 
 
 def _pressure() -> int | None:
     """Microseconds during which some task waited for a CPU (PSI, Linux >= 4.20), host-wide."""
-    try:
-        with open("/proc/pressure/cpu", "rb") as f:
-            return int(f.readline().rsplit(b"total=", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    return _read("/proc/pressure/cpu", lambda f: int(f.readline().rsplit(b"total=", 1)[1]))
 
 
 def _proc(pid: int) -> int | None:
     """utime + stime ticks of one process (its threads included)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+    def parse(f):
+        fields = f.read().rsplit(b")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
-        return None
+    return _read(f"/proc/{pid}/stat", parse)
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
+    return _read(f"/proc/{pid}/task/{pid}/children", lambda f: [int(x) for x in f.read().split()]) or []
 
 
 class CpuSampler:
@@ -298,22 +290,21 @@ class CpuSampler:
                               (host[0] - h0[0]) * TICK / dt, (host[1] - h0[1]) * TICK / dt, waiting))
         self._last = (now, host, procs, psi)
 
-    def write(self, run_dir: str | Path, t0_wall: float) -> Path | None:
+    def write(self, run_dir: str | Path, t0_wall: float) -> None:
         """cpu.parquet: time_s (from T0, the middle of each interval), client_cores,
         client_max_cores, busy_cores (the host's, client included), steal_cores, cpu_wait_share
         (the share of the interval in which some task waited for a CPU: PSI; NaN without it);
-        ncpu in the metadata. None when nothing was sampled."""
+        ncpu in the metadata; nothing when nothing was sampled."""
         if not self.rows:
-            return None
+            return
         import pyarrow as pa
         import pyarrow.parquet as pq
         t, *cores = zip(*self.rows)
         names = ("client_cores", "client_max_cores", "busy_cores", "steal_cores", "cpu_wait_share")
         table = pa.table({"time_s": pa.array([x - t0_wall for x in t], pa.float64()),
                           **{name: pa.array(col, pa.float32()) for name, col in zip(names, cores)}})
-        path = Path(run_dir) / "cpu.parquet"
-        pq.write_table(table.replace_schema_metadata({"ncpu": str(self.ncpu), "period_s": str(self.period)}), path)
-        return path
+        pq.write_table(table.replace_schema_metadata({"ncpu": str(self.ncpu), "period_s": str(self.period)}),
+                       Path(run_dir) / "cpu.parquet")
 
 
 def supervise(config, nice: int | None = None, realtime: bool = False, looks=None):
@@ -356,8 +347,7 @@ def supervise(config, nice: int | None = None, realtime: bool = False, looks=Non
                 # runner to end by itself: a signal during its wrap-up would cost the records)
                 if looks is not None and not asked and looks.look() and not looks.done.all():
                     update_run_json(run_dir, stop_reason="decided: the SLO gate reached its verdict")
-                    asked.append(time.monotonic())
-                    child.send_signal(signal.SIGINT)
+                    forward(signal.SIGINT, None)
                 # a runner stuck in a computation never sees the signal (its handler runs in its
                 # event loop): after the grace and a margin it is killed, its records salvaged
                 if asked and time.monotonic() > asked[0] + grace + STOP_MARGIN_S and child.poll() is None:
