@@ -41,26 +41,12 @@ from .fit_dists import IDC_SCALES, MIN_WINDOWS
 
 # metric family -> (kind, tolerance): "rel" compares |b - a| / |a|, "abs" compares |b - a|
 TOLERANCES = {
-    "mean_rate": ("rel", 0.02),
-    "interarrival_cv": ("rel", 0.10),
-    "idc": ("rel", 0.20),
-    "length": ("rel", 0.10),
-    "spearman": ("abs", 0.10),
-    "model_share": ("abs", 0.02),
-    "prefix_hit": ("abs", 0.05),
-    "prefix_share": ("abs", 0.05),
-    "prefix_blocks": ("rel", 0.10),
-    "image_share": ("abs", 0.02),
-    "image_mean": ("rel", 0.10),
-    "reasoning_share": ("abs", 0.05),
-    "reuse_distance": ("rel", 0.25),
-    "turns": ("rel", 0.10),
-    "turn_gap": ("rel", 0.20),
-    "agent_steps": ("rel", 0.10),
-    "fanout_share": ("abs", 0.03),
-    "delay": ("rel", 0.10),
-    "growth": ("rel", 0.10),
-}
+    "mean_rate": ("rel", 0.02), "interarrival_cv": ("rel", 0.10), "idc": ("rel", 0.20), "length": ("rel", 0.10),
+    "spearman": ("abs", 0.10), "model_share": ("abs", 0.02), "prefix_hit": ("abs", 0.05),
+    "prefix_share": ("abs", 0.05), "prefix_blocks": ("rel", 0.10), "image_share": ("abs", 0.02),
+    "image_mean": ("rel", 0.10), "reasoning_share": ("abs", 0.05), "reuse_distance": ("rel", 0.25),
+    "turns": ("rel", 0.10), "turn_gap": ("rel", 0.20), "agent_steps": ("rel", 0.10), "fanout_share": ("abs", 0.03),
+    "delay": ("rel", 0.10), "growth": ("rel", 0.10)}
 FAMILY_ALPHA = 0.05       # two realisations of one spec fail at most this often (Bonferroni)
 MIN_COUNT_SHARE = 0.01    # image counts this rare in both traces get no row of their own
 
@@ -215,19 +201,6 @@ def _cv_se(x: Any) -> float | None:
     return cv * float(np.sqrt(((d ** 2 / g.var() - 1) / 2 - d / g.mean()).var() / len(g)))
 
 
-def _length_groups(x: Any) -> dict[str, dict[str, np.ndarray]]:
-    """Input and output lengths (nulls dropped), overall ('') and per model ('m.')."""
-    t = stats._tbl(x)
-    cols = {c: stats._lengths(t, c) for c in ("input_tokens", "output_tokens")}
-    groups = {"": cols}
-    mc = stats._model_codes(t)
-    if mc is not None:
-        codes, labels = mc
-        groups.update({f"{labels[c]}.": {k: v[codes == c] for k, v in cols.items()}
-                       for c in np.flatnonzero(np.bincount(codes, minlength=len(labels)))})
-    return {g: {k: v[~np.isnan(v)] for k, v in cols.items()} for g, cols in groups.items()}
-
-
 def _quantiles_se(v: np.ndarray) -> dict[str, tuple[float | None, float | None]]:
     """{p50/p90/p99: (value as stats.quantiles, standard error)}; the error is a quarter of the
     spread of the quantiles at q +- 2 sqrt(q (1 - q) / n), two binomial sd of the order statistic."""
@@ -259,7 +232,7 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
         rows.append(_row(f"idc_{key}", "idc", ia[key], ib[key], dof=(wb - 1, wa - 1)))
         if min(wa, wb) < MIN_WINDOWS:
             rows[-1].update(verdict="not judged", reason=f"only {min(wa, wb)} window{'s' * (min(wa, wb) != 1)}")
-    ga, gb = _length_groups(a), _length_groups(b)
+    ga, gb = stats.length_groups(a), stats.length_groups(b)
     for prefix in [g for g in ga if not g or len(ga) > 2]:   # per model when A has several
         for col in ("input_tokens", "output_tokens"):
             qa, qb = _quantiles_se(ga[prefix][col]), _quantiles_se(gb.get(prefix, {}).get(col, np.zeros(0)))

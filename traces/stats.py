@@ -48,8 +48,7 @@ def mean_rate(table: Any) -> float | None:
 
     Using n - 1 intervals (not n requests) makes it unbiased for a stationary stream observed
     between its first and last request. None when n < 2 or all arrivals coincide."""
-    d = duration_s(table)
-    n = _tbl(table).num_rows
+    d, n = duration_s(table), _tbl(table).num_rows
     return (n - 1) / d if n >= 2 and d > 0 else None
 
 
@@ -223,27 +222,34 @@ def _model_codes(table: pa.Table) -> tuple[np.ndarray, list[str]] | None:
     """Integer code per row and the label per code (null model -> label '(none)')."""
     if "model" not in table.column_names:
         return None
-    col = table.column("model")
-    col = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)
-    col = col.unify_dictionaries() if hasattr(col, "unify_dictionaries") else col
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    col = table.column("model")  # (a ChunkedArray: the chunks' dictionaries are unified before they are joined)
+    col = (col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col)).unify_dictionaries().combine_chunks()
     labels = [str(x) for x in col.dictionary.to_pylist()] + ["(none)"]
     codes = col.indices.fill_null(len(labels) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
     return codes, labels
+
+
+def length_groups(table: Any) -> dict[str, dict[str, np.ndarray]]:
+    """`input_tokens` and `output_tokens` (nulls dropped), overall ('') and per model ('label.')."""
+    t = _tbl(table)
+    cols = {c: _lengths(t, c) for c in ("input_tokens", "output_tokens")}
+    groups = {"": cols}
+    mc = _model_codes(t)
+    if mc is not None:
+        codes, labels = mc
+        groups.update({f"{labels[c]}.": {k: v[codes == c] for k, v in cols.items()}
+                       for c in np.flatnonzero(np.bincount(codes, minlength=len(labels)))})
+    return {g: {k: v[~np.isnan(v)] for k, v in cols.items()} for g, cols in groups.items()}
 
 
 def length_quantiles(table: Any) -> dict[str, Any]:
     """Quantiles (p50/p90/p99/mean/max) of `input_tokens` and `output_tokens` (nulls ignored),
     overall and per model: {'input_tokens': {...}, 'output_tokens': {...},
     'per_model': {model: {'input_tokens': {...}, 'output_tokens': {...}}}}."""
-    t = _tbl(table)
-    inp, out = _lengths(t, "input_tokens"), _lengths(t, "output_tokens")
-    res: dict[str, Any] = {"input_tokens": quantiles(inp), "output_tokens": quantiles(out)}
-    mc = _model_codes(t)
-    if mc is not None:
-        codes, labels = mc
-        res["per_model"] = {labels[c]: {"input_tokens": quantiles(inp[m]), "output_tokens": quantiles(out[m])}
-                            for c in np.flatnonzero(np.bincount(codes, minlength=len(labels))) for m in [codes == c]}
+    groups = length_groups(table)
+    res: dict[str, Any] = {k: quantiles(v) for k, v in groups.pop("").items()}
+    if "model" in _tbl(table).column_names:
+        res["per_model"] = {g[:-1]: {k: quantiles(v) for k, v in cols.items()} for g, cols in groups.items()}
     return res
 
 
