@@ -55,8 +55,7 @@ def import_trace(fmt: str, src: str | Path, out: str | Path, opts: argparse.Name
         for table in mod.read(src, opts, meta):
             sink.write(table)
         written = sink.close(meta)
-    post = getattr(mod, "postprocess", None)
-    if post is not None and post(out, opts):
+    if hasattr(mod, "postprocess") and mod.postprocess(out, opts):
         from ..trace import Trace
         written = Trace.read_metadata(out)
     return written

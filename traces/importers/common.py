@@ -96,25 +96,20 @@ def prefetch(it, depth: int = 2) -> Iterator:
 
 
 def _csv_error(path: Path, e: Exception, types: dict[str, pa.DataType]) -> TraceError:
-    """Turn an Arrow CSV error into one naming the column and data rows (cold path: rescans)."""
+    """Turn an Arrow CSV error into one naming the column and data rows (cold path: rescans
+    each typed column as text for the first values its type cannot parse)."""
     msg = str(e).split("\n")[0][:300]
-    if "conversion error" in msg:
-        for name, typ in types.items():
-            if bad := _first_unparsable(path, name, typ):
-                return TraceError(f"expected {typ} values: {msg}", file=str(path), column=name, rows=bad)
+    for name, typ in types.items() if "conversion error" in msg else ():
+        try:
+            t = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+                column_types={name: pa.string()}, include_columns=[name], strings_can_be_null=True))
+        except (pa.ArrowInvalid, KeyError):
+            continue
+        pattern = r"^\s*[-+]?\d+\s*$" if pa.types.is_integer(typ) else r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+        ok = pc.match_substring_regex(t.column(name), pattern).fill_null(True).to_numpy(zero_copy_only=False)
+        if bad := first_rows(~ok, 0):
+            return TraceError(f"expected {typ} values: {msg}", file=str(path), column=name, rows=bad)
     return TraceError(f"not a valid CSV file: {msg}", file=str(path))
-
-
-def _first_unparsable(path: Path, name: str, typ: pa.DataType) -> list[int]:
-    try:
-        t = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
-            column_types={name: pa.string()}, include_columns=[name], strings_can_be_null=True))
-    except (pa.ArrowInvalid, KeyError):
-        return []
-    s = t.column(name).combine_chunks()
-    pattern = r"^\s*[-+]?\d+\s*$" if pa.types.is_integer(typ) else r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
-    ok = pc.match_substring_regex(s, pattern).fill_null(True).to_numpy(zero_copy_only=False)
-    return first_rows(~ok, 0)
 
 
 def extra_json(table: pa.Table, columns: list[str]) -> pa.Array | None:
@@ -194,12 +189,9 @@ def column(objs: list[dict], key: str, typ: pa.DataType, *, file: str, row0: int
 
 def objs_extra(objs: list[dict], known: set[str]) -> pa.Array | None:
     """`extra` for JSON objects: every key not in `known`, verbatim; None if there are none."""
-    out, any_extra = [], False
-    for o in objs:
-        rest = {k: v for k, v in o.items() if k not in known}
-        any_extra = any_extra or bool(rest)
-        out.append(json.dumps(rest, ensure_ascii=False) if rest else None)
-    return pa.array(out, pa.string()) if any_extra else None
+    rests = [{k: v for k, v in o.items() if k not in known} for o in objs]
+    text = [json.dumps(r, ensure_ascii=False) if r else None for r in rests]
+    return pa.array(text, pa.string()) if any(rests) else None
 
 
 def write_csv(table: pa.Table, out: Path, layout: dict | None = None) -> None:
@@ -242,9 +234,6 @@ def json_columns(objs: list[dict], fields: dict[str, tuple[str, pa.DataType]], t
     return cols
 
 
-ARRIVALS = "poisson, gamma:CV or weibull:CV"
-
-
 def arrival_process(opts: Any) -> dict[str, Any] | None:
     """The seeded arrival process `--rate R [--arrivals poisson|gamma:CV|weibull:CV] [--seed S]`
     asks for (a lengths-only source gets its arrivals from it); None when neither is given."""
@@ -265,7 +254,7 @@ def arrival_process(opts: Any) -> dict[str, Any] | None:
             return {**proc, "cv": float(cv)}
     except ValueError:
         pass
-    raise TraceError(f"--arrivals {spec!r}: expected {ARRIVALS} (CV > 0)")
+    raise TraceError(f"--arrivals {spec!r}: expected poisson, gamma:CV or weibull:CV (CV > 0)")
 
 
 def reject_arrival_options(opts: Any, what: str, hint: str = "import without them, then rescale with "
@@ -280,7 +269,7 @@ class SynthArrivals:
     from one seeded stream (the first request arrives at 0); records the process in `meta`."""
 
     def __init__(self, proc: dict[str, Any], meta: dict[str, Any]) -> None:
-        self.proc, self.t, self.first = proc, 0, True
+        self.t, self.first = 0, True
         self.rng = np.random.default_rng(proc["seed"])
         meta["source"]["arrivals"] = proc
         meta.update(time_origin_kind="synthetic", original_time_format={

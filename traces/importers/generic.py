@@ -73,9 +73,8 @@ def _arrival(col: Any, unit: str, meta: dict, file: str, source: str, row0: int)
 
 
 def _hash_ids(col: pa.ChunkedArray | pa.Array, file: str, source: str) -> pa.Array:
-    text = pc.replace_substring_regex(col, r"[\[\]\s,]+", " ")
-    parts = pc.split_pattern(pc.utf8_trim_whitespace(text), " ")
-    parts = pc.if_else(pc.equal(pc.utf8_trim_whitespace(text), ""), pa.scalar([], pa.list_(pa.string())), parts)
+    text = pc.utf8_trim_whitespace(pc.replace_substring_regex(col, r"[\[\]\s,]+", " "))
+    parts = pc.if_else(pc.equal(text, ""), pa.scalar([], pa.list_(pa.string())), pc.split_pattern(text, " "))
     try:
         return parts.cast(pa.list_(pa.int64()))
     except pa.ArrowInvalid as e:

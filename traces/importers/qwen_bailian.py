@@ -39,9 +39,8 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
         parents = [None if o.get("parent_chat_id") in (None, -1, "-1") else str(o["parent_chat_id"]) for o in objs]
         sessions = []
         for cid, par in zip(ids, parents):
-            r = root.get(par, par) if par is not None else cid
-            root[cid] = r
-            sessions.append(r)
+            root[cid] = root.get(par, par) if par is not None else cid
+            sessions.append(root[cid])
         cols.update(request_id=pa.array(ids), parent_id=pa.array(parents, pa.string()),
                     session_id=pa.array(sessions, pa.string()))
         check_blocks(cols["hash_ids"], cols["input_tokens"], BLOCK_SIZE, file=str(src), row0=row0)

@@ -55,19 +55,17 @@ class TraceSink:
         arr = table.column("arrival_ns").to_numpy().astype(np.int64)
         if "request_id" in table.column_names:
             self.ids.extend(table.column("request_id").cast(pa.string()).chunks)
+        self.rows += table.num_rows
         if self.sort:
             self.held.append(table)
-            self.rows += table.num_rows
             return
         prev = np.concatenate([[self.last if self.last is not None else arr[0]], arr[:-1]])
         if (arr < prev).any():
             raise TraceError("arrival times must be non-decreasing (use --sort to sort the trace)",
                              file=self.file, column="arrival_ns", rows=first_rows(arr < prev, row0))
-        if self.origin is None:
-            self.origin = int(arr[0])
+        self.origin = int(arr[0]) if self.origin is None else self.origin
         self.last = int(arr[-1])
         self._append(self._conform(_arrivals(table, arr - self.origin), row0))
-        self.rows += table.num_rows
 
     def _conform(self, table: pa.Table, row0: int) -> pa.Table:
         if self.schema is not None:  # every batch gets the first batch's columns
@@ -113,15 +111,11 @@ class TraceSink:
         self.tmp.replace(self.out)
         return meta
 
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        self.tmp.unlink(missing_ok=True)
-
     def __enter__(self) -> "TraceSink":
         return self
 
     def __exit__(self, exc_type, *_) -> None:
-        if exc_type is not None:
-            self.abort()
+        if exc_type is not None:  # a failed import leaves no output, not even the partial file
+            if self.writer is not None:
+                self.writer.close()
+            self.tmp.unlink(missing_ok=True)

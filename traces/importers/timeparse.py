@@ -75,8 +75,7 @@ def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, colu
     d = 10 ** np.minimum(-shift[down], 18)
     q, r = np.divmod(mant[down], d)
     out[down] = q + (2 * r >= d)
-    neg = (sign.to_numpy(zero_copy_only=False) == "-")
-    return np.where(neg, -out, out)
+    return np.where(sign.to_numpy(zero_copy_only=False) == "-", -out, out)
 
 
 def iso_ns(arr: pa.Array | pa.ChunkedArray, *, file: str, column: str, row0: int = 0) -> tuple[np.ndarray, dict]:
@@ -144,13 +143,12 @@ def format_iso(ns: np.ndarray, fmt: dict | None) -> pa.Array:
     fmt = fmt or {"sep": [" "], "fraction_digits": [9], "zones": [""]}
     sep = fmt["sep"][0] if len(fmt["sep"]) == 1 else " "
     digits = max(fmt["fraction_digits"])
-    omit_zero = 0 in fmt["fraction_digits"]
     zones = [z for z in fmt["zones"] if z]
     zone = "" if not zones else ("Z" if zones == ["Z"] else "+00:00")
     ns = np.asarray(ns, dtype=np.int64)
     text = pc.strftime(pa.array(ns).cast(pa.timestamp("ns")), format=f"%Y-%m-%d{sep}%H:%M:%S")  # ss.fffffffff
     text = pc.utf8_slice_codeunits(text, 0, 20 + digits if digits else 19)  # the fraction cut, not rounded
-    if omit_zero:
+    if 0 in fmt["fraction_digits"]:  # the source omits a zero fraction
         text = pc.if_else(pa.array(ns % 10**9 == 0), pc.utf8_slice_codeunits(text, 0, 19), text)
     return pc.binary_join_element_wise(text, zone, "") if zone else text
 
