@@ -201,8 +201,17 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_transform(args: argparse.Namespace) -> int:
-    from .transform import run_cli
-    return run_cli(args)
+    from .trace import Trace
+    from .transform import apply, dequantize_message
+    trace = Trace.read(args.trace, sort=args.sort)
+    for op, value in args.ops:  # (set_defaults: [] without a transform)
+        trace = apply(trace, op, value, args.seed)
+        if op == "dequantize":
+            print(dequantize_message(trace.metadata["transforms"][-1]))
+    trace.write(args.output)
+    print(f"wrote {args.output}: {trace.num_rows} requests over {trace.duration_s:.3f} s "
+          f"({len(args.ops)} transform(s))")
+    return 0
 
 
 def _preset(name: str) -> str:

@@ -6,7 +6,6 @@ rounding each arrival to the nearest ns once.
 """
 from __future__ import annotations
 
-import argparse
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -63,9 +62,8 @@ def rate(trace: Trace, target: float) -> Trace:
 
 def time_slice(trace: Trace, start_s: float, end_s: float | None) -> Trace:
     """Keep requests with start <= arrival < end (seconds from the origin); the new origin is start."""
-    a = _arr(trace)
-    lo = int(round(start_s * 1e9))
-    keep = (a >= lo) & (a < (int(round(end_s * 1e9)) if end_s is not None else np.iinfo(np.int64).max))
+    a, lo = _arr(trace), int(round(start_s * 1e9))
+    keep = (a >= lo) & (a < (int(round(end_s * 1e9)) if end_s is not None else INT64_MAX))
     table = trace.table.filter(pa.array(keep))
     table = _set(table, "arrival_ns", table.column("arrival_ns").to_numpy() - lo)
     return _new(trace, table, {"op": "slice", "start_s": start_s, "end_s": end_s})
@@ -170,8 +168,7 @@ def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
     of the arrival times (the timestamp resolution, e.g. 1 ms). The op records where the quantum
     came from and how many requests moved (`dequantize_message` says it in words)."""
     from .stats import timestamp_buckets
-    a = _arr(trace)
-    b = timestamp_buckets(trace.table)
+    a, b = _arr(trace), timestamp_buckets(trace.table)
     jitter = b["jitter_ns"] if b else 0
     if quantum_ns:
         q, source = int(quantum_ns), "given"
@@ -214,24 +211,10 @@ OPS = {"speed": lambda t, v, _: speed(t, float(v)), "rate": lambda t, v, _: rate
 
 
 def apply(trace: Trace, op: str, value: str, seed: int = 0) -> Trace:
-    """Apply one CLI transform (`op` as the option name without dashes, `value` as given)."""
-    if op not in OPS:
-        raise TraceError(f"unknown transform {op}")
+    """Apply one CLI transform (`op`: a key of OPS, the option name without dashes; `value` as given)."""
     try:
         return OPS[op](trace, value, seed)
     except (ValueError, ArithmeticError) as e:  # ArithmeticError: out of int64 ns (--slice 1e10:, --speed 1e-300)
         if isinstance(e, TraceError):
             raise
         raise TraceError(f"--{op.replace('_', '-')} {value!r}: {e}") from None
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    trace = Trace.read(args.trace, sort=args.sort)
-    for op, value in args.ops or []:
-        trace = apply(trace, op, value, args.seed)
-        if op == "dequantize":
-            print(dequantize_message(trace.metadata["transforms"][-1]))
-    trace.write(args.output)
-    print(f"wrote {args.output}: {trace.num_rows} requests over {trace.duration_s:.3f} s "
-          f"({len(args.ops or [])} transform(s))")
-    return 0
