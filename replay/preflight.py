@@ -19,6 +19,10 @@ class RunError(ValueError):
     exit_code = 2
 
 
+# what the pre-flight needs of the whole trace, read in one pass: the columns that route, size and name the rows
+FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids", "reasoning_tokens")
+
+
 def parse_targets(values: list[str]) -> tuple[str, dict[str, str]]:
     """`--target` values -> (default URL or "", {trace model: URL}), every URL normalised."""
     default, per_model = "", {}
@@ -94,8 +98,9 @@ def served_models(target: str, key: str | None) -> dict:
 
 def build_config(args) -> tuple:
     """(RunConfig, run.json notes) from the options, or a RunError before anything is sent."""
+    import pyarrow.parquet as pq
     c = config_from_options(args)
-    facts = read_facts(c)
+    facts = pq.read_table(c.trace, columns=[n for n in FACT_COLUMNS if n in pq.read_schema(c.trace).names])
     rows = route_targets(c, facts)     # {url: {"labels": [...], "apis": {...}, "rows": n, ...}}
     listed = map_models(c, args, rows)
     if not args.no_check:
@@ -147,17 +152,6 @@ def config_from_options(args):
     return c
 
 
-# what the pre-flight needs of the whole trace, read in one pass: the columns that route, size and name the rows
-FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids", "reasoning_tokens")
-
-
-def read_facts(c):
-    """The FACT_COLUMNS the trace has, as one pyarrow Table."""
-    import pyarrow.parquet as pq
-    names = pq.read_schema(c.trace).names
-    return pq.read_table(c.trace, columns=[n for n in FACT_COLUMNS if n in names])
-
-
 def route_targets(c, facts) -> dict[str, dict]:
     """Which trace models, APIs and how many rows of the whole trace go to each target; a model
     with no target (no MODEL=URL and no default URL) is an error before the run."""
@@ -183,9 +177,7 @@ def route_targets(c, facts) -> dict[str, dict]:
             continue
         d = out.setdefault(url, {"labels": [], "labels_raw": [], "apis": set(), "rows": 0,
                                  "key": os.environ.get(c.key_env_of(label) or "")})
-        name = "(none)" if label is None else label
-        if name not in d["labels"]:
-            d["labels"].append(name)
+        if label not in d["labels_raw"]:
             d["labels_raw"].append(label)
         d["apis"].add(g["api"])
         d["rows"] += g["count_all"]
@@ -196,7 +188,7 @@ def route_targets(c, facts) -> dict[str, dict]:
     if unused:
         print(f"replay: warning: --target names models the trace does not have: {', '.join(unused)}", file=sys.stderr)
     for d in out.values():
-        d["labels"].sort()
+        d["labels"] = sorted("(none)" if m is None else m for m in d["labels_raw"])
     return out
 
 
@@ -205,12 +197,11 @@ def map_models(c, args, rows: dict[str, dict]) -> dict[str, dict]:
     model the target does not serve is refused before a single request is sent), and without
     '*=NAME' each target's first served model for the trace models the map does not name.
     Returns {url: served_models(url)} for the targets that listed theirs."""
-    mapping = dict(m.split("=", 1) for m in args.model_map if "=" in m)
     bad = [m for m in args.model_map if "=" not in m]
     if bad:
         raise RunError(f"--model-map expects TRACE=SERVED, got {bad[0]!r}")
-    c.default_model = mapping.pop("*", None)
-    c.model_map = mapping
+    c.model_map = dict(m.split("=", 1) for m in args.model_map)
+    c.default_model = c.model_map.pop("*", None)
     listed: dict[str, dict] = {}
     for url, g in rows.items():
         if c.default_model is None or not args.no_check:
@@ -226,9 +217,9 @@ def map_models(c, args, rows: dict[str, dict]) -> dict[str, dict]:
         if not served:
             raise RunError(f"target {url} serves no models (GET /v1/models is empty)")
         c.served_defaults[url] = served[0]   # also the model text prompts are calibrated on
-        unmapped = [m for m in g["labels"] if m not in mapping]
+        unmapped = [m for m in g["labels"] if m not in c.model_map]
         to = f"{served[0]!r} (" + ("the target's first served model" if len(rows) == 1 else f"the first model {url} serves")
-        if unmapped and mapping:
+        if unmapped and c.model_map:
             print(f"replay: trace models not in --model-map ({', '.join(unmapped)}) -> {to})", file=sys.stderr)
         elif unmapped:
             which = "" if len(rows) == 1 else f"({', '.join(unmapped)}) "
@@ -287,9 +278,8 @@ def probe_targets(c, args, rows: dict[str, dict], notes: dict) -> dict[str, dict
     if not args.no_check:
         from .check import probe
         from .otlp import traceparent
-        for url, g in rows.items():
-            caps_of[url] = probe(url, g["key"], headers={"traceparent": traceparent(c.run_id, "probe")[0]}
-                                 if getattr(args, "otlp", None) else None)
+        headers = {"traceparent": traceparent(c.run_id, "probe")[0]} if getattr(args, "otlp", None) else None
+        caps_of = {url: probe(url, g["key"], headers=headers) for url, g in rows.items()}
         first = c.target if c.target in caps_of else next(iter(caps_of), None)
         notes["capabilities"] = caps_of.get(first, {})
     if len(rows) > 1:
@@ -297,20 +287,15 @@ def probe_targets(c, args, rows: dict[str, dict], notes: dict) -> dict[str, dict
                                   **({"capabilities": caps_of[url]} if url in caps_of else {})}
                             for url, g in rows.items()}
         print("replay: targets: " + "; ".join(f"{', '.join(g['labels'])} -> {url}" for url, g in rows.items()), file=sys.stderr)
+    # a run against an API the target does not stream (a chat-only gateway asked for completions)
+    # would only record failures: say so before it starts
     for url, caps in caps_of.items():
-        _check_apis(url, rows[url]["apis"], caps)
-    return caps_of
-
-
-def _check_apis(target: str, apis: set[str], caps: dict) -> None:
-    """A run against an API the target does not stream (a chat-only gateway asked for completions)
-    would only record failures: say so before it starts."""
-    for api in sorted(apis):
-        if not caps.get(f"{api}_stream"):
+        for api in sorted(a for a in rows[url]["apis"] if not caps.get(f"{a}_stream")):
             other = next((a for a in PATHS if a != api and caps.get(f"{a}_stream")), None)
             hint = f"; the target streams {PATHS[other]}: use --api {other}" if other else ""
-            raise RunError(f"target {target}: POST {PATHS[api]} (stream) failed in the capability check: "
+            raise RunError(f"target {url}: POST {PATHS[api]} (stream) failed in the capability check: "
                            f"{caps['errors'].get(f'{api}_stream') or 'it streamed no tokens'}{hint} (or --no-check)")
+    return caps_of
 
 
 def _intended_reuse(c, facts, notes: dict) -> None:
@@ -339,8 +324,7 @@ def choose_prompt_mode(c, args, rows: dict[str, dict], caps_of: dict[str, dict],
     if caps:
         print(f"replay: prompt mode {c.prompt_mode}, force output length {'on' if c.force_output_len else 'off'} "
               f"(from `replay check` of the target{'s' if len(caps) > 1 else ''})", file=sys.stderr)
-    apis = set().union(*(g["apis"] for g in rows.values()))
-    return {a for a in apis if a == "chat" or c.prompt_mode == "text"}
+    return {a for g in rows.values() for a in g["apis"] if a == "chat" or c.prompt_mode == "text"}
 
 
 def _model_of(c, g: dict) -> str | None:
