@@ -41,8 +41,7 @@ def parse_depends_on(col: pa.ChunkedArray) -> pa.ChunkedArray:
     flat, parents = pc.list_flatten(parts), pc.list_parent_indices(parts)
     keep = pc.not_equal(flat, "")
     counts = np.bincount(pc.filter(parents, keep).to_numpy(), minlength=len(col))
-    offsets = np.zeros(len(col) + 1, np.int32)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = np.append(0, np.cumsum(counts)).astype(np.int32)
     empty = (counts == 0) | col.is_null().to_numpy(zero_copy_only=False)
     return pa.chunked_array([pa.ListArray.from_arrays(pa.array(offsets, mask=np.append(empty, False)),
                                                       pc.filter(flat, keep).combine_chunks()

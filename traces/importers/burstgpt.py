@@ -48,10 +48,8 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
 
 def _total_mismatch(t: pa.Table, extra: pa.Array | None) -> pa.Array | None:
     """Keep `Total tokens` (in `extra`) only on rows where it is not input + output."""
-    total = t.column(TOTAL).to_numpy(zero_copy_only=False).astype(np.float64)
-    s = (t.column(REQ).to_numpy(zero_copy_only=False).astype(np.float64)
-         + t.column(RESP).to_numpy(zero_copy_only=False).astype(np.float64))
-    bad = np.flatnonzero(~((total == s) | (np.isnan(total) & np.isnan(s))))
+    total, req, resp = (t.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in (TOTAL, REQ, RESP))
+    bad = np.flatnonzero(~((total == req + resp) | (np.isnan(total) & np.isnan(req + resp))))
     if len(bad) == 0:
         return extra
     rows = [json.loads(e) if e else {} for e in extra.to_pylist()] if extra is not None else [{} for _ in range(t.num_rows)]

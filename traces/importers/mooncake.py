@@ -53,8 +53,8 @@ def export(trace: Trace, out: Path) -> None:
                 {"input_tokens": "input_length", "output_tokens": "output_length", "hash_ids": "hash_ids"})
 
 
-def write_jsonl(trace: Trace, out: Path, to_time, names: dict[str, str], time_key: str = "timestamp") -> None:
-    """One JSON object per row: `time_key` from `to_time(absolute ns) -> list`, renamed columns
+def write_jsonl(trace: Trace, out: Path, to_time, names: dict[str, str]) -> None:
+    """One JSON object per row: `timestamp` from `to_time(absolute ns) -> list`, renamed columns
     (digit-only string ids written back as integers), and the row's `extra` keys merged in."""
     t, times = trace.table, to_time(export_source(trace)[1])
     cols = {v: t.column(k).to_pylist() for k, v in names.items() if k in t.column_names}
@@ -65,7 +65,7 @@ def write_jsonl(trace: Trace, out: Path, to_time, names: dict[str, str], time_ke
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for i, ts in enumerate(times):
-            row = {time_key: ts, **{k: v[i] for k, v in cols.items()}}
+            row = {"timestamp": ts, **{k: v[i] for k, v in cols.items()}}
             if extras[i]:
                 row.update(json.loads(extras[i]))
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

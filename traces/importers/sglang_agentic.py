@@ -58,8 +58,7 @@ def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[
         meta.update(time_origin_kind="none", original_time_format={"kind": "none"})
     if isinstance(doc.get("metadata"), dict):
         meta["source"]["metadata"] = doc["metadata"]
-    rows: list[dict] = []
-    done = 0
+    rows, done = [], 0
     for c, conv in enumerate(convs):
         if opts.limit is not None and c >= opts.limit:
             break

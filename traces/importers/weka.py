@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import TraceError
-from .common import check_blocks, check_file, load_json
+from .common import SynthArrivals, arrival_process, check_blocks, check_file, load_json
 
 DOC = "Weka agentic JSON/JSONL (AIPerf, inference-perf): {id, block_size, requests: [{t, in, out, hash_ids}|subagent]}"
 CALL_KEYS = {"t", "type", "model", "in", "out", "hash_ids"}
@@ -156,7 +156,6 @@ SYNTH_ARRIVALS = True  # each trace starts at its own 0: --rate R spaces the tra
 
 
 def read(src: Path, opts: argparse.Namespace, meta: dict[str, Any]) -> Iterator[pa.Table]:
-    from .common import SynthArrivals, arrival_process
     meta.update(time_origin_kind="trace_start", original_time_format={"kind": "float", "unit": "s", "per": "trace"})
     proc = arrival_process(opts)
     starts = SynthArrivals(proc, meta) if proc else None
