@@ -58,13 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llm-replay {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that subcommand is not built (yet); the others still work
-                continue
-            raise
-        mod.add_parser(sub)
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 
