@@ -15,7 +15,6 @@ import os
 import sys
 import time
 
-import gevent  # noqa: E402
 import gevent.event  # noqa: E402
 from locust import events  # noqa: E402
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner  # noqa: E402
@@ -74,14 +73,9 @@ def _on_test_start(environment, **kw) -> None:
     from llm_replay.replay.output import Output
     from llm_replay.replay.runner import start_local, start_master
     out = _state["out"] = Output(config)
-    if isinstance(environment.runner, LocalRunner):
-        job = _state["job"] = start_local(environment, config, out)
-        done = job.finished
-    else:
-        master = _state["job"] = start_master(environment, config, out)
-        done = master.finished
-    _state["done"] = done
-    gevent.spawn(_quit_when_done, environment, done)
+    start = start_local if isinstance(environment.runner, LocalRunner) else start_master
+    job = _state["job"] = start(environment, config, out)   # a Job, or a distributed run's Master
+    gevent.spawn(_quit_when_done, environment, job.finished)
 
 
 def _quit_when_done(environment, done) -> None:
@@ -96,9 +90,9 @@ def _quit_when_done(environment, done) -> None:
 @events.test_stop.add_listener
 def _on_test_stop(environment, **kw) -> None:
     """Stopped from the UI or by --run-time: unsent rows -> not_sent, in flight -> cancelled."""
-    if "done" in _state and not _state["done"].is_set():
+    if "job" in _state and not _state["job"].finished.is_set():
         _state["job"].stop()
-        _state["done"].wait(timeout=_state["config"].grace_s + 20)
+        _state["job"].finished.wait(timeout=_state["config"].grace_s + 20)
         _finish()
 
 

@@ -18,11 +18,10 @@ import json
 import os
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
-import gevent
 import gevent.event
 import numpy as np
 import pyarrow as pa
@@ -152,10 +151,10 @@ class Output:
 
 
 class Progress:
-    def __init__(self, total: int, duration_s: float, t0_perf: float | None = None) -> None:
-        self.total, self.duration_s, self.t0 = total, duration_s, t0_perf
-        self.done = self.errors = self.tokens = 0
-        self.status: dict[str, int] = {}
+    def __init__(self, total: int, duration_s: float) -> None:
+        self.total, self.duration_s, self.t0 = total, duration_s, None   # t0: on perf_counter, from start
+        self.done = self.errors = 0
+        self.status: Counter[str] = Counter()
         self.lags: deque = deque(maxlen=4096)
         self.tok_window: deque = deque()   # (perf time, tokens) over the last seconds
         self.live: Callable[[], tuple[int, int]] = lambda: (self.done, 0)  # (sent, in flight)
@@ -163,14 +162,11 @@ class Progress:
     def add(self, batch: pa.RecordBatch) -> None:
         """Count a batch of finished records."""
         counts = pc.value_counts(batch.column("status")).to_pylist()   # one pass: a flush holds the hub
-        for v in counts:
-            self.status[v["values"]] = self.status.get(v["values"], 0) + v["counts"]
+        self.status.update({v["values"]: v["counts"] for v in counts})
         # done: requests that ended (a Ctrl-C's cancelled and not_sent rows are counted apart)
         self.done += sum(v["counts"] for v in counts if v["values"] not in ("not_sent", "cancelled"))
         self.errors += sum(v["counts"] for v in counts if v["values"] not in ("ok", "not_sent", "cancelled"))
-        toks = pc.sum(batch.column("completion_tokens")).as_py() or 0
-        self.tokens += toks
-        self.tok_window.append((time.perf_counter(), toks))
+        self.tok_window.append((time.perf_counter(), pc.sum(batch.column("completion_tokens")).as_py() or 0))
         lag = pc.subtract(batch.column("sent_s"), batch.column("scheduled_s")).drop_null()
         self.lags.extend(lag.to_numpy()[-1024:])
 
@@ -189,11 +185,10 @@ class Progress:
         return (f"[{elapsed:7.1f}s] sent {sent}/{self.total}  in flight {inflight}  done {self.done}  "
                 f"errors {self.errors}{stopped}  lag p99 {lag}  tok/s {tps:.0f}  left {left:.0f}s")
 
-    def run(self, stream=sys.stderr, every: float | None = None) -> None:
-        """Print forever (a greenlet or thread); the caller kills it."""
-        tty = stream.isatty()
-        every = every or (0.5 if tty else 5.0)
+    def run(self) -> None:
+        """Print to stderr forever (a greenlet or thread); the caller kills it."""
+        tty = sys.stderr.isatty()
         while True:
-            time.sleep(every)
-            stream.write(("\r" + self.line() + "\x1b[K") if tty else self.line() + "\n")
-            stream.flush()
+            time.sleep(0.5 if tty else 5.0)
+            sys.stderr.write(("\r" + self.line() + "\x1b[K") if tty else self.line() + "\n")
+            sys.stderr.flush()
