@@ -178,16 +178,6 @@ def _extra_rows(c: Client, rows: dict[str, np.ndarray], streams: list) -> dict[s
     return rows
 
 
-def _bootstrap_pairs(path: str, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Whole (input, output) pairs resampled from a real trace (rows with a known output)."""
-    tbl = Trace.read(path).table
-    src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
-    src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
-    ok = ~np.isnan(src_out)
-    idx = rng.integers(0, int(ok.sum()), n)
-    return src_in[ok][idx], src_out[ok][idx]
-
-
 def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: np.ndarray,
              k: np.ndarray, failed: np.ndarray, rng: np.random.Generator,
              when: np.ndarray | None = None, prefix: np.ndarray | None = None,
@@ -199,8 +189,13 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
     pool session's first turn is its shared prefix plus the pool's tail, not the input. A
     branch (`cut` >= 0) replaces the history: its prompt is as long as the previous one."""
     n = len(model)
-    if c.bootstrap:
-        new, out = _bootstrap_pairs(c.bootstrap, rng, n)
+    if c.bootstrap:  # whole (input, output) pairs resampled from a real trace's rows with a known output
+        tbl = Trace.read(c.bootstrap).table
+        src_in = tbl.column("input_tokens").to_numpy().astype(np.float64)
+        src_out = tbl.column("output_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+        ok = ~np.isnan(src_out)
+        idx = rng.integers(0, int(ok.sum()), n)
+        new, out = src_in[ok][idx], src_out[ok][idx]
         new = np.maximum(np.rint(new * spec.length_scale), 1)
         out = np.minimum(np.rint(out * spec.length_scale), spec.max_output_tokens or np.inf)
     else:
@@ -223,11 +218,9 @@ def _lengths(spec: Spec, c: Client, model: np.ndarray, turn: np.ndarray, first: 
         rows = slice(None) if sel is None else np.flatnonzero(sel)
         groups = [(rows, in_d)]
         if c.sessions and c.sessions.user_tokens is not None:
-            if sel is None:  # (no index array over all rows to gather from)
-                groups = [(np.flatnonzero(turn == 0), in_d), (np.flatnonzero(turn > 0), c.sessions.user_tokens)]
-            else:
-                later = turn[rows] > 0
-                groups = [(rows[~later], in_d), (rows[later], c.sessions.user_tokens)]
+            idx = np.arange(n) if sel is None else rows
+            later = turn[idx] > 0
+            groups = [(idx[~later], in_d), (idx[later], c.sessions.user_tokens)]
         if prefix is not None:  # (turns > 0 have no prefix of their own: they only repeat it)
             groups = [(g[sel], x) for idx, d in groups for g in [np.arange(n)[idx]]
                       for sel, x in ((prefix[g] == 0, d), (prefix[g] > 0, c.prefix.pool.tail))]
@@ -438,8 +431,7 @@ def _rows_table(rows: _Rows, col: dict[str, np.ndarray], row0: int) -> pa.Table:
     if rows.agents:
         cols["task_id"] = _id_strings(col.pop("task"), client, names, per_client([bool(c.agent) for c in clients]))
         nd = col.pop("ndep")
-        offsets = np.zeros(n + 1, np.int32)
-        np.cumsum(nd, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(nd)]).astype(np.int32)
         cols["depends_on"] = pa.ListArray.from_arrays(pa.array(offsets), _id_strings(col.pop("deps")),
                                                       mask=pa.array(nd == 0))
         cols["delay_s"] = pa.array(col.pop("delay"), mask=nd == 0)
