@@ -59,30 +59,23 @@ def _implicit_sessions(t: pa.Table) -> np.ndarray | None:
     (`prefixes.prefix_parents`: a row continues the last row that used its last reused,
     conversation-private block), as the root row of each row's chain; None when no hash_ids
     or fewer than MIN_IMPLICIT_TURNS of the rows continue one (e.g. only a shared system prompt)."""
-    if _has(t, "session_id") or "hash_ids" not in t.column_names:
+    links = None if _has(t, "session_id") else prefixes._turn_links(t, "hash_ids")
+    if links is None or (links[1] >= 0).mean() < MIN_IMPLICIT_TURNS:
         return None
-    parent = prefixes.prefix_parents(t)
-    if parent is None or (parent >= 0).mean() < MIN_IMPLICIT_TURNS:
-        return None
-    root = np.arange(len(parent))
-    while True:  # pointer jumping (parents are earlier rows, so every chain ends)
-        nxt = np.where(parent[root] >= 0, parent[root], root)
-        if (nxt == root).all():
-            return root
-        root = nxt
+    return links[0]
 
 
 def _fit_sessions(t: pa.Table) -> tuple[dict[str, Any], np.ndarray]:
     """Turns per session, think time, new user tokens; the mask of rows that open a session.
-    Sessions are `session_id`, or (without it) the conversations of `_implicit_sessions`."""
-    implicit = _implicit_sessions(t)
-    sid = _codes(t, "session_id")[0] if implicit is None else implicit
-    sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # a row without a session is its own
+    Sessions are `session_id` (a row without one is its own), or (without it) the conversations
+    of `_implicit_sessions`."""
+    implicit = not _has(t, "session_id")
+    sid = prefixes._turn_links(t)[0]
     order = np.lexsort((_col(t, "arrival_ns"), sid))
     s, a = sid[order], _col(t, "arrival_ns")[order].astype(np.int64)
     same = np.concatenate([[False], s[1:] == s[:-1]])
     starts = np.flatnonzero(~same)
-    turn = _col(t, "turn") if implicit is None else None  # turn numbers also count the turns before the trace began
+    turn = None if implicit else _col(t, "turn")  # turn numbers also count the turns before the trace began
     last_turn = (np.diff(np.append(starts, len(s))) - 1.0 if turn is None
                  else np.maximum.reduceat(np.nan_to_num(turn[order].astype(float)), starts))
     inp = _col(t, "input_tokens")[order].astype(float)
@@ -92,7 +85,7 @@ def _fit_sessions(t: pa.Table) -> tuple[dict[str, Any], np.ndarray]:
     user = (inp[1:] - inp[:-1] - out[:-1])[same[1:]]
     opens = np.zeros(len(s), bool)
     opens[order[~same]] = True
-    turns = fit_length(last_turn + 1) if implicit is None else _undo_splits(t, last_turn + 1, order[starts])
+    turns = _undo_splits(t, last_turn + 1, order[starts]) if implicit else fit_length(last_turn + 1)
     spec = {"turns": turns, "think_s": fit_length(think, integer=False) if len(think) > 10
             else {"dist": "constant", "value": 30.0}}
     b = prefixes._blocks(t) if "hash_ids" in t.column_names else None
@@ -314,6 +307,7 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
     c["models"], drift = _mix(models[opens], names, starts, window)
     if drift:
         c["mix_window"] = window
+    counts, reason = stats.image_counts(t), _col(t, "reasoning_tokens")
     for i, m in enumerate(c["models"]):
         sel = (models == i) & ~failed & ~np.isnan(out)
         x, y = inp[sel & new], out[sel & new]
@@ -322,8 +316,6 @@ def _fit_client(t: pa.Table, name: str, duration: float, window: float,
         m["input"], m["output"] = fit_length(x), fit_length(out[sel] if sel.any() else y)
         if len(x) > 2 and x.std() > 0 and y.std() > 0:
             m["rho"] = round(float(sst.spearmanr(x, y)[0]), 4)
-    counts, reason = stats.image_counts(t), _col(t, "reasoning_tokens")
-    for i, m in enumerate(c["models"]):
         extra = (("images", counts is not None and _fit_images(t, counts, models == i)),
                  ("reasoning_share", reason is not None and _fit_reasoning(reason.astype(float), out, models == i)))
         m.update((k, v) for k, v in extra if v)
@@ -359,8 +351,9 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     span = (a[-1] - a[0]) / 1e9
     if span <= 0:
         raise TraceError("all arrivals share one timestamp: no rate to fit")
+    meta = getattr(trace, "metadata", {}) or {}
     # a bucketed clock (Mooncake: ~3 s) is a property of the source: generate floors to it
-    buckets = stats.timestamp_buckets(t) or _dequantized(getattr(trace, "metadata", {}) or {})
+    buckets = stats.timestamp_buckets(t) or _dequantized(meta)
     # the last arrival opens its bucket: the trace covers it whole (span + one mean gap would
     # end it a bucket early once floored: 120 rows in 1-s buckets over 5 s measured +33 %)
     duration = span + buckets["quantum_ns"] / 1e9 if buckets and not buckets.get("spread") \
@@ -378,7 +371,6 @@ def fit_trace(trace: Any, window: float | None = None) -> dict[str, Any]:
     cc = _codes(t, "client_id")
     if cc is not None and len(cc[1]) <= MAX_CLIENTS and (cc[0] >= 0).all():
         groups = [(t.filter(pa.array(cc[0] == i)), n) for i, n in enumerate(cc[1])]
-    meta = getattr(trace, "metadata", {}) or {}
     spec: dict[str, Any] = {"duration": round(duration, 6), "seed": 0, "block_size": int(meta.get("block_size") or 16),
                             "exact_count": True, "clients": []}  # fitted: the count is the source's
     if buckets:

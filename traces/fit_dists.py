@@ -75,18 +75,19 @@ def _idc(u: np.ndarray, w: float) -> float | None:
     return stats.dispersion(stats.window_counts(u, w, 0.0, nb), nb) if nb >= 10 else None
 
 
-def _binned(t: np.ndarray, duration: float, w: float) -> tuple[np.ndarray, np.ndarray]:
-    """Counts of t in windows of w and the windows' widths (a remainder under half a window joins the last)."""
+def _binned(t: np.ndarray, duration: float, w: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts of t in windows of w, the windows' widths (a remainder under half a window joins the
+    last) and the count densities."""
     nb = max(int(round(duration / w)), 1)
     widths = np.full(nb, w)
     widths[-1] = duration - (nb - 1) * w
-    return np.bincount(np.minimum((t // w).astype(np.int64), nb - 1), minlength=nb).astype(float), widths
+    counts = np.bincount(np.minimum((t // w).astype(np.int64), nb - 1), minlength=nb).astype(float)
+    return counts, widths, counts / widths
 
 
 def fit_profile(t: np.ndarray, duration: float, window: float) -> tuple[dict[str, Any], np.ndarray]:
     """The rate profile and the arrivals in operational time (mean rate 1)."""
-    counts, widths = _binned(t, duration, window)
-    dens = counts / widths
+    counts, _, dens = _binned(t, duration, window)
     if len(counts) >= 6 and counts.mean() >= 5:
         lag1 = np.corrcoef(dens[:-1], dens[1:])[0, 1] if dens.std() > 0 else 0.0
         inner = _idc(t * len(t) / duration, max(counts.mean() / 10, 1.0)) or 1.0
@@ -193,8 +194,7 @@ def _table_at(t: np.ndarray, duration: float, w: float) -> tuple[dict[str, Any],
     the values by sqrt(1 - d mu / Var(C)) would cancel that at w but take k^2 of the
     correlated variance away at larger scales (measured: -33 % at 60 s on Azure conv), so the
     selection's score (which asks ~90 % of seeds to pass) absorbs it instead."""
-    counts, widths = _binned(t, duration, w)
-    dens = counts / widths
+    counts, widths, dens = _binned(t, duration, w)
     values = [round(float(v / dens.mean()), 4) for v in dens]
     values += values[-1:] if widths[-1] > w else []  # the generator's table is in whole windows: repeat the last
     knots, lam = np.append(np.arange(len(counts)) * w, duration), np.concatenate([[0.0], np.cumsum(counts)])
@@ -426,8 +426,7 @@ def fit_arrivals(t: np.ndarray, duration: float, window: float, fixed_window: bo
     # a bucketed clock without sessions: the CVs are read off the bucket counts (with sessions
     # the turns blur the buckets: the CV is searched, REGULAR_FACTORS)
     q = None if not whole or whole.get("sessions") else whole.get("timestamp_quantum_s")
-    base["arrival"], bucket_note = _bucket_cv(base, q, src_t, r_sim, span, whole) if q and len(src_t) >= 2 \
-        else (base["arrival"], "")
+    base["arrival"], bucket_note = _bucket_cv(base, q, src_t, r_sim, span, whole) if q else (base["arrival"], "")
     src = [idc_s(src_t, s) for s in IDC_SCALES]
     judged = [i for i, s in enumerate(IDC_SCALES) if src[i] and (src_t[-1] - src_t[0]) / s >= MIN_WINDOWS]
     if len(t) < MIN_ARRIVALS or not judged:

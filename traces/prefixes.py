@@ -81,9 +81,8 @@ def prefix_parents(table: Any) -> np.ndarray | None:
     has = n_reused > 0
     last = offsets[:-1][has] + n_reused[has] - 1        # the last reused block of each row
     parent = np.full(len(lens), -1, np.int64)
-    rows = np.flatnonzero(has)
     ok = _fanout(b)[last] <= MAX_FANOUT
-    parent[rows[ok]] = b["prev"][last[ok]]
+    parent[np.flatnonzero(has)[ok]] = b["prev"][last[ok]]
     return parent
 
 
@@ -130,7 +129,7 @@ def _turn_links(t: pa.Table, source: str | None = None) -> tuple[np.ndarray, np.
         col = pc.dictionary_encode(t.column("session_id").cast(pa.string())).combine_chunks()
         sid = col.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         sid = np.where(sid >= 0, sid, -1 - np.arange(len(sid)))  # no session: its own
-        order = np.lexsort((np.arange(len(sid)), sid))              # rows are in arrival order
+        order = np.argsort(sid, kind="stable")                      # rows are in arrival order
         parent = np.full(len(sid), -1, np.int64)
         cont = np.flatnonzero(sid[order][1:] == sid[order][:-1]) + 1
         parent[order[cont]] = order[cont - 1]
@@ -166,9 +165,7 @@ def turn_stats(table: Any, block_size: int | None = None, source: str | None = N
     _, turns = np.unique(sid, return_counts=True)
     child = np.flatnonzero(parent >= 0)
     p = parent[child]
-    a = arrivals_ns(t)
-    inp = _lengths(t, "input_tokens")
-    out = np.nan_to_num(_lengths(t, "output_tokens"))
+    a, inp, out = arrivals_ns(t), _lengths(t, "input_tokens"), np.nan_to_num(_lengths(t, "output_tokens"))
     q = quantiles(turns.astype(np.float64))
     q = {"mean": q["mean"], "p50": count_quantile(turns, 0.5), "p90": count_quantile(turns, 0.9), "max": q["max"]}
     return {"source": source, "sessions": int(len(turns)), "turns": q,
