@@ -91,11 +91,10 @@ def parse_prefix(r: _Reader) -> Prefix:
     legacy = [k for k in ("apps", "app_blocks", "app_share") if k in r.d]
     if legacy and "pool" in r.d:
         raise r.err(legacy[0], "cannot be combined with pool (apps, app_blocks, app_share are its older form)")
+    p.pool = r.opt("pool", _pool)
     if legacy:
         apps, n = r.num("apps", 0, lo=0, hi=MAX_POOL, integer=True), r.num("app_blocks", 0, lo=0, integer=True)
         p.pool = Pool(r.num("app_share", 1.0, lo=0, hi=1), apps, [n] * apps) if apps and n else None
-    else:
-        p.pool = r.opt("pool", _pool)
     return p
 
 
