@@ -136,8 +136,7 @@ def jsonl_batches(path: Path, batch_rows: int = 50_000) -> Iterator[tuple[int, l
     """Stream a JSON-lines file as (first row index, list of objects); blank lines skipped.
     Numbers with a fraction or exponent arrive as `Num` (their text is kept)."""
     check_file(path)
-    batch: list[dict] = []
-    row0 = 0
+    batch, row0 = [], 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():

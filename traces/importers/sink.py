@@ -36,12 +36,8 @@ class TraceSink:
         self.out, self.file, self.sort, self.drop_failed = Path(out), file, sort, drop_failed
         self.tmp = self.out.with_name(self.out.name + ".partial")
         self.rows = self.source_rows = self.dropped = 0
-        self.origin: int | None = None
-        self.last: int | None = None
-        self.schema: pa.Schema | None = None
-        self.writer: pq.ParquetWriter | None = None
-        self.held: list[pa.Table] = []
-        self.ids: list[pa.Array] = []  # source-given ids, checked for uniqueness at close
+        self.origin = self.last = self.schema = self.writer = None  # set by the first batch written
+        self.held, self.ids = [], []  # tables kept for --sort; source-given ids, checked for uniqueness at close
 
     def write(self, table: pa.Table) -> None:
         row0 = self.source_rows
@@ -94,7 +90,6 @@ class TraceSink:
         """Finish the file; returns the metadata written (origin and row counts added)."""
         if self.sort and self.held:
             table = pa.concat_tables(self.held, promote_options="permissive")
-            self.held = []
             arr = table.column("arrival_ns").to_numpy().astype(np.int64)
             order = np.argsort(arr, kind="stable")
             self.origin = int(arr[order[0]])

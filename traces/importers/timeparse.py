@@ -47,8 +47,7 @@ def decimal_ns(arr: pa.Array | pa.ChunkedArray, unit_ns: int, *, file: str, colu
     Sub-nanosecond digits are rounded half up; anything else that is not a number is an error."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.string())
+    arr = arr.cast(pa.string())  # (numbers, large_string)
     m = pc.extract_regex(arr, _DECIMAL)
     sign, ip, fp, ep = (m.field(k) for k in ("sign", "int", "frac", "exp"))
     bad = m.is_null().to_numpy(zero_copy_only=False)
