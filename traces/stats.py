@@ -322,18 +322,16 @@ def prefix_cache_hits(table: Any, block_size: int | None = None) -> dict[str, An
     if "hash_ids" not in t.column_names:
         return None
     col = t.column("hash_ids").combine_chunks()
-    offsets = col.offsets.to_numpy().astype(np.int64)
     ids = col.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if len(ids) == 0:
         return None
-    offsets = offsets - offsets[0]
-    lens = np.diff(offsets)
+    lens = np.diff(col.offsets.to_numpy().astype(np.int64))
     row = np.repeat(np.arange(len(lens)), lens)
     # first row in which each id appears (flattened order = arrival order)
     _, first_pos, inverse = np.unique(ids, return_index=True, return_inverse=True)
     cached = row[first_pos][inverse] < row
     miss_cum = np.cumsum(~cached)
-    start = offsets[:-1][row]
+    start = (np.cumsum(lens) - lens)[row]
     before = np.where(start > 0, miss_cum[np.maximum(start - 1, 0)], 0)
     reused = (miss_cum - before) == 0  # no miss so far in this request
     n_reused_row = np.bincount(row, weights=reused, minlength=len(lens))
