@@ -187,11 +187,6 @@ def _block_size(trace: Any) -> int | None:
     return int(bs) if isinstance(bs, (int, float)) else None
 
 
-def _windows(x: Any, w: float) -> int:
-    t = stats.arrivals_ns(x)
-    return int((t[-1] - t[0]) // max(int(round(w * 1e9)), 1)) if len(t) else 0
-
-
 def _cv_se(x: Any) -> float | None:
     """Delta method: CV = sd / mean of the gaps, influence (d^2 / var - 1) / 2 - d / mean."""
     g, cv = stats.interarrivals_s(x), stats.interarrival_cv(x)
@@ -218,7 +213,8 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
     pass / fail / not judged / n/a (see the module docstring)."""
     n = [stats._tbl(x).num_rows for x in (a, b)]
     ia, ib = (stats.index_of_dispersion(x, IDC_SCALES) for x in (a, b))
-    ka, kb = ([_windows(x, w) for w in IDC_SCALES] for x in (a, b))
+    ka, kb = ([int((t[-1] - t[0]) // max(int(round(w * 1e9)), 1)) if len(t) else 0 for w in IDC_SCALES]
+              for t in (stats.arrivals_ns(a), stats.arrivals_ns(b)))  # complete windows per scale
     # the count variance over the span is about D n, D the IDC at the largest scale judged
     # (the mean of both sides: one process under the null; at least Poisson's 1: it is noisy)
     judged = [[v for v, k in zip(i.values(), kx) if k >= MIN_WINDOWS and v] or [1.0]
@@ -252,9 +248,8 @@ def compare_traces(a: Any, b: Any) -> list[dict[str, Any]]:
                  for k in {**ma, **mb}]
     pa_, pb_ = stats.prefix_cache_hits(a, _block_size(a)), stats.prefix_cache_hits(b, _block_size(b))
     if pa_ or pb_:   # without hash_ids replay sends unrelated prompts: a hit ratio of 0
-        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *((p or {}).get("block_hit_ratio", 0.0)
-                                                                   for p in (pa_, pb_)),
-                         reason=_lacks((pa_, pb_), "has no hash_ids")))
+        hit = ((p or {}).get("block_hit_ratio", 0.0) for p in (pa_, pb_))
+        rows.append(_row("prefix_block_hit_ratio", "prefix_hit", *hit, reason=_lacks((pa_, pb_), "has no hash_ids")))
         ra, rb = prefixes.reuse_distances(a), prefixes.reuse_distances(b)
         why = tuple("has no prefix-cache hits" if p else "has no hash_ids" for p in (pa_, pb_))
         rows += [_row(f"reuse_distance_requests.{q}", "reuse_distance",
