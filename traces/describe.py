@@ -13,9 +13,8 @@ from .trace import Trace
 def describe(trace: Trace, windows_s=stats.DEFAULT_WINDOWS_S, path: str | None = None) -> dict[str, Any]:
     """The JSON body of `describe --json`: file-level facts plus `summarize`."""
     meta = trace.metadata
-    out = {"source": meta.get("source"), "columns": trace.table.column_names,
-           "transforms": meta.get("transforms", []), "block_size": meta.get("block_size")}
-    out.update(summarize(trace.table, windows_s, meta.get("block_size")))
+    out = {"source": meta.get("source"), "columns": trace.table.column_names, "transforms": meta.get("transforms", []),
+           "block_size": meta.get("block_size"), **summarize(trace.table, windows_s, meta.get("block_size"))}
     failed = trace.table.column("failed_in_source") if "failed_in_source" in trace.table.column_names else None
     out["failed_in_source"] = int(failed.fill_null(False).cast("int64").to_numpy().sum()) if failed is not None else 0
     out["output_tokens_null"] = trace.table.column("output_tokens").null_count
