@@ -188,8 +188,7 @@ def servegen_spec(src: Path) -> dict[str, Any]:
             other = [f for f in ("audio_count", "video_count") if (_mixed_pmf(pmfs, f, t, served, 0.0) or {"max": 0})["max"] > 0]
             if other:
                 raise TraceError(f"client {cid}: {other[0]} > 0 in some requests: a spec sends images only", file=str(dpath))
-            count = _mixed_pmf(pmfs, "image_count", t, served, lo=0.0)
-            tokens = _mixed_pmf(pmfs, "image_tokens", t, served, lo=0.0)
+            count, tokens = (_mixed_pmf(pmfs, f, t, served, lo=0.0) for f in ("image_count", "image_tokens"))
             if count["max"] > 0 and tokens and tokens["max"] > 0:
                 extra["images"] = {"count": {int(v): w for v, w in zip(count["values"], count["weights"]) if w > 0},
                                    "px": _image_px(tokens)}
