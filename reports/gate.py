@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
@@ -40,6 +39,7 @@ from .text import render_table
 COLUMNS = ["objective", "scope", "measured", "limit", "n", "bounds", "verdict"]
 BOUND_COLUMN = "bias bound"
 FIRST_ERRORS = 3      # distinct (http status, message) pairs a failing gate shows, first sent first
+ERROR_KEYS = pa.schema([("status", pa.string()), ("http_status", pa.int32()), ("error", pa.string())])
 
 
 @dataclass
@@ -82,23 +82,12 @@ class GateResult:
             return 1
         return 2 if (verdicts - {"pass"} or not self.rows or self.undelivered) else 0
 
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
-
-    @property
-    def columns(self) -> list[str]:
-        bounded = any(r.bound is not None for r in self.rows)
-        confs = {r.confidence for r in self.rows} - {None}
-        cols = [c if c != "bounds" or len(confs) != 1 else f"{confs.pop():.0%} bounds" for c in COLUMNS]
-        return cols[:3] + [BOUND_COLUMN] + cols[3:] if bounded else cols
-
-    def _rows(self) -> list[list[object]]:
-        bounded = any(r.bound is not None for r in self.rows)
-        return [[r.objective, r.scope, r.measured, *([r.bound] if bounded else []), r.limit, r.n, r.ci,
-                 _verdict_text(r)] for r in self.rows]
-
     def table(self) -> str:
+        bounded = any(r.bound is not None for r in self.rows)   # the bias bound column, after `measured`
+        confs = {r.confidence for r in self.rows} - {None}
+        cols = [f"{confs.pop():.0%} bounds" if c == "bounds" and len(confs) == 1 else c for c in COLUMNS]
+        rows = [[r.objective, r.scope, r.measured, *([r.bound] if bounded else []), r.limit, r.n, r.ci,
+                 _verdict_text(r)] for r in self.rows]
         verdict = {0: "PASS", 1: "FAIL",
                    2: "UNDECIDED" if any(r.verdict == "undecided" for r in self.rows) else
                    "NOT DELIVERED" if self.undelivered and self.rows else "CANNOT EVALUATE"}[self.exit_code]
@@ -106,8 +95,8 @@ class GateResult:
                              sentence(self.stimulus) or "",
                              f"attainment {self.attainment:.4f}" if self.attainment is not None else "",
                              *self.notes]).strip("; ") or None
-        return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", self.columns, self._rows(),
-                            caption=caption) + self.errors_text()
+        return render_table(f"SLO gate: {verdict} (exit {self.exit_code})", cols[:3] + [BOUND_COLUMN] * bounded
+                            + cols[3:], rows, caption=caption) + self.errors_text()
 
     def errors_text(self) -> str:
         """The requests by status and the first distinct errors, when the gate did not pass and
@@ -137,9 +126,7 @@ def _errors(an: Analysis) -> tuple[dict[str, int], list[dict]]:
     if not len(failed):
         return statuses, []
     failed = failed[np.argsort(an.rm.scheduled[failed], kind="stable")]
-    tb = an.table.select(["status", "http_status", "error"]).take(pa.array(failed))
-    tb = pa.table({k: pc.cast(tb.column(k), t) for k, t in
-                   (("status", pa.string()), ("http_status", pa.int32()), ("error", pa.string()))})
+    tb = an.table.select(["status", "http_status", "error"]).take(pa.array(failed)).cast(ERROR_KEYS)
     tb = tb.append_column("order", pa.array(np.arange(len(failed))))
     groups = tb.group_by(["status", "http_status", "error"]).aggregate([("order", "min"), ("order", "count")])
     groups = groups.sort_by("order_min").slice(0, FIRST_ERRORS).to_pylist()
@@ -151,16 +138,17 @@ FINISHED = ("completed", "all_failed", "decided")   # run.json statuses of a run
                                                      # gate was decided, the rest not sent on purpose)
 
 
-def unfinished(config: dict | None, records: int, not_sent: int) -> str | None:
+def unfinished(config: dict | None, rm) -> str | None:
     """Why a run directory holds a fragment of its trace (run.json still `running` after a kill,
     `failed`, `interrupted`, `worker_lost`, or fewer records than the trace window has rows), with
     the rows it recorded or sent; None for a finished run or records without a run.json."""
     status = (config or {}).get("status")
     rows = ((config or {}).get("config") or {}).get("rows") or ((config or {}).get("trace") or {}).get("rows")
-    if status is None or not rows or (status in FINISHED and records >= rows):
+    if status is None or not rows or (status in FINISHED and rm.n >= rows):
         return None
-    done = (f"{records:,} of {rows:,} trace rows have records" if records < rows else
-            f"{records - not_sent:,} of {rows:,} trace rows were sent")
+    not_sent = int(np.count_nonzero(rm.status_codes == STATUSES.index("not_sent")))
+    done = (f"{rm.n:,} of {rows:,} trace rows have records" if rm.n < rows else
+            f"{rm.n - not_sent:,} of {rows:,} trace rows were sent")
     return f"the run did not finish (run.json status {status}): {done}"
 
 
@@ -242,23 +230,16 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: 
     if obj.metric in SPAN_METRICS and obj.metric not in an.rm.columns:
         return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
                        "no server spans (run with --otlp)")
-    if obj.stat is None and obj.metric in TASK_SCALARS:
-        sc = an.task_scalars(rows)
-        value, n = sc.get(obj.metric), sc.get("tasks", 0)
-        if value is None:
-            why = "no tasks in the run (no task_id)" if an.tasks is None else "no tasks in the window" if not n \
-                else "run duration unknown"
-            return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
-        counts = [round(value * n)] if obj.metric == "task_attainment" else None
-        return _row(obj, scope, value, n, conf, counts=counts)
     if obj.stat is None:
-        sc = an.scalars(rows)
-        value, n = sc.get(obj.metric), sc["issued"]
+        task = obj.metric in TASK_SCALARS
+        sc = an.task_scalars(rows) if task else an.scalars(rows)
+        value, n = sc.get(obj.metric), sc.get("tasks" if task else "issued", 0)
         if value is None:
-            why = "no requests in the window" if not n else "run duration unknown"
+            why = ("no tasks in the run (no task_id)" if task and an.tasks is None else
+                   f"no {'tasks' if task else 'requests'} in the window" if not n else "run duration unknown")
             return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate", why)
         bound = _scalar_bound(obj.metric, value, rows, ends) if ends else None
-        counts = None
+        counts = [round(value * n)] if obj.metric == "task_attainment" else None
         if obj.metric in ("attainment", "error_rate"):
             key = "good" if obj.metric == "attainment" else "failed"
             counts = [sc[key]] + ([e.scalars(rows)[key] for e in (ends.worst, ends.best)]
@@ -392,9 +373,8 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
     if empty:
         notes.append(f"{empty} requests counted ok streamed no token although their rows asked for output")
     sc = an.scalars()
-    not_sent = int(np.count_nonzero(an.rm.status_codes == STATUSES.index("not_sent")))
-    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an),
-                      unfinished(config, an.rm.n, not_sent), stimulus)
+    return GateResult(rows, sc["attainment"], sc["goodput_rps"], notes, *_errors(an), unfinished(config, an.rm),
+                      stimulus)
 
 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,

@@ -162,12 +162,12 @@ def _grouped(rm, rows: np.ndarray, codes: np.ndarray, labels: list[str]) -> list
             for i, lab in enumerate(labels) if cnt[i]]
 
 
-def _clock(config: dict | None, a: float, b: float) -> str:
-    """A stretch of the run, in UTC when run.json has its wall-clock start, else in s from t0."""
+def clock(config: dict | None, *times: float) -> str | None:
+    """Times of the run (s from t0) in UTC, '-'-joined, when run.json has its wall-clock start."""
     wall = (config or {}).get("t0_wall")
     if isinstance(wall, (int, float)) and 1e9 < wall < 1e11:
-        return "-".join(time.strftime("%H:%M:%S", time.gmtime(wall + t)) for t in (a, b)) + " UTC"
-    return f"{a:g}-{b:g} s"
+        return "-".join(time.strftime("%H:%M:%S", time.gmtime(wall + t)) for t in times) + " UTC"
+    return None
 
 
 def _window(rm, ts: dict) -> np.ndarray:
@@ -203,8 +203,8 @@ def bottleneck_map(an, ts: dict) -> list[dict]:
     rm, nwin, win = an.rm, len(ts["t_s"]), _window(an.rm, ts)
     e = _stats(an, win, nwin)
     srv = ts.get("server") or {}
-    s = {k: np.array([np.nan if v is None else v for v in srv.get(k) or [None] * nwin], float)
-         for k in ("kv_cache_usage", "waiting", "running", "preemptions")}
+    s = {k: np.array(srv.get(k) or [np.nan] * nwin, float) for k in ("kv_cache_usage", "waiting", "running",
+                                                                       "preemptions")}
     batch = np.where(np.isnan(s["running"]), np.array(ts.get("inflight") or [np.nan] * nwin, float), s["running"])
     good = e["requests"] >= MIN_JOINED
     base = {k: np.nanpercentile(x[good], BASELINE_Q) if (good & ~np.isnan(x)).any() else np.nan
@@ -277,6 +277,7 @@ def segments(an, wins: list[dict], config: dict | None, ts: dict) -> list[dict]:
         seg_of[k] = len(out) - 1
     e = _stats(an, seg_of[_window(an.rm, ts)], len(out))
     width = ts.get("width_s") or [ts["window_s"]] * len(wins)
+    t0 = ts["t0_s"]
     for i, seg in enumerate(out):
         ks = seg.pop("windows")
         a, b = ts["t_s"][ks[0]], ts["t_s"][ks[-1]] + width[ks[-1]]
@@ -290,7 +291,8 @@ def segments(an, wins: list[dict], config: dict | None, ts: dict) -> list[dict]:
             "preemptions", np.sum)} | {x: ev[0][x] for x in ("ttft_baseline_ms", "tpot_baseline_ms", "batch_baseline",
                                                              "run_input_tokens_p50")}
         base = v["ttft_baseline_ms"]
-        seg.update(start_s=a, end_s=b, requests=int(v["requests"]), when=_clock(config, ts["t0_s"] + a, ts["t0_s"] + b),
+        seg.update(start_s=a, end_s=b, requests=int(v["requests"]),
+                   when=clock(config, t0 + a, t0 + b) or f"{t0 + a:g}-{t0 + b:g} s",
                    # TTFT its requests spent above the run's quiet windows: the headline names the worst
                    excess_ttft_s=0.0 if v["ttft_ms_mean"] is None or base is None else
                    v["requests"] * (v["ttft_ms_mean"] - base) / 1e3,

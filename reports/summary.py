@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ from .certificate import certificate
 from .steady import of_run
 from .breakdown import LENGTH_EDGES, breakdowns, connections, image_groups, length_buckets, timeseries
 from .gate import gate, unfinished
-from .servertime import attach, section as server_section
+from .servertime import attach, clock, section as server_section
 from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
                       request_metrics)
 from .records import ANALYSIS_COLUMNS, Run, load_run
@@ -72,8 +71,7 @@ def _mismatches(an: Analysis, run: Run) -> dict:
         out[kind] = {"requested": want, "reported": got, "checked": checked, "mismatched": mismatched,
                      "share": mismatched / checked if checked else None,    # sums of whole numbers:
                      "mean_diff": float(diff.sum()) / mismatched if mismatched else None,   # exact
-                     "examples": run.column("request_id").take(pa.array(bad_rows[:5])).to_pylist()
-                     if mismatched else []}
+                     "examples": run.column("request_id").take(pa.array(bad_rows[:5])).to_pylist()}
     return out
 
 
@@ -170,7 +168,6 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
     if rm.images.any():
         kinds["num_images"] = image_groups(rm.images)
     series, stimulus = timeseries(an, run.server_metrics, window_s), certificate(an, run.config, cpu)
-    not_sent = int(np.count_nonzero(rm.status_codes == STATUSES.index("not_sent")))
     summary = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "records_schema_version": RECORDS_SCHEMA_VERSION,
@@ -202,7 +199,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
                                                               (slo.per_task if slo else {}).get("task_s")),
         "breakdowns": breakdowns(an, kinds),
         "timeseries": series,
-        "unfinished": unfinished(run.config, rm.n, not_sent),
+        "unfinished": unfinished(run.config, rm),
         "state": run_state(series, run.config),
         "server_time": server_section(an, run, series),
     }
@@ -220,16 +217,12 @@ def run_state(ts: dict, config: dict | None) -> dict:
     offered rate, TTFT over the run (the client alone cannot see the server keep up).
     `verdict`: saturated, queueing, healthy, falling_behind, latency_grew, not_observed or unknown;
     `sentence`."""
-    def clock(k: int) -> str:
-        t, wall = ts["t_s"][k], (config or {}).get("t0_wall")
-        if isinstance(wall, (int, float)) and 1e9 < wall < 1e11:
-            return time.strftime("%H:%M:%S UTC", time.gmtime(wall + ts["t0_s"] + t))
-        return f"{t:g} s"
+    def at(k: int) -> str:
+        return clock(config, ts["t0_s"] + ts["t_s"][k]) or f"{ts['t_s'][k]:g} s"
     if not ts or not ts.get("t_s"):
         return {"verdict": "unknown", "sentence": "no requests were sent"}
     srv = ts.get("server") or {}
-    arr = lambda k: np.array([np.nan if v is None else v for v in srv.get(k) or []], float)  # noqa: E731
-    kv, waiting, pre = arr("kv_cache_usage"), arr("waiting"), arr("preemptions")
+    kv, waiting, pre = (np.array(srv.get(k) or [], float) for k in ("kv_cache_usage", "waiting", "preemptions"))
     if len(kv) or len(waiting):
         kv_max = float(np.nanmax(kv)) if len(kv) and not np.isnan(kv).all() else None
         q_max = float(np.nanmax(waiting)) if len(waiting) and not np.isnan(waiting).all() else 0.0
@@ -242,11 +235,11 @@ def run_state(ts: dict, config: dict | None) -> dict:
         if queued.any() and (full.any() or n_pre):
             k = int(np.argmax(queued | full))
             return {"verdict": "saturated", "from_s": ts["t_s"][k], **out,
-                    "sentence": f"saturated from {clock(k)}: {kv_at}queue up to {q_max:.0f}, {n_pre} preemptions"}
+                    "sentence": f"saturated from {at(k)}: {kv_at}queue up to {q_max:.0f}, {n_pre} preemptions"}
         if queued.any():
             k = int(np.argmax(queued))
             return {"verdict": "queueing", "from_s": ts["t_s"][k], **out,
-                    "sentence": f"requests queued in the server from {clock(k)} (up to {q_max:.0f} waiting); "
+                    "sentence": f"requests queued in the server from {at(k)} (up to {q_max:.0f} waiting); "
                                 f"{kv_txt}, no preemption"}
         return {"verdict": "healthy", **out,
                 "sentence": f"healthy: no request waited in the server's queue; {kv_txt}"
@@ -279,13 +272,10 @@ FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trac
 
 def _counter_increase(server: pa.Table | None, suffix: str) -> float | None:
     """Increase of a scraped counter over the run, summed over its label sets (resets skipped)."""
-    if server is None or not server.num_rows:
+    if server is None:
         return None
-    rows = [i for i, n in enumerate(server.column("name").to_pylist()) if str(n).endswith(suffix)]
-    if not rows:
-        return None
-    df = server.take(pa.array(rows)).to_pandas().sort_values("time_s")
-    return float(df.groupby(df["labels"].fillna(""))["value"].diff().clip(lower=0).sum())
+    df = server.filter(pc.ends_with(server.column("name"), suffix)).to_pandas().sort_values("time_s")
+    return float(df.groupby(df["labels"].fillna(""))["value"].diff().clip(lower=0).sum()) if len(df) else None
 
 
 def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
