@@ -24,10 +24,9 @@ class ProcessContext:
         self.on_done = lambda: None
 
     def claim(self) -> bool:
-        if self.claimed:
-            return False
-        self.claimed = True
-        return True
+        """True for the first caller only."""
+        claimed, self.claimed = self.claimed, True
+        return not claimed
 
     def run_job(self) -> None:
         self.ready.wait()
@@ -65,21 +64,22 @@ def target_labels(config: plan.RunConfig) -> list[str | None]:
 PRECONNECT_AT_ONCE = 64   # --preconnect: connections being opened at the same time
 
 
-def preconnect(pool, n: int, deadline: float | None = None, who: str = "") -> int:
-    """--preconnect: `n` keep-alive connections opened before T0 and parked idle in `pool`, so the
-    first requests reuse them (a connection the server closes while idle is replaced on use, as
-    any other). Says on stderr how many and how long; a failure is a warning, never an error."""
+def preconnect(job: Job, n: int, deadline: float | None = None, who: str = "") -> None:
+    """--preconnect: `n` keep-alive connections to each deployment, opened before T0 and parked idle
+    in `job`'s pools, so the first requests reuse them (a connection the server closes while idle is
+    replaced on use, as any other). Says on stderr how many and how long; a failure is a warning,
+    never an error."""
     if n <= 0:
-        return 0
-    t = time.perf_counter()
-    opened, err = pool.preconnect(n, PRECONNECT_AT_ONCE, deadline)
-    took = time.perf_counter() - t
-    if opened == n:
-        print(f"replay: {who}preconnect: opened {n} connections in {took:.2f} s", file=sys.stderr)
-    else:
-        print(f"replay: warning: {who}preconnect opened {opened} of {n} connections in {took:.2f} s "
-              f"({err}); the first requests open the others themselves", file=sys.stderr)
-    return opened
+        return
+    for label in target_labels(job.c):
+        t = time.perf_counter()
+        opened, err = job.pool_for(label).preconnect(n, PRECONNECT_AT_ONCE, deadline)
+        took = time.perf_counter() - t
+        if opened == n:
+            print(f"replay: {who}preconnect: opened {n} connections in {took:.2f} s", file=sys.stderr)
+        else:
+            print(f"replay: warning: {who}preconnect opened {opened} of {n} connections in {took:.2f} s "
+                  f"({err}); the first requests open the others themselves", file=sys.stderr)
 
 
 def cpu_seconds() -> float:

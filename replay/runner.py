@@ -25,7 +25,6 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import gevent  # noqa: E402
 import gevent.pool  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
@@ -42,8 +41,6 @@ def warmup(job: Job, n: int) -> None:
     """`n` short requests before T0 (not recorded): connections and server warm."""
     from .client import stream_post
     from .otlp import header
-    if n <= 0:
-        return
     group = gevent.pool.Group()
     for label in target_labels(job.c):   # each deployment, with a model it serves
         req = {"model": job.c.target_model(label), "max_tokens": 2, "stream": True}
@@ -61,8 +58,10 @@ def warmup(job: Job, n: int) -> None:
 PRECONNECT_LEAD_S = 2.0   # distributed runs with --preconnect: T0 this much later (workers stop at T0)
 
 
-def install_stop(stop) -> None:
-    """SIGINT/SIGTERM: first one stops dispatching gracefully, a second one skips the grace."""
+def install_stop(out: Output, stop) -> None:
+    """SIGINT/SIGTERM (and a failed write, through `out`): the first stops dispatching
+    gracefully, a second one skips the grace."""
+    out.stop = stop
     hits = []
 
     def handler():
@@ -81,8 +80,7 @@ def start_local(env, config: plan.RunConfig, out: Output) -> Job:
     job = ctx.job = Job(config, 0, 0.0, plan.TraceWindow(config, batch_size=256).prefetch(),
                         out.recorder, env)
     warmup(job, config.warmup)
-    for label in target_labels(config):
-        preconnect(job.pool_for(label), config.preconnect)
+    preconnect(job, config.preconnect)
     out.progress.live = lambda: (job.sent, job.in_flight)
     freeze_gc()
     t0_wall = time.time() + config.lead_s
@@ -102,13 +100,10 @@ def stop_job(job: Job, now: bool) -> None:
     job.stop()
 
 
-def run_local(config: plan.RunConfig, out: Output) -> str:
-    env = Environment(user_classes=[Dispatcher], host=config.target or next(iter(config.targets.values())),
-                      events=None)
+def run_local(env: Environment, config: plan.RunConfig, out: Output) -> str:
     runner = env.create_local_runner()
     job = start_local(env, config, out)
-    install_stop(lambda now: stop_job(job, now))
-    out.stop = lambda now: stop_job(job, now)
+    install_stop(out, lambda now: stop_job(job, now))
     cpu0 = cpu_seconds()
     runner.start(1, spawn_rate=1)
     job.finished.wait()
@@ -140,9 +135,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_distributed(config: plan.RunConfig, out: Output) -> str:
-    env = Environment(user_classes=[Dispatcher], host=config.target or next(iter(config.targets.values())),
-                      events=None)
+def run_distributed(env: Environment, config: plan.RunConfig, out: Output) -> str:
     port = config.master_port or _free_port()
     bind = config.master_host if config.remote_workers else "127.0.0.1"
     runner = env.create_master_runner(master_bind_host=bind, master_bind_port=port)
@@ -171,14 +164,11 @@ def run_distributed(config: plan.RunConfig, out: Output) -> str:
         gevent.sleep(0.05)
     cpu0 = cpu_seconds()
     master = start_master(env, config, out)
-    install_stop(master.stop)
-    out.stop = master.stop
+    install_stop(out, master.stop)
     master.finished.wait()
     # master + every worker that reported (a lost worker's CPU is unknown)
     update_run_json(config.run_dir, client_cpu_s=round(cpu_seconds() - cpu0 + master.worker_cpu_s, 3),
-                    unsent_bulk=out.recorder.bulk)
-    if master.lost:
-        update_run_json(config.run_dir, lost_workers=sorted(master.lost))
+                    unsent_bulk=out.recorder.bulk, **({"lost_workers": sorted(master.lost)} if master.lost else {}))
     runner.quit()
     _reap(procs)
     return "interrupted" if master.stopping else "completed"
@@ -206,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return UNWRITABLE
     status = "failed"
     try:
-        status = (run_distributed if config.workers > 1 or config.remote_workers else run_local)(config, out)
+        env = Environment(user_classes=[Dispatcher], host=config.target or next(iter(config.targets.values())),
+                          events=None)
+        status = (run_distributed if config.workers > 1 or config.remote_workers else run_local)(env, config, out)
     except SetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,19 +40,16 @@ class MessageFeed:
 
     def __iter__(self):
         while True:
-            if self.chunks:
-                chunk = self.chunks.popleft()
-                self.n -= len(chunk)
-                if self.n < self.LOW and not self.end and not self.asked:
-                    self.asked = True
-                    self.ask()
+            chunk = self.chunks.popleft() if self.chunks else []
+            self.n -= len(chunk)
+            if self.n < self.LOW and not self.end and not self.asked:   # an empty buffer holds < LOW
+                self.asked = True
+                self.ask()
+            if chunk:
                 yield chunk
             elif self.end:
                 return
             else:
-                if not self.asked:
-                    self.asked = True
-                    self.ask()
                 self.ev.clear()
                 self.ev.wait()
 
@@ -77,7 +74,7 @@ class WorkerSide:
         from .dispatcher import Job
         from .output import flush_periodically
         from .recorder import Recorder
-        from .process import cpu_seconds, freeze_gc, perf_at, preconnect, target_labels
+        from .process import cpu_seconds, freeze_gc, perf_at, preconnect
         config = plan.RunConfig.from_json(msg.data["config"])
         self.feed = MessageFeed(lambda: self.runner.send_message("replay_want", {}))
         self.recorder = Recorder(self._ship)
@@ -87,9 +84,7 @@ class WorkerSide:
         gevent.spawn(flush_periodically, self.recorder, self.job.finished)
         # this worker's share of --preconnect, opened before T0 (stopped short of it if slow)
         n, workers = config.preconnect, max(1, msg.data.get("workers") or 1)
-        for label in target_labels(config):
-            preconnect(self.job.pool_for(label), n // workers + (k < n % workers), deadline=self.job.t0 - 0.1,
-                       who=f"worker {k}: ")
+        preconnect(self.job, n // workers + (k < n % workers), deadline=self.job.t0 - 0.1, who=f"worker {k}: ")
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
@@ -143,34 +138,33 @@ def run_worker(master: str, tie_to_parent: bool = False) -> int:
     if not host or not port.isdigit():
         print(f"error: --master must be HOST:PORT, got {master!r}", file=sys.stderr)
         return 2
-    say = None if tie_to_parent else (lambda line: print(f"replay worker: {line}", file=sys.stderr, flush=True))
+
+    def say(line: str) -> None:   # a local worker of `replay run --workers N` stays quiet
+        if not tie_to_parent:
+            print(f"replay worker: {line}", file=sys.stderr, flush=True)
     env = Environment(user_classes=[Dispatcher])
-    if say:
-        say(f"connecting to master {master} ...")
+    say(f"connecting to master {master} ...")
     try:  # blocks until the master acknowledges (Locust retries for 5 minutes)
         env.create_worker_runner(host, int(port))
     except ConnectionError:
         print(f"error: no master answered at {master}", file=sys.stderr)
         return 2
     WorkerSide(env, say)
-    if say:
-        say(f"joined master {master}; waiting for the run to start")
+    say(f"joined master {master}; waiting for the run to start")
     env.runner.greenlet.join()
     time.sleep(0.2)
-    if say:
-        say(f"master {master} ended the run; exiting")
+    say(f"master {master} ended the run; exiting")
     return 0
 
 
-def main_args(args) -> int:
+def main_args(args) -> None:
     """`replay worker`: re-exec as a clean process, so gevent patches before anything imports ssl."""
     import os
     from pathlib import Path
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")
     argv = [sys.executable, "-m", "llm_replay.replay.worker", "--master", args.master]
-    os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))
-    return 1  # not reached
+    os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))  # does not return
 
 
 if __name__ == "__main__":
