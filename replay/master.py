@@ -39,8 +39,7 @@ class Master:
         self.rows = self.window.rows()
         self.exhausted = self.stopping = False
         self.counter = 0
-        self.done: set[int] = set()
-        self.lost: set[int] = set()
+        self.done, self.lost = set(), set()   # worker indices: finished, gone missing
         self.finished = Event()
         self.t0 = 0.0
         self.worker_cpu_s = 0.0   # reported by the workers that finished: their CPU over the run
@@ -69,7 +68,9 @@ class Master:
                 if row[plan.SESSION] is None:
                     self.counter += 1
                 if w in self.lost:
-                    self._unsent(row, w, "not_sent")
+                    label = row[plan.MODEL]
+                    self.out.recorder.add(unsent(row, self.c.target_model(label), w, "not_sent", f"worker {w} lost",
+                                                 self.c.target_of(label)))
                 else:
                     self.queues[w].append(row)
 
@@ -77,8 +78,7 @@ class Master:
         self._fill(k)
         q = self.queues[k]
         rows = [] if self.stopping else [q.popleft() for _ in range(min(CHUNK, len(q)))]
-        for r in rows:
-            self.outstanding[k][r[plan.RID]] = r
+        self.outstanding[k].update((r[plan.RID], r) for r in rows)
         end = self.stopping or (self.exhausted and not q)
         self.runner.send_message("replay_rows", {"rows": rows, "end": end}, client_id=self.ids[k])
 
@@ -130,11 +130,6 @@ class Master:
         self.queues[k].clear()
         self.stats[k] = [self.stats[k][0], 0]
         self._check_finished()
-
-    def _unsent(self, row: tuple, k: int, status: str) -> None:
-        err = f"worker {k} lost" if k in self.lost else None
-        label = row[plan.MODEL]
-        self.out.recorder.add(unsent(row, self.c.target_model(label), k, status, err, self.c.target_of(label)))
 
     def _unsent_rows(self, rows: list[tuple], k: int, status: str) -> None:
         if rows:
