@@ -26,7 +26,7 @@ from socket import MSG_PEEK
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
-from .pool import RECV_SIZE, TLS_WANT, Conn, ConnectionPool, Deadline, send_all
+from .pool import RECV_SIZE, TLS_WANT, Conn, ConnectionPool, Deadline, failure, send_all
 from .sse import COMPLETE, ProtocolError, ResponseParser
 
 __all__ = ["ConnectionPool", "StreamResult", "stream_post"]
@@ -77,7 +77,7 @@ class _Stream:
         self.timer = get_hub().loop.timer(max(timeout, 0.0))
 
     def wait(self) -> tuple[str, str | None]:
-        self.timer.start(self._on_deadline)
+        self.timer.start(self._end, "timeout", "no complete response before the deadline")
         self.conn.io.start(self._on_readable_tls if self.conn.tls else self._on_readable)
         try:
             return self.waiter.get()
@@ -94,9 +94,6 @@ class _Stream:
             self.outcome = (status, error)
             self.stop()
             self.waiter.switch(self.outcome)
-
-    def _on_deadline(self) -> None:
-        self._end("timeout", "no complete response before the deadline")
 
     def _on_readable(self) -> None:
         # The hot path: one recv, stamp, parse. Runs in the hub, so it must never raise.
@@ -123,24 +120,18 @@ class _Stream:
         where the kernel kept the segments apart (it merges a segment into the previous one once
         the sender has let go of that one: then they share the later stamp whatever the reads)."""
         try:
-            queued = self.recv(RECV_SIZE, MSG_PEEK)
+            queued, pos = self.recv(RECV_SIZE, MSG_PEEK), 0
+            while True:
+                n = self.parser.unit(queued, pos)
+                data, anc, _, _ = self.recvmsg(n or RECV_SIZE, 64)
+                self._got(data, anc, t)   # never raises (a parser failure ends the stream)
+                pos += len(data)
+                if not n or pos >= len(queued) or self.outcome is not None:
+                    return
         except BlockingIOError:
             return
         except OSError as e:
             return self._end("connection_error", f"recv: {e.strerror or e}")
-        pos = 0
-        while True:
-            n = self.parser.unit(queued, pos)
-            try:
-                data, anc, _, _ = self.recvmsg(n or RECV_SIZE, 64)
-            except BlockingIOError:
-                return
-            except OSError as e:
-                return self._end("connection_error", f"recv: {e.strerror or e}")
-            self._got(data, anc, t)
-            pos += len(data)
-            if not n or pos >= len(queued) or self.outcome is not None:
-                return
 
     def _got(self, data: bytes, anc: list | None, t: float) -> None:
         if anc:   # the kernel's receive time of the last byte read; never later than now
@@ -183,7 +174,7 @@ class _Stream:
         except ssl.SSLZeroReturnError:
             self._data(b"", t)
         except ssl.SSLError as e:
-            self._end("connection_error", f"TLS: {e.reason or e}")
+            self._end(*failure(e))
 
     def _data(self, data: bytes, t: float) -> None:
         p = self.parser
@@ -197,8 +188,7 @@ class _Stream:
             elif not self.got_bytes:
                 self._end("connection_error", "connection closed before any response byte")
             else:
-                self._end("connection_error", f"connection closed mid-response after "
-                                              f"{len(p.token_times)} token chunks")
+                self._end("connection_error", f"connection closed mid-response after {len(p.token_times)} token chunks")
         except Exception as e:
             self._fail(e, data)
 
@@ -242,12 +232,8 @@ def stream_post(pool: ConnectionPool, path: str, body: bytes, *, timeout: float,
         _fill(res, parser, status, error)
         pool.release(conn, status == "complete" and parser.state == COMPLETE and parser.keep_alive)
         conn = None
-    except Deadline as e:
-        res.status, res.error = e.args
-    except ssl.SSLError as e:     # before OSError, its base class
-        res.status, res.error = "connection_error", f"TLS: {e.reason or e}"[:200]
-    except OSError as e:
-        res.status, res.error = "connection_error", f"{e.strerror or e}"[:200]
+    except (Deadline, OSError) as e:
+        res.status, res.error = failure(e)
     except GreenletExit:
         res.status, res.error = "cancelled", "cancelled while in flight"
         if stream is not None:
@@ -271,8 +257,7 @@ def _fill(res: StreamResult, p: ResponseParser, status: str, error: str | None) 
     tt = p.token_times
     res.http_status = p.http_status
     res.token_times = tt
-    res.first_token = tt[0] if tt else None
-    res.last_token = tt[-1] if tt else None
+    res.first_token, res.last_token = (tt[0], tt[-1]) if tt else (None, None)
     res.reasoning_chunks = len(tt) if p.answer_at is None else p.answer_at
     res.first_answer = None if p.answer_at is None else tt[p.answer_at]
     res.chunk_tokens = p.chunk_token_counts()

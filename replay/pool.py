@@ -33,6 +33,15 @@ class Deadline(Exception):
     """A time limit passed before the response phase; args: (status, message)."""
 
 
+def failure(e: Exception) -> tuple[str, str]:
+    """(status, message) of a connect or send that failed: a `Deadline`'s own, else connection_error."""
+    if isinstance(e, Deadline):
+        return e.args
+    if isinstance(e, ssl.SSLError):   # before OSError, its base class
+        return "connection_error", f"TLS: {e.reason or e}"[:200]
+    return "connection_error", f"{e.strerror or e}"[:200]
+
+
 class Conn:
     """One TCP (optionally TLS) connection and its reusable read watcher."""
 
@@ -108,7 +117,14 @@ class ConnectionPool:
         self.alarm = NO_ALARM
         self._idle: list[Conn] = []
         self._slots = Semaphore(max_connections)
-        self._addrs = self._resolve()
+        # The origin's addresses (e.g. localhost: ::1 then 127.0.0.1), resolved once, up front, by
+        # the C resolver. gevent's patched `getaddrinfo` would start its thread pool, whose idle
+        # threads later wake and exit mid-run: each takes the GIL and the CPU from the hub for
+        # milliseconds (5-10 ms dispatch-lag spikes). None when resolution fails here.
+        try:
+            self._addrs: list | None = self._addresses(_socket.getaddrinfo)
+        except OSError:
+            self._addrs = None
         _grow_fd_table(max_connections + 64)
         self.opened = 0   # connections opened so far (tests and benchmarks look at reuse)
 
@@ -158,27 +174,13 @@ class ConnectionPool:
                 try:
                     conn = self._connect(self.connect_timeout if deadline is None
                                          else min(self.connect_timeout, deadline - now))
-                except Deadline as e:
-                    errors.append(e.args[1])
-                except ssl.SSLError as e:    # before OSError, its base class
-                    errors.append(f"TLS: {e.reason or e}")
-                except OSError as e:
-                    errors.append(f"{e.strerror or e}")
+                except (Deadline, OSError) as e:
+                    errors.append(failure(e)[1])
                 else:
                     self._idle.append(conn)
                     opened[0] += 1
         gevent.joinall([gevent.spawn(work) for _ in range(max(0, min(n, concurrency)))])
         return opened[0], (errors[0] if errors else None)
-
-    def _resolve(self) -> list | None:
-        """The origin's addresses (e.g. localhost: ::1 then 127.0.0.1), resolved once, up front, by
-        the C resolver. gevent's patched `getaddrinfo` would start its thread pool, whose idle
-        threads later wake and exit mid-run: each takes the GIL and the CPU from the hub for
-        milliseconds (5-10 ms dispatch-lag spikes). None when resolution fails here."""
-        try:
-            return self._addresses(_socket.getaddrinfo)
-        except OSError:
-            return None
 
     def _addresses(self, getaddrinfo) -> list:
         return [(ai[0], ai[4]) for ai in getaddrinfo(self.host, self.port, 0, socket.SOCK_STREAM)]
@@ -209,8 +211,7 @@ class ConnectionPool:
                 sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             err = sock.connect_ex(addr)
             if err in (errno.EINPROGRESS, errno.EWOULDBLOCK):
-                wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                           timeout_exc=Deadline("connection_error", "connect timeout"))
+                _wait(wait_write, sock, deadline, "connection_error", "connect timeout")
                 err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if err:
                 raise OSError(err, os.strerror(err))
@@ -229,8 +230,7 @@ class ConnectionPool:
                 break
             except TLS_WANT:
                 send_all(sock, tls_out.read(), deadline)
-                wait_read(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                          timeout_exc=Deadline("connection_error", "TLS handshake timeout"))
+                _wait(wait_read, sock, deadline, "connection_error", "TLS handshake timeout")
                 data = sock.recv(RECV_SIZE)
                 if not data:
                     raise ConnectionResetError(errno.ECONNRESET, "closed during TLS handshake")
@@ -266,6 +266,12 @@ def _grow_fd_table(n: int) -> None:
         os.close(fd)
 
 
+def _wait(wait, sock: _socket.socket, deadline: float, status: str, what: str) -> None:
+    """`wait` (gevent's wait_read or wait_write, this greenlet only) for `sock` until `deadline`,
+    past which it raises Deadline(status, what)."""
+    wait(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0), timeout_exc=Deadline(status, what))
+
+
 def send_all(sock: _socket.socket, data: bytes, deadline: float) -> float:
     """Write all of `data` on a non-blocking socket, waiting (greenlet only) when the buffer is full.
     Returns perf_counter taken just *before* the send() that wrote the last byte: a stamp taken
@@ -277,8 +283,7 @@ def send_all(sock: _socket.socket, data: bytes, deadline: float) -> float:
             t = perf_counter()
             sent += sock.send(view[sent:])
         except BlockingIOError:
-            wait_write(sock.fileno(), timeout=max(deadline - perf_counter(), 0.0),
-                       timeout_exc=Deadline("timeout", "send timeout"))
+            _wait(wait_write, sock, deadline, "timeout", "send timeout")
         except OSError as e:
             e.sent = sent
             raise
