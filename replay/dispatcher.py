@@ -78,8 +78,7 @@ class Job:
         self.stop_reason: str | None = None   # the not_sent rows' error after a stop that gave a reason
         self.breath = 0.0              # perf_counter when _breathe yields next
         self.finished = Event()
-        self.sent = self.done = self.errors = self.tokens = 0
-        self.lags: deque = deque(maxlen=4096)
+        self.sent = self.errors = 0
         self.run_id = config.run_id if config.otlp else None   # --otlp: a traceparent per request
 
     def pool_for(self, label: str | None) -> ConnectionPool:
@@ -177,18 +176,16 @@ class Job:
         """Act on a graph release: queue a dependant for its due time, or record it failed."""
         if rel is None:
             return
+        row = rel[1]
         if rel[0] == "fail":
-            row = rel[1]
             self._unsent(row, "dependency_failed", rel[2])
-            self.done += 1
             self.errors += 1
             for nxt in self.graph.completed(row, "dependency_failed", time.perf_counter() - self.t0,
                                             None, None, None, None):
                 self._released(nxt)
         elif self.stopping:
-            self._unsent(rel[1])
+            self._unsent(row)
         else:
-            row = rel[1]
             due = self.t0 + row[plan.SCHED]
             heapq.heappush(self.ready, (due, next(self.seq), (row, self._prepare(row))))
             self.poke.set()
@@ -286,32 +283,25 @@ class Job:
             res = stream_post(pool, path, body, timeout=self.c.timeout_s, keep_text=keep, extra=extra)
         except GreenletExit:
             res = StreamResult(status="cancelled", error="cancelled while in flight")
-        self._finish(row, model, pool.target, api, chars, text, res, trace_id)
-
-    def _finish(self, row, model, target, api, chars, text, res: StreamResult, trace_id: str | None = None) -> None:
         if res.status == "cancelled" and res.sent is None:
             self._unsent(row, "cancelled")  # killed before the bytes left: cancelled, never sent
         else:
-            self.rec.add(record(row, model, self.worker, self.t0, res, target, trace_id))
-        self.done += 1
+            self.rec.add(record(row, model, self.worker, self.t0, res, pool.target, trace_id))
         ok = res.status == "ok"
         if not ok:
             self.errors += 1
-        if res.sent is not None:
-            self.lags.append(res.sent - self.t0 - row[plan.SCHED])
-        self.tokens += res.completion_tokens or len(res.token_times or ())
         if ok and not row[plan.IMAGES]:     # image tokens are not text: no drift to learn from them
-            self.prompts.observe(api, chars, res.prompt_tokens, target)
+            self.prompts.observe(api, chars, res.prompt_tokens, pool.target)
         self._fire(row, res)
         if self.sessions is not None and row[plan.SESSION] is not None:
             nxt = self.sessions.completed(row, text, res.text, ok, res.prompt_tokens,
                                           res.completion_tokens, time.perf_counter() - self.t0)
             if nxt is not None:
-                nrow, due = nxt
+                nrow, ndue = nxt
                 if self.stopping:
                     self._unsent(nrow)
                 else:
-                    self.group.spawn(self._send, nrow, self._prepare(nrow), due)
+                    self.group.spawn(self._send, nrow, self._prepare(nrow), ndue)
         if self.graph is not None and (row[plan.NDEP] or row[plan.DEPS]):   # (drops its own state too)
             end = (res.end if res.end is not None else time.perf_counter()) - self.t0
             for rel in self.graph.completed(row, res.status, end, text, res.text, res.prompt_tokens,
@@ -383,8 +373,6 @@ class Dispatcher(FastHttpUser):
     @task
     def replay(self) -> None:
         ctx = getattr(self.environment, "replay", None)
-        if ctx is None or not ctx.claim():
-            gevent.sleep(3600)  # a second user on this process: nothing to do
-            return
-        ctx.run_job()
+        if ctx is not None and ctx.claim():   # else a second user on this process: nothing to do
+            ctx.run_job()
         gevent.sleep(3600)  # the process's runner quits when the job is done
