@@ -149,10 +149,9 @@ class Recorder:
         self.buf.append(rec)
         self.count += 1
 
-    def flush(self, n: int | None = None, max_rows: int | None = None, pause=None) -> None:
-        """The oldest `n` buffered records (all when None), as batches of at most `max_rows`,
-        calling `pause()` between batches (the runner yields to the hub there)."""
-        self.flush_to(self.count if n is None else self.flushed + n, max_rows, pause)
+    def flush(self, n: int | None = None, max_rows: int | None = None) -> None:
+        """The oldest `n` buffered records (all when None), as batches of at most `max_rows`."""
+        self.flush_to(self.count if n is None else self.flushed + n, max_rows)
 
     def flush_to(self, upto: int, max_rows: int | None = None, pause=None) -> None:
         """Every record up to the `upto`-th added that is still buffered."""
@@ -228,8 +227,7 @@ def finalize(stream: str | Path, out: str | Path, schema: pa.Schema = RECORD_SCH
             w.write_table(pa.Table.from_batches(pending, schema))
             n += size
     os.replace(tmp, out)
-    if stream.exists():
-        stream.unlink()
+    stream.unlink(missing_ok=True)
     return n
 
 
