@@ -19,6 +19,7 @@ import ctypes
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 from gevent.event import Event
 from gevent.hub import Waiter, get_hub
@@ -47,12 +48,7 @@ def _timerfd():
     return (libc, fd) if fd >= 0 else None
 
 
-class _NoAlarm:
-    """What a connection pool checks when no dispatcher shares its hub: never due."""
-    due = NEVER
-
-
-NO_ALARM = _NoAlarm()
+NO_ALARM = SimpleNamespace(due=NEVER)   # what a connection pool checks when no dispatcher shares its hub
 
 
 class Alarm:
