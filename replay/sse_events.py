@@ -66,13 +66,11 @@ def token_kind(payload: bytes) -> tuple[int, list | None]:
     no JSON parse (`token_fields`), no usage object, balanced braces (a truncated event fails this
     and gets parsed); else 0 (parse it). With the event's token fields."""
     fields = token_fields(payload)
-    if not fields:
+    if not fields or any(k != fields[0][0] for k, _ in fields) or payload[-1:] != b"}" \
+            or payload.find(b'"usage":{') >= 0 or payload.find(b'"usage": {') >= 0 \
+            or payload.count(b"{") != payload.count(b"}"):
         return 0, fields
-    kind = fields[0][0]
-    if any(k != kind for k, _ in fields) or payload[-1:] != b"}" or payload.find(b'"usage":{') >= 0 \
-            or payload.find(b'"usage": {') >= 0 or payload.count(b"{") != payload.count(b"}"):
-        return 0, fields
-    return kind, fields
+    return fields[0][0], fields
 
 
 def event_tokens(obj: dict) -> tuple[str, int]:
@@ -83,18 +81,17 @@ def event_tokens(obj: dict) -> tuple[str, int]:
     for ch in _expect(obj.get("choices"), list, "choices", "an array"):
         ch = _expect(ch, dict, "choices[]", "an object")
         piece = ch.get("text")
-        delta = _expect(ch.get("delta"), dict, "delta", "an object")
-        if delta:
-            if piece is None:
-                piece = delta.get("content")
-            if _nonempty(delta.get("reasoning_content")) or _nonempty(delta.get("reasoning")):
-                kind |= REASONING
-            if _nonempty(delta.get("refusal")):
+        delta = _expect(ch.get("delta"), dict, "delta", "an object")   # {} when absent (completions)
+        if piece is None:
+            piece = delta.get("content")
+        if _nonempty(delta.get("reasoning_content")) or _nonempty(delta.get("reasoning")):
+            kind |= REASONING
+        if _nonempty(delta.get("refusal")):
+            kind |= ANSWER
+        for call in _expect(delta.get("tool_calls"), list, "delta.tool_calls", "an array"):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict) and (_nonempty(fn.get("name")) or _nonempty(fn.get("arguments"))):
                 kind |= ANSWER
-            for call in _expect(delta.get("tool_calls"), list, "delta.tool_calls", "an array"):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if isinstance(fn, dict) and (_nonempty(fn.get("name")) or _nonempty(fn.get("arguments"))):
-                    kind |= ANSWER
         if _nonempty(piece):
             out.append(piece)
             kind |= ANSWER
