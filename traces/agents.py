@@ -177,5 +177,4 @@ def client_rows(spec: Spec, c: Client, ci: int, streams: list) -> dict[str, np.n
         t *= f
         delay *= f
     rows.update(arrival_order(t, T, spec.timestamp_quantum_s, keep))
-    rows.pop("keep", None)
-    return {key: v for key, v in rows.items() if v is not None}
+    return {key: v for key, v in rows.items() if v is not None and key != "keep"}
