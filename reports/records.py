@@ -199,14 +199,10 @@ def load_run(path_or_run_dir: str | Path, columns=None) -> Run:
             config = json.loads((run_dir / "run.json").read_text())
         except (OSError, ValueError) as e:
             raise ReportError(f"cannot read run config: {e}", file=run_dir / "run.json") from None
-    if run_dir is not None and (run_dir / "server_metrics.parquet").exists():
-        metrics = _load_server_metrics(run_dir / "server_metrics.parquet")
+    if run_dir is not None and (sm := run_dir / "server_metrics.parquet").exists():
+        try:
+            table = pq.read_table(sm)
+        except (pa.ArrowException, OSError) as e:
+            raise ReportError(f"cannot read server metrics: {e}", file=sm) from None
+        metrics = _conform(table, SERVER_METRICS_SCHEMA, sm)
     return Run(run_dir, rec_path, records, config, metrics)
-
-
-def _load_server_metrics(path: Path) -> pa.Table:
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as e:
-        raise ReportError(f"cannot read server metrics: {e}", file=path) from None
-    return _conform(table, SERVER_METRICS_SCHEMA, path)
