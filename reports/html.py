@@ -112,13 +112,6 @@ def short_warning(w: str, limit: int = 200) -> str:
     return head + " …"
 
 
-def _series_x(ts: dict) -> tuple[list[float], tuple[float, float]]:
-    """Each window's value is drawn at its middle; the axis spans the run."""
-    widths = ts.get("width_s") or [ts["window_s"]] * len(ts["t_s"])
-    mid = [t + w / 2 for t, w in zip(ts["t_s"], widths)]
-    return mid, (0.0, ts["t_s"][-1] + widths[-1])
-
-
 def _charts(s: dict, plots: dict) -> list[str]:
     ts, out = s.get("timeseries") or {}, []
     for metric, name in (("ttft_ms", "TTFT"), ("ttfa_ms", "TTFA"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
@@ -127,7 +120,9 @@ def _charts(s: dict, plots: dict) -> list[str]:
             out.append(chart([{"label": m, "x": xs, "y": ys} for m, (xs, ys) in curves.items()],
                              title=f"{name} CDF per model", xlabel=f"{name} (ms)", ylabel="fraction of requests"))
     if ts.get("t_s"):
-        t, xlim = _series_x(ts)
+        # Each window's value is drawn at its middle; the axis spans the run.
+        widths = ts.get("width_s") or [ts["window_s"]] * len(ts["t_s"])
+        t, xlim = [a + w / 2 for a, w in zip(ts["t_s"], widths)], (0.0, ts["t_s"][-1] + widths[-1])
         win = s.get("window") or {}
         band = None if win.get("start_s") is None else (win["start_s"] - ts["t0_s"], win["end_s"] - ts["t0_s"])
         common = {"xlabel": f"time (s), {fmt(ts['window_s'])} s windows", "band": band, "xlim": xlim}
@@ -171,8 +166,7 @@ def _charts(s: dict, plots: dict) -> list[str]:
     return out
 
 
-def render_report(summary: dict, plots: dict) -> str:
-    s = summary
+def render_report(s: dict, plots: dict) -> str:
     lat_rows = [lat_row(k, s["latency"][k]) for k in latency_names(s) if s["latency"][k]["n"]]
     cfg = s["run"]["config"]
     started = next((cfg[k] for k in ("t0_wall", "started_wall") if cfg and _is_wall(k, cfg.get(k))), None)
