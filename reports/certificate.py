@@ -111,8 +111,7 @@ def _client_top(cpu: pa.Table | None, t0: float, t1: float) -> tuple[np.ndarray,
     """(time_s, client_max_cores) of the CPU samples from the first schedule to the last send."""
     if cpu is None or not cpu.num_rows or "client_max_cores" not in cpu.column_names:
         return None
-    t = cpu.column("time_s").to_numpy().astype(np.float64)
-    c = cpu.column("client_max_cores").to_numpy().astype(np.float64)
+    t, c = (cpu.column(k).to_numpy().astype(np.float64) for k in ("time_s", "client_max_cores"))
     sel = (t >= t0) & (t <= t1 + 0.1)
     return (t[sel], c[sel]) if sel.any() else None
 
