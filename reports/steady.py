@@ -69,8 +69,8 @@ def _changes(y: np.ndarray) -> list[int]:
         return []
     y = np.where(ok, y, np.nanmedian(y))
     d = np.diff(y)
-    sigma = 1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2)
-    sigma = max(sigma, 0.02)      # a flat series (a stub server): shifts under MIN_SHIFT merge anyway
+    # At least 0.02: a flat series (a stub server) has sigma 0, and shifts under MIN_SHIFT merge anyway.
+    sigma = max(1.4826 * float(np.median(np.abs(d - np.median(d)))) / np.sqrt(2), 0.02)
     return _merge(y, partition(y, 5 * sigma ** 2 * np.log(len(y))))
 
 
