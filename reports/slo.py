@@ -179,27 +179,24 @@ def _read(path: Path) -> object:
     if len(text) > MAX_SPEC_BYTES:
         raise SloSpecError(f"{len(text):,} characters: an SLO spec is a few lines (at most {MAX_SPEC_BYTES:,})",
                            file=path)
-    if path.suffix == ".toml":
-        import tomllib
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise SloSpecError(f"invalid TOML: {e}", file=path) from None
-        except RecursionError:
-            raise SloSpecError("invalid TOML: nested too deeply", file=path) from None
-        tool = data.get("tool", {}).get("replay", {})
-        if "slo" in tool:
-            return tool["slo"]
-        if path.name == "pyproject.toml":
-            raise SloSpecError("no [tool.replay.slo] table", file=path)
-        return data
+    import tomllib
     import yaml
+    toml = path.suffix == ".toml"
+    kind = "TOML" if toml else "YAML"
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SloSpecError(f"invalid YAML: {e}", file=path) from None
+        data = tomllib.loads(text) if toml else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise SloSpecError(f"invalid {kind}: {e}", file=path) from None
     except RecursionError:   # PyYAML's composer recurses once per nesting level
-        raise SloSpecError("invalid YAML: nested too deeply", file=path) from None
+        raise SloSpecError(f"invalid {kind}: nested too deeply", file=path) from None
+    if not toml:
+        return data
+    tool = data.get("tool", {}).get("replay", {})
+    if "slo" in tool:
+        return tool["slo"]
+    if path.name == "pyproject.toml":
+        raise SloSpecError("no [tool.replay.slo] table", file=path)
+    return data
 
 
 def load_slo(path_or_dict: str | Path | dict | SloSpec) -> SloSpec:
