@@ -7,6 +7,9 @@ import json
 import math
 import re
 import sys
+from pathlib import Path
+
+from .errors import ReportError
 
 NO_RUN = "no such file or run directory"
 
@@ -38,17 +41,13 @@ def _show(result, as_json: bool) -> int:
 def _report_suffix(args) -> str:
     """The output-name suffix of a report whose options change the run's own summary, e.g.
     `warmup-30s.slo-prod` (summary.warmup-30s.slo-prod.json); '' when no option does."""
-    from pathlib import Path
-    parts = [(name, value) for name, value in (
-        ("warmup", args.warmup), ("cooldown", args.cooldown), ("steady-state", args.steady_state),
-        ("slo", args.slo and Path(args.slo).stem), ("confidence", args.confidence), ("window", args.window_s))
-        if value is not None]
+    parts = (("warmup", args.warmup), ("cooldown", args.cooldown), ("steady-state", args.steady_state),
+             ("slo", args.slo and Path(args.slo).stem), ("confidence", args.confidence), ("window", args.window_s))
     return ".".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}-{value:g}" if isinstance(value, float)
-                           else f"{name}-{value}") for name, value in parts)
+                           else f"{name}-{value}") for name, value in parts if value is not None)
 
 
 def cmd_report(args) -> int:
-    from pathlib import Path
     from . import format_summary, summarize_run
     suffix = "" if args.force or args.no_write else _report_suffix(args)
     out = Path(args.run) if Path(args.run).is_dir() else Path(args.run).parent
@@ -83,7 +82,6 @@ def cmd_gate(args) -> int:
 
 def _amount(text: str, option: str, unit: str) -> float:
     """'5%' or '5' -> 0.05 (unit '%'); '0.5pt' or '0.5' -> 0.005 (unit 'pt'): a margin >= 0."""
-    from .errors import ReportError
     try:
         value = float(text.strip().removesuffix(unit))
     except ValueError:
@@ -96,7 +94,6 @@ def _amount(text: str, option: str, unit: str) -> float:
 def cmd_compare(args) -> int:
     if args.not_worse_by is not None:
         return _non_inferiority(args)
-    from .errors import ReportError
     stray = [o for o, v in (("--metrics", args.metrics), ("--error-margin", args.error_margin),
                             ("--confidence", args.confidence)) if v is not None]
     if stray:
@@ -111,7 +108,6 @@ def cmd_compare(args) -> int:
 
 def _non_inferiority(args) -> int:
     from .compare import NI_METRICS, non_inferiority_runs
-    from .errors import ReportError
     from .slo import check_confidence, load_slo
     for option, value in (("--fail-on-regression", args.fail_on_regression), ("--html", args.html)):
         if value is not None:
