@@ -25,16 +25,15 @@ def fmt(v: object, digits: int = 4) -> str:
         if abs(v) >= 10 ** digits:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
-    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
-        if all(math.isfinite(x) for x in v) or not any(math.isfinite(x) for x in v):
-            return fmt_ci(*v)
-    if isinstance(v, (list, tuple)) and len(v) == 2 and any(isinstance(x, (int, float)) for x in v):
+    if not (isinstance(v, (list, tuple)) and len(v) == 2):
+        return str(v)
+    lo, hi = (x if isinstance(x, (int, float)) and math.isfinite(x) else None for x in v)
+    if all(isinstance(x, (int, float)) for x in v) and (lo is None) == (hi is None):
+        return fmt_ci(*v)       # both ends finite, or neither
+    if any(isinstance(x, (int, float)) for x in v):
         # a gate's one-sided bounds: too few samples for one side (inf, or null in summary.json)
-        lo, hi = (x if isinstance(x, (int, float)) and math.isfinite(x) else None for x in v)
         return f"[{'-∞' if lo is None else fmt(lo, digits)}, {'∞' if hi is None else fmt(hi, digits)}]"
-    if isinstance(v, (list, tuple)) and len(v) == 2:
-        return f"[{fmt(v[0], digits)}, {fmt(v[1], digits)}]"
-    return str(v)
+    return f"[{fmt(v[0], digits)}, {fmt(v[1], digits)}]"
 
 
 def fmt_ci(lo: float | None, hi: float | None) -> str:
@@ -115,7 +114,7 @@ def _latency_rows(s: dict) -> list[list[object]]:
         d = s["latency"].get(name)
         if not (d and d["n"]):
             continue
-        twin = next((r for r in rows if r[0] == name.replace("itl", "icl", 1)), None) if name.startswith("itl") else None
+        twin = next((r for r in rows if r[0] == name.replace("itl", "icl", 1)), None)   # itl's twin: icl
         if twin is not None and twin[1:9] == lat_row(name, d)[1:9]:
             twin[0] = f"{twin[0]} = {name}"
         else:
@@ -236,16 +235,13 @@ def summary_markdown(summary: dict) -> str:
     return "\n".join(out)
 
 
-def headline(summary: dict) -> dict[str, float | int | None]:
-    """The key numbers of a run as a flat dict (pytest plugin metrics, JUnit properties)."""
-    s = summary
+def headline(s: dict) -> dict[str, float | int | None]:
+    """The key numbers of a run (summary.json) as a flat dict (pytest plugin metrics, JUnit properties)."""
     out: dict[str, float | int | None] = {
         "requests": s["counts"]["measured"], "ok": s["counts"]["ok"], "failed": s["counts"]["failed"],
         "requests_per_s": s["throughput"]["requests_per_s"],
-        "output_tokens_per_s": s["throughput"]["output_tokens_per_s"],
-        "attainment": s["goodput"]["attainment"], "goodput_rps": s["goodput"]["goodput_rps"],
-        "lag_ms_p99": s["dispatch_lag"].get("p99"),
-    }
+        "output_tokens_per_s": s["throughput"]["output_tokens_per_s"], "attainment": s["goodput"]["attainment"],
+        "goodput_rps": s["goodput"]["goodput_rps"], "lag_ms_p99": s["dispatch_lag"].get("p99")}
     out |= {f"{m}_{q}": (s["latency"].get(m) or {}).get(q) for m in ("ttft_ms", "ttfa_ms", "tpot_ms", "e2e_ms")
             for q in ("p50", "p99")}
     if _has_reasoning(s):
