@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import math
+from itertools import groupby
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 DASHES = ("", "7,3", "2,2", "9,3,2,3", "4,4", "1,3")
@@ -38,9 +39,9 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 
 def _label(v: float) -> str:
-    if abs(v) < 1e-12:
-        return "0"
     a = abs(v)
+    if a < 1e-12:
+        return "0"
     if a >= 1e6 or a < 1e-3:
         return f"{v:.1e}"
     return f"{v:,.0f}" if a >= 100 else f"{v:.3g}"
@@ -161,11 +162,9 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     out += [f'<text x="{L + pw + 5}" y="{sy(t, 2) + 4:.1f}" font-size="10">{_label(t)}</text>'
             for t in (_ticks(*ranges[2]) if s2 else [])]
     xticks = [float(t) for t in range(math.ceil(x0), math.floor(x1) + 1)] if logx else _ticks(x0, x1, 6)
-    for t in xticks:
-        x = sx(t)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{T + ph}" y2="{T + ph + 4}" stroke="#555"/>'
-                   f'<text x="{x:.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">'
-                   f'{_label(10 ** t if logx else t)}</text>')
+    out += [f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{T + ph}" y2="{T + ph + 4}" stroke="#555"/>'
+            f'<text x="{sx(t):.1f}" y="{T + ph + 16}" font-size="10" text-anchor="middle">'
+            f'{_label(10 ** t if logx else t)}</text>' for t in xticks]
     out += _frame(pw, ph, xlabel, ylabel)
     if y2label and s2:
         out.append(f'<text x="{W - 10}" y="{T + ph / 2}" font-size="11" text-anchor="middle" '
@@ -173,21 +172,15 @@ def chart(series: list[dict], *, title: str, xlabel: str, ylabel: str, y2label: 
     for rank, i in enumerate(order):
         s, st = series[i], styles[i]
         axis, label = s.get("axis", 1), html.escape(str(s["label"]))
-        pts = [(x, y) for x, y in zip(s["x"], s["y"])]
+        pts = list(zip(s["x"], s["y"]))
         if kind == "scatter":
             r = 2.6 if len(pts) < 500 else 1.8          # a few dots can be bigger than a cloud
             out.append(f'<g class="series" data-label="{label}" fill="{st["color"]}" fill-opacity="0.5">' + "".join(
                 f'<circle cx="{sx(x):.1f}" cy="{sy(y, axis):.1f}" r="{r}"/>' for x, y in pts if inside(x, y))
                 + "</g>")
             continue
-        segs, cur = [], []                     # runs of consecutive drawable points
-        for x, y in pts:
-            if inside(x, y):
-                cur.append((sx(x), sy(y, axis)))
-            elif cur:
-                segs.append(cur)
-                cur = []
-        segs += [cur] if cur else []
+        segs = [[(sx(x), sy(y, axis)) for x, y in run]      # runs of consecutive drawable points
+                for drawable, run in groupby(pts, key=lambda p: inside(*p)) if drawable]
         d = " ".join("M" + " L".join(f"{x:.1f},{y:.1f}" for x, y in seg) for seg in segs if len(seg) > 1)
         dash = f' stroke-dasharray="{st["dash"]}"' if st["dash"] else ""
         width = WIDTHS[min(rank, len(WIDTHS) - 1)]
