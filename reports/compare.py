@@ -69,8 +69,7 @@ class CompareResult:
                                              and abs(r.delta_pct) > limit for r in self.rows))
 
     def _rows(self) -> list[list[object]]:
-        return [[r.metric, r.base, r.cand, r.delta, r.delta_pct, r.ci_pct, r.p_value, r.verdict]
-                for r in self.rows]
+        return [[r.metric, r.base, r.cand, r.delta, r.delta_pct, r.ci_pct, r.p_value, r.verdict] for r in self.rows]
 
     def table(self) -> str:
         gate = (f"; fail on regression > {self.fail_on_regression_pct:g}%: exit {self.exit_code}"
@@ -162,12 +161,11 @@ def compare_analyses(base: Analysis, cand: Analysis, *, fail_on_regression_pct: 
     changed = {r.verdict for r in rows}
     verdict = _verdict(not changed & {"regressed", "improved"}, "regressed" in changed)
     from .servertime import grown
-    worst = {}     # per latency, the regressed row that grew most: one sentence each
-    for r in rows:
-        m = r.metric.split(".")[0]
-        if r.verdict == "regressed" and m in ("ttft_ms", "e2e_ms") and r.delta_pct is not None:
-            worst[m] = max(worst.get(m, r), r, key=lambda x: x.delta_pct)
-    notes = [grown(base, cand, *r.metric.split(".")) for r in worst.values()]
+    regressed = [r for r in rows if r.verdict == "regressed" and r.delta_pct is not None]
+    notes = []     # per latency, the regressed row that grew most: one sentence each
+    for m in ("ttft_ms", "e2e_ms"):
+        grew = [r for r in regressed if r.metric.startswith(m + ".")]
+        notes += [grown(base, cand, *max(grew, key=lambda r: r.delta_pct).metric.split("."))] if grew else []
     if (base.server is None) != (cand.server is None):
         notes.append("server-side parts need server spans in both runs (replay run --otlp)")
     return CompareResult(rows, verdict, fail_on_regression_pct, sb["ok"], sc["ok"], [n for n in notes if n])
