@@ -34,8 +34,7 @@ def _draw_order_stats(n: int, q: float, n_boot: int, rng: np.random.Generator):
     a = lo + 1                                   # 1-based rank of the lower order statistic
     u1 = rng.beta(a, n - a + 1, size=n_boot)
     u2 = u1 + (1.0 - u1) * rng.beta(1, n - a, size=n_boot) if (frac > 0 and a < n) else u1
-    j1 = np.minimum((u1 * n).astype(np.int64), n - 1)
-    j2 = np.minimum((u2 * n).astype(np.int64), n - 1)
+    j1, j2 = (np.minimum((u * n).astype(np.int64), n - 1) for u in (u1, u2))
     return j1, j2, frac
 
 
@@ -92,9 +91,7 @@ def describe(values: np.ndarray, *, ci: tuple[str, ...] = CI_DEFAULT, seed: int 
     xs = xs[:n]
     out: dict = {"n": n}
     if n == 0:
-        out.update({k: None for k in STATS})
-        out["ci"], out["warnings"], out["thin"] = {}, [], []
-        return out
+        return out | dict.fromkeys(STATS) | {"ci": {}, "warnings": [], "thin": []}
     out["mean"] = float(np.sum(xs, dtype=np.float64)) / n
     out.update({k: float(v) for k, v in zip(PERCENTILES, sorted_quantiles(xs, list(PERCENTILES.values())))})
     out["max"] = float(xs[-1])
