@@ -86,10 +86,8 @@ def good_requests(rm: RequestMetrics, slo: SloSpec | None) -> np.ndarray:
         for name, cls in slo.classes.items():
             if name in labels and cls.per_request:
                 rows = codes == labels.index(name)
-                for key, value in cls.per_request.items():
-                    if np.ndim(thr[key]) == 0:        # per-row thresholds only where overridden
-                        thr[key] = np.full(rm.n, thr[key])
-                    thr[key][rows] = value
+                for key, value in cls.per_request.items():   # per-row thresholds only where overridden
+                    thr[key] = np.where(rows, value, thr[key])
     good = rm.ok.copy()
     with np.errstate(invalid="ignore"):
         for key, t in thr.items():
