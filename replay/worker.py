@@ -88,8 +88,8 @@ class WorkerSide:
         freeze_gc()
         self.cpu0 = cpu_seconds()
         self.ctx.ready.set()
-        self.say(f"replaying as worker {k} of {workers}: target {config.describe_targets()}, {config.rows} rows in the run, "
-                 f"T0 in {msg.data['t0_wall'] - time.time():.1f} s")
+        self.say(f"replaying as worker {k} of {workers}: target {config.describe_targets()}, "
+                 f"{config.rows} rows in the run, T0 in {msg.data['t0_wall'] - time.time():.1f} s")
 
     def _rows(self, environment, msg, **kw) -> None:
         if self.feed is not None:
