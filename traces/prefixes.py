@@ -137,13 +137,10 @@ def _turn_links(t: pa.Table, source: str | None = None) -> tuple[np.ndarray, np.
     parent = prefix_parents(t)
     if parent is None:
         return None
-    root = np.arange(len(parent))
-    for _ in range(64):  # pointer jumping: log2(longest chain) rounds
-        nxt = np.where(parent[root] >= 0, parent[root], root)
-        if (nxt == root).all():
-            break
-        root = nxt
-    # (a row's parent is earlier, so chains end; 64 rounds cover 2^64 turns)
+    root = np.where(parent >= 0, parent, np.arange(len(parent)))
+    while (root[root] != root).any():  # pointer jumping: each round doubles the reach (log2(longest chain) rounds)
+        root = root[root]
+    # (a row's parent is earlier, so every chain ends at a row without one)
     return root, parent, "hash_ids"
 
 
