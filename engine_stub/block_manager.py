@@ -87,10 +87,8 @@ class BlockManager:
         if n_full == 0 or self.block_hash[req.block_ids[n_full - 1]] is not None:
             return
         self.compute_hashes(req)
-        for i in range(n_full):
-            b = req.block_ids[i]
+        for b, h in zip(req.block_ids[:n_full], req.block_hashes):
             if self.block_hash[b] is None:
-                h = req.block_hashes[i]
                 self.block_hash[b] = h
                 self.cached.setdefault(h, b)
 

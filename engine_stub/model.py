@@ -13,13 +13,6 @@ import torch.nn.functional as F
 from .config import ModelSpec
 
 
-def rope_tables(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    half = spec.head_dim // 2
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
-    angles = torch.arange(spec.max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    return angles.cos().float(), angles.sin().float()
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [T, heads, hd]; cos/sin: [T, hd/2] (rotate-half convention)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -81,9 +74,11 @@ class TinyGPT(nn.Module):
         self.layers = nn.ModuleList(Block(spec, n_loras + 1 if n_loras else 0, lora_rank) for _ in range(spec.layers))
         self.norm = nn.RMSNorm(spec.hidden, eps=1e-6)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
-        cos, sin = rope_tables(spec)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        half = spec.head_dim // 2  # RoPE tables, computed in float64
+        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
+        angles = torch.arange(spec.max_position, dtype=torch.float64)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
         self._seeded_init(spec.seed)
 
     @torch.no_grad()
