@@ -167,9 +167,8 @@ def main_args(args) -> None:
     os.execv(sys.executable, argv + (["--die-with-parent"] if args.die_with_parent else []))  # does not return
 
 
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(prog="replay worker")
-    ap.add_argument("--master", required=True)
-    ap.add_argument("--die-with-parent", action="store_true")
-    a = ap.parse_args()
+if __name__ == "__main__":   # the options of `replay worker`, defined once in add_parser
+    ap = argparse.ArgumentParser(prog="replay")
+    add_parser(ap.add_subparsers())
+    a = ap.parse_args(["worker", *sys.argv[1:]])
     raise SystemExit(run_worker(a.master, a.die_with_parent))
