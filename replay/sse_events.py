@@ -66,11 +66,11 @@ def token_kind(payload: bytes) -> tuple[int, list | None]:
     no JSON parse (`token_fields`), no usage object, balanced braces (a truncated event fails this
     and gets parsed); else 0 (parse it). With the event's token fields."""
     fields = token_fields(payload)
-    if not fields or any(k != fields[0][0] for k, _ in fields) or payload[-1:] != b"}" \
-            or payload.find(b'"usage":{') >= 0 or payload.find(b'"usage": {') >= 0 \
-            or payload.count(b"{") != payload.count(b"}"):
+    kind = fields[0][0] if fields else 0
+    if not kind or any(k != kind for k, _ in fields) or payload[-1:] != b"}" or payload.find(b'"usage":{') >= 0 \
+            or payload.find(b'"usage": {') >= 0 or payload.count(b"{") != payload.count(b"}"):
         return 0, fields
-    return fields[0][0], fields
+    return kind, fields
 
 
 def event_tokens(obj: dict) -> tuple[str, int]:
