@@ -186,8 +186,7 @@ def _reap(procs: list[subprocess.Popen]) -> None:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # a SIGKILLed `replay run` takes its runner along (records stay flushed)
     run_dir = Path((argv or sys.argv[1:])[0])
-    info = json.loads((run_dir / "run.json").read_text())
-    config = plan.RunConfig.from_json(info["config"])
+    config = plan.RunConfig.from_json(json.loads((run_dir / "run.json").read_text())["config"])
     try:
         out = Output(config)
     except OSError as e:
