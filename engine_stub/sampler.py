@@ -69,9 +69,8 @@ def _top_k_top_p(logits: torch.Tensor, reqs: list[EngineRequest]) -> torch.Tenso
     k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in reqs], device=logits.device)
     p = torch.tensor([r.params.top_p for r in reqs], device=logits.device)
     sorted_logits, order = logits.sort(-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    drop = ranks >= k[:, None]
-    cum = sorted_logits.softmax(-1).cumsum(-1)
-    drop |= (cum - sorted_logits.softmax(-1)) > p[:, None]  # keep the token that crosses p
+    drop = torch.arange(vocab, device=logits.device)[None, :] >= k[:, None]  # by rank
+    probs = sorted_logits.softmax(-1)
+    drop |= (probs.cumsum(-1) - probs) > p[:, None]  # keep the token that crosses p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

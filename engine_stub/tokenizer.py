@@ -69,8 +69,7 @@ class Tokenizer:
             add(" " + "".join(combo)), add("".join(combo))
         while len(pieces) < vocab_size:  # only reached for vocabularies far above 8192
             pieces.append(f"<extra{len(pieces)}>".encode())
-        self.vocab_size = vocab_size
-        self.pieces = pieces
+        self.vocab_size, self.pieces = vocab_size, pieces
         self._lookup = {p.decode("latin-1" if len(p) == 1 else "utf-8"): i
                         for i, p in enumerate(pieces) if p and (len(p) > 1 or p[0] < 128)}
         self._lookup.update({chr(b): BYTE_OFFSET + b for b in range(128)})
@@ -118,9 +117,8 @@ class Tokenizer:
     def generation_banned_ids(self) -> list[int]:
         """Tokens the sampler never emits: specials other than EOS, control bytes and bytes that
         are not valid UTF-8 on their own, so every generated token adds visible text."""
-        banned = [i for i in range(len(SPECIALS)) if i != EOS]
-        banned += [BYTE_OFFSET + b for b in range(256) if (b < 32 and b not in (9, 10)) or b >= 127]
-        return banned
+        return ([i for i in range(len(SPECIALS)) if i != EOS]
+                + [BYTE_OFFSET + b for b in range(256) if (b < 32 and b not in (9, 10)) or b >= 127])
 
 
 class IncrementalDetokenizer:
@@ -133,8 +131,7 @@ class IncrementalDetokenizer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def step(self, ids: list[int]) -> str:
-        pieces = self._pieces
-        return self._decoder.decode(b"".join(pieces[i] for i in ids))
+        return self._decoder.decode(b"".join(self._pieces[i] for i in ids))
 
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)
