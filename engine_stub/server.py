@@ -125,14 +125,9 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
             for name, s in state.served.items()]}
 
     @app.post("/v1/completions")
-    async def completions(request: Request):
-        return await _generate(request, chat=False)
-
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        return await _generate(request, chat=True)
-
-    async def _generate(request: Request, chat: bool):
+    async def generate(request: Request):
+        chat = request.url.path.endswith("/chat/completions")
         body = await _read_json(request, opts.max_body_bytes)
         try:
             req = ChatRequest.model_validate(body) if chat else CompletionRequest.model_validate(body)
