@@ -49,9 +49,8 @@ class Scheduler:
         out = SchedulerOutput()
         if self.cfg.policy == "prefill-first":
             self._admit(out, budget=max(self.cfg.max_num_batched_tokens, self.cfg.max_model_len), whole_prompts=True)
-            if out.items:
-                return out
-            self._schedule_running(out, budget=self.cfg.max_num_seqs)
+            if not out.items:
+                self._schedule_running(out, budget=self.cfg.max_num_seqs)
             return out
         budget = self._schedule_running(out, self.cfg.max_num_batched_tokens)
         if not out.preempted:
@@ -64,8 +63,12 @@ class Scheduler:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.blocks.allocate(req, n):
-                victim = self.running.pop()  # the newest request
-                self._preempt(victim)
+                victim = self.running.pop()  # the newest request, preempted by recompute
+                self.blocks.free_request(victim)
+                victim.num_computed_tokens = 0
+                victim.status = Status.WAITING
+                self.num_preemptions += 1
+                self.waiting.appendleft(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     return budget
@@ -111,13 +114,6 @@ class Scheduler:
         reserved = sum(self._max_blocks(r) - len(r.block_ids) for r in self.running)
         revived = sum(1 for b in hits if self.blocks.ref_count[b] == 0)
         return self._max_blocks(req) - len(hits) + revived <= self.blocks.num_free - reserved
-
-    def _preempt(self, req: EngineRequest) -> None:
-        self.blocks.free_request(req)
-        req.num_computed_tokens = 0
-        req.status = Status.WAITING
-        self.num_preemptions += 1
-        self.waiting.appendleft(req)
 
     def finish(self, req: EngineRequest, reason: str) -> None:
         """Remove a request (finished or aborted) and free its blocks; idempotent."""
