@@ -139,7 +139,8 @@ def format_iso(ns: np.ndarray, fmt: dict | None) -> pa.Array:
     """ISO-8601 text for epoch ns in the recorded source format (the inverse of `iso_ns`):
     the source's separator, its fraction width (omitted when zero if the source did that),
     and its zone suffix (any `+hh:mm` offset is written as UTC `+00:00`)."""
-    fmt = fmt or {"sep": [" "], "fraction_digits": [9], "zones": [""]}
+    if not fmt or "sep" not in fmt:   # a source whose time was decimal, float or none: the default
+        fmt = {"sep": [" "], "fraction_digits": [9], "zones": [""]}
     sep = fmt["sep"][0] if len(fmt["sep"]) == 1 else " "
     digits = max(fmt["fraction_digits"])
     zones = [z for z in fmt["zones"] if z]
