@@ -139,6 +139,7 @@ def payloads(n: int, tokens: int, batch: int) -> list[bytes]:
     import pyarrow as pa
     from locust.rpc.protocol import Message
 
+    from llm_replay.replay import plan
     from llm_replay.replay.recorder import Recorder, record
     out: list[bytes] = []
 
@@ -151,7 +152,7 @@ def payloads(n: int, tokens: int, batch: int) -> list[bytes]:
     res = results(tokens, 0.01)
     rec = Recorder(ship)
     for i in range(n):
-        rec.add(record((i, str(i), 1e-6 * i, 20, tokens, *[None] * 14),   # a plan row: IDX, RID, SCHED, IN, OUT, ...
+        rec.add(record((i, str(i), 1e-6 * i, 20, tokens, *[None] * (plan.ROW_LEN - 5)),  # a plan row: IDX, RID, SCHED, IN, OUT
                        "m", 0, 0.0, res[i % len(res)]))
         if len(rec.buf) >= batch:
             rec.flush(batch)
