@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from pydantic_core import from_json
 
-from .answer import AnswerOptions, AnswerPlan, ChoiceDeltas, plan
+from .answer import AnswerOptions, ChoiceDeltas, plan
 from .engine import AsyncEngine, EngineCore, RequestOutput
 from .faults import DroppedConnection, Faults, RequestFaults
 from .images import ImageError, ImageOptions, chat_images
@@ -162,15 +162,15 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
             engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id, trace=trace),
                           queue)
         writer = ChunkWriter(chat, rid, model)
-        shape = plan(opts.answer, req, params.max_tokens) if chat else None
+        choices = [ChoiceDeltas(plan(opts.answer, req, params.max_tokens))] if chat else None  # one prompt
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))
         stops = req.stop_strings
         if req.stream:
             return StreamingResponse(_stream(engine, queue, ids, writer, req.include_usage, fault, stops,
-                                             params.max_tokens, watcher, shape),
+                                             params.max_tokens, watcher, choices),
                                      media_type="text/event-stream")
         try:
-            texts, reasons, u, messages = await _collect(engine, queue, ids, stops, shape)
+            texts, reasons, u, messages = await _collect(engine, queue, ids, stops, choices)
         finally:
             watcher.cancel()
         return JSONResponse(writer.final(texts, reasons, u, messages))
@@ -313,9 +313,9 @@ class _StopText:
 
 
 async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], stops: list[str],
-                   finals: dict[int, RequestOutput]):
-    """Yield (index, text, finish_reason, output) per engine step until every choice is done;
-    each choice's last output goes to finals[index]."""
+                   finals: dict[int, RequestOutput], choices: list[ChoiceDeltas] | None):
+    """Yield (index, text, finish_reason, chat delta or None) per engine step until every choice is
+    done; each choice's last output goes to finals[index]."""
     index = {rid: i for i, rid in enumerate(ids)}
     stop_text = [_StopText(stops) for _ in ids]
     pending = len(ids)
@@ -334,7 +334,11 @@ async def _outputs(engine: AsyncEngine, queue: asyncio.Queue, ids: list[str], st
             stop_text[i] = None
             pending -= 1
             finals[i] = o
-        yield i, text, reason, o
+        delta = None
+        if choices is not None:  # the chat delta, then the reason (a tool call finishes as tool_calls)
+            delta = choices[i].delta(text, o.completion_tokens, reason is not None)
+            reason = choices[i].finish_reason(reason)
+        yield i, text, reason, delta
 
 
 def _usage(finals: dict[int, RequestOutput], choices: list[ChoiceDeltas] | None) -> dict:
@@ -346,29 +350,21 @@ def _usage(finals: dict[int, RequestOutput], choices: list[ChoiceDeltas] | None)
                  sum(o.cached_tokens for o in done), reasoning)
 
 
-async def _collect(engine, queue, ids, stops, shape: AnswerPlan | None = None):
+async def _collect(engine, queue, ids, stops, choices: list[ChoiceDeltas] | None):
     texts, reasons, finals = [""] * len(ids), [None] * len(ids), {}
-    choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
-    async for i, text, reason, o in _outputs(engine, queue, ids, stops, finals):
+    async for i, text, reason, _ in _outputs(engine, queue, ids, stops, finals, choices):
         texts[i] += text
-        if choices is not None:
-            choices[i].delta(text, o.completion_tokens, reason is not None)
-        reasons[i] = choices[i].finish_reason(reason) if choices is not None else reason
+        reasons[i] = reason
     messages = [c.message() for c in choices] if choices is not None else None
     return texts, reasons, _usage(finals, choices), messages
 
 
 async def _stream(engine, queue, ids, writer: ChunkWriter, include_usage: bool, fault: RequestFaults,
-                  stops: list[str], max_tokens: int, watcher: asyncio.Future, shape: AnswerPlan | None = None):
+                  stops: list[str], max_tokens: int, watcher: asyncio.Future, choices: list[ChoiceDeltas] | None):
     try:
         events, midpoint, faulted, finals = 0, max(1, max_tokens // 2), False, {}
-        choices = [ChoiceDeltas(shape) for _ in ids] if shape is not None else None
-        async for i, text, reason, o in _outputs(engine, queue, ids, stops, finals):
-            if choices is None:
-                yield writer.content(i, text, reason)
-            else:
-                c = choices[i]
-                yield writer.delta(i, c.delta(text, o.completion_tokens, reason is not None), c.finish_reason(reason))
+        async for i, text, reason, delta in _outputs(engine, queue, ids, stops, finals, choices):
+            yield writer.content(i, text, reason) if delta is None else writer.delta(i, delta, reason)
             events += 1
             # a busy engine may deliver the tokens in fewer events than midpoint: the last one carries the fault
             if not faulted and (events >= midpoint or reason is not None):
