@@ -126,15 +126,14 @@ class ChunkWriter:
 
     def content(self, index: int, text: str, finish_reason: str | None) -> str:
         """A completions chunk."""
-        fr = "null" if finish_reason is None else f'"{finish_reason}"'
-        body = f'{{"index":{index},"text":{json.dumps(text)},"logprobs":null,"finish_reason":{fr},' \
-               f'"stop_reason":null}}'
+        body = f'{{"index":{index},"text":{json.dumps(text)},"logprobs":null,' \
+               f'"finish_reason":{json.dumps(finish_reason)},"stop_reason":null}}'
         return f"{self.head}{body}]}}\n\n"
 
     def delta(self, index: int, delta: str, finish_reason: str | None) -> str:
         """A chat chunk around `delta`, a JSON object (answer.ChoiceDeltas renders reasoning and tool calls),
         after the choice's role chunk when it is its first."""
-        first, fr = index not in self.started, "null" if finish_reason is None else f'"{finish_reason}"'
+        first, fr = index not in self.started, json.dumps(finish_reason)
         self.started.add(index)
         role = self.delta(index, '{"role":"assistant","content":""}', None) if first else ""
         return f'{role}{self.head}{{"index":{index},"delta":{delta},"logprobs":null,"finish_reason":{fr}}}]}}\n\n'
