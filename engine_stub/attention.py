@@ -89,8 +89,7 @@ class PagedAttention:
         cache.store(layer, meta.slot_mapping, k, v)
         out = torch.empty_like(q)
         H, hd = q.shape[1], q.shape[2]
-        kvh = cache.kv_heads
-        D = meta.num_decodes
+        kvh, D = cache.kv_heads, meta.num_decodes
         if D:
             bt = meta.decode_block_tables
             kc, vc = cache.gather(layer, bt.view(-1))

@@ -307,9 +307,8 @@ class AsyncEngine:
             self.backend.abort(request_id)
 
     def deliver(self, outputs: list[RequestOutput]) -> None:
-        sinks = self._sinks
         for o in outputs:
-            q = sinks.pop(o.request_id, None) if o.finished else sinks.get(o.request_id)
+            q = self._sinks.pop(o.request_id, None) if o.finished else self._sinks.get(o.request_id)
             if q is not None:
                 q.put_nowait(o)
 

@@ -108,8 +108,7 @@ class TinyGPT(nn.Module):
         groups = _lora_groups(lora_ids, x.device)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attn, meta, groups)
-        h = self.norm(x[logits_indices])
-        return self.lm_head(h).float()
+        return self.lm_head(self.norm(x[logits_indices])).float()
 
 
 def _lora_groups(lora_ids: list[int] | None, device) -> list[tuple[int, torch.Tensor]]:
