@@ -146,11 +146,10 @@ async def serve(args) -> int:
     except OSError as e:
         raise ValueError(f"cannot bind {args.host}:{args.port}: {e.strerror}") from None
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=0.5,
-                            lifespan="off")
     # uvicorn re-raises the signal that stopped it once it has shut down; exit 0 instead of dying by it
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                                           timeout_graceful_shutdown=0.5, lifespan="off"))
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
 
     loop = asyncio.get_running_loop()

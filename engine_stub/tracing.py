@@ -40,18 +40,15 @@ def traces_url(endpoint: str) -> str:
     return endpoint if u.path not in ("", "/") else endpoint.rstrip("/") + "/v1/traces"
 
 
-def env_headers() -> dict[str, str]:
-    """OTLP exporter headers from the environment: `k=v,k2=v2`, URL-encoded (the OTel spec's form)."""
-    raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
-    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
-    return {urllib.parse.unquote(k).strip(): urllib.parse.unquote(v).strip() for k, v in pairs}
-
-
 class SpanExporter:
     """Batches finished requests into ExportTraceServiceRequest POSTs (thread-safe `add`)."""
 
     def __init__(self, endpoint: str, interval: float = 0.5) -> None:
-        self.url, self.interval, self.headers = traces_url(endpoint), interval, env_headers()
+        self.url, self.interval = traces_url(endpoint), interval
+        # exporter headers from the environment: `k=v,k2=v2`, URL-encoded (the OTel spec's form)
+        raw = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+        pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
+        self.headers = {urllib.parse.unquote(k).strip(): urllib.parse.unquote(v).strip() for k, v in pairs}
         self.added = self.exported = self.dropped = 0
         self._queue: deque[tuple[EngineRequest, float]] = deque()
         # perf_counter -> unix time, once: span times stay consistent with the latencies they carry
