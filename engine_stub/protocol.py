@@ -48,14 +48,6 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOPS} stop strings of at most {MAX_STOP_CHARS} characters")
         return stops
 
-    @property
-    def stop_strings(self) -> list[str]:
-        return self.stop or []
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
-
 
 class CompletionRequest(_Sampling):
     prompt: Union[list[int], list[list[int]], str, list[str]]

@@ -164,9 +164,10 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         writer = ChunkWriter(chat, rid, model)
         choices = [ChoiceDeltas(plan(opts.answer, req, params.max_tokens))] if chat else None  # one prompt
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))
-        stops = req.stop_strings
+        stops = req.stop or []  # None when absent: the validator runs on given values only
         if req.stream:
-            return StreamingResponse(_stream(engine, queue, ids, writer, req.include_usage, fault, stops,
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            return StreamingResponse(_stream(engine, queue, ids, writer, include_usage, fault, stops,
                                              params.max_tokens, watcher, choices),
                                      media_type="text/event-stream")
         try:
