@@ -20,7 +20,8 @@ class RunError(ValueError):
 
 
 # what the pre-flight needs of the whole trace, read in one pass: the columns that route, size and name the rows
-FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids", "reasoning_tokens")
+FACT_COLUMNS = ("model", "api", "num_images", "input_tokens", "output_tokens", "request_id", "hash_ids",
+                "reasoning_tokens")
 
 
 def parse_targets(values: list[str]) -> tuple[str, dict[str, str]]:
