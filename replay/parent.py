@@ -386,6 +386,11 @@ def salvage_if_died(info: RunInfo, config, rc: int) -> int:
     every other row; the run failed (1)."""
     if rc in (0, 130):
         return rc
+    if info.get("status") in ("completed", "interrupted") and not (info.dir / "records.arrows").exists():
+        # it wrote records.parquet and its status, then died on its way out (a stop signal that came
+        # after its event loop had gone: the decided look's, racing the run's own end): the run is whole
+        info.note(runner_exit=rc)
+        return 130 if info["status"] == "interrupted" else 0
     from collections import Counter
 
     import pyarrow.parquet as pq

@@ -238,7 +238,8 @@ def salvage(run_dir: str | Path, config, died_at_s: float) -> tuple[int, int]:
     Returns (records kept, records added)."""
     run_dir = Path(run_dir)
     stream, out = run_dir / RECORDS_STREAM, run_dir / RECORDS_FILE
-    kept = list(read_stream(stream)) if stream.exists() else []
+    # a runner that died after finalize (the stream became records.parquet) had recorded every row
+    kept = list(read_stream(stream)) if stream.exists() else pq.read_table(out).to_batches() if out.exists() else []
     seen = pa.chunked_array([b.column("request_id") for b in kept], pa.string()).combine_chunks()
     file = IpcFile(stream)
     for b in kept:

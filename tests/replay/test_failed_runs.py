@@ -67,3 +67,27 @@ def test_exit_code_on_error(tmp_path):
     with sse_server() as url:
         p = _run(trace, url, tmp_path / "c", "--no-check", "--model-map", "*=m", "--exit-code-on-error", "3")
     assert p.returncode == 0, p.stderr
+
+
+def test_a_runner_that_dies_after_writing_its_records_keeps_them(tmp_path):
+    # a stop signal that lands after the runner finalized records.parquet and wrote its status (the
+    # decided look of --until-decided racing the run's own end) killed it on its way out; the parent
+    # then "salvaged" the run and overwrote 64 ok records with 64 `cancelled: runner died` (seen in CI)
+    import json
+
+    from llm_replay.replay.parent import RunInfo, salvage_if_died
+    from llm_replay.replay.plan import RunConfig
+    from llm_replay.replay.recorder import salvage
+    trace = write_trace(tmp_path / "t.parquet", 12, gap_s=0.01)
+    with sse_server() as url:
+        p = _run(trace, url, tmp_path / "run", "--no-check")
+    assert p.returncode == 0, p.stdout + p.stderr
+    run = tmp_path / "run"
+    before = records(run)
+    config = RunConfig.from_json(json.loads((run / "run.json").read_text())["config"])
+    assert salvage_if_died(RunInfo(run), config, -2) == 0           # SIGINT's default action
+    info = run_info(run)
+    assert info["status"] == "completed" and info["runner_exit"] == -2
+    assert records(run).equals(before)
+    # a death between finalize and the status line: salvage keeps the finished file, adds nothing
+    assert salvage(run, config, 1e9) == (12, 0) and (records(run)["status"] == "ok").all()
