@@ -120,7 +120,8 @@ class _Stream:
         where the kernel kept the segments apart (it merges a segment into the previous one once
         the sender has let go of that one: then they share the later stamp whatever the reads)."""
         try:
-            queued, pos = self.recv(RECV_SIZE, MSG_PEEK), 0
+            queued, last, _, _ = self.recvmsg(RECV_SIZE, 64, MSG_PEEK)   # stamped as its last byte
+            last, pos = last and last[0][2], 0
             while True:
                 n = self.parser.unit(queued, pos)
                 data, anc, _, _ = self.recvmsg(n or RECV_SIZE, 64)
@@ -128,6 +129,9 @@ class _Stream:
                 pos += len(data)
                 if not n or pos >= len(queued) or self.outcome is not None:
                     return
+                if anc and anc[0][2] == last:   # stamps rise along the queue: the rest share this one
+                    data, anc, _, _ = self.recvmsg(len(queued) - pos, 64)
+                    return self._got(data, anc, t)
         except BlockingIOError:
             return
         except OSError as e:
