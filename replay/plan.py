@@ -29,9 +29,9 @@ from llm_replay.traces.trace import Trace, conform
 # task) and conv (the previous call of its session in its task). Below, the constants that name them.
 ROW_FIELDS = ("index", "request_id", "scheduled_s", "input_tokens", "output_tokens", "model", "session_id",
               "turn", "slo_class", "api", "prompt", "hash_ids", "num_images", "image_px", "task_id",
-              "depends_on", "delay_s", "ndep", "conv", "reasoning_tokens")
+              "depends_on", "delay_s", "ndep", "conv", "reasoning_tokens", "client_id")
 IDX, RID, SCHED, IN, OUT, MODEL, SESSION, TURN, SLO, API, PROMPT, HASH, IMAGES, IMAGE_PX, \
-    TASK, DEPS, DELAY, NDEP, CONV, REASON = range(len(ROW_FIELDS))
+    TASK, DEPS, DELAY, NDEP, CONV, REASON, CLIENT = range(len(ROW_FIELDS))
 ROW_LEN = len(ROW_FIELDS)
 RECORD_COLUMNS = {c for _, c in RECORD_LAYOUT if c}   # those a record of a row never sent takes
 ROW_COLUMNS = ["arrival_ns", *(n for n in ROW_FIELDS if n in BY_NAME)]   # what it reads of the trace

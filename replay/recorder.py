@@ -59,7 +59,8 @@ def record(row: tuple, target_model: str | None, worker: int, t0: float, res, ta
         reasoning_tokens=res.reasoning_tokens, reasoning_chunks=res.reasoning_chunks or None,
         status=res.status, http_status=res.http_status, error=None if res.error is None else str(res.error)[:ERROR_MAX],
         task_id=row[plan.TASK], depends_on=row[plan.DEPS], delay_s=row[plan.DELAY], cached_tokens=res.cached_tokens,
-        asked_reasoning_tokens=row[plan.REASON], trace_id=None if sent is None else trace_id)
+        asked_reasoning_tokens=row[plan.REASON], trace_id=None if sent is None else trace_id,
+        client_id=row[plan.CLIENT])
 
 
 def unsent(row: tuple, target_model: str | None, worker: int, status: str = "not_sent",

@@ -16,8 +16,9 @@ import pyarrow as pa
 # Versions: 2: first_answer_s, reasoning_tokens, reasoning_chunks, num_images (v1 files read as without
 # reasoning and images); 3: connect_s (older files: not recorded); 4: target (older files: null, the
 # run's one target); 5: end_s, task_id, depends_on, delay_s, cached_tokens (older files: null, no task
-# graph); 6: asked_reasoning_tokens (older files: null); 7: trace_id (older files: null, not traced)
-RECORDS_SCHEMA_VERSION = 7
+# graph); 6: asked_reasoning_tokens (older files: null); 7: trace_id (older files: null, not traced);
+# 8: client_id (older files: null, no tenant)
+RECORDS_SCHEMA_VERSION = 8
 
 STATUSES = ("ok", "http_error", "timeout", "connection_error", "protocol_error",
             "cancelled", "not_sent", "dependency_failed")
@@ -58,6 +59,7 @@ RECORD_LAYOUT = (
     (pa.field("cached_tokens", pa.int32()), None),  # usage.prompt_tokens_details.cached_tokens; null: not reported
     (pa.field("asked_reasoning_tokens", pa.int32()), "reasoning_tokens"),  # what the trace asked for (reasoning_tokens: what came)
     (pa.field("trace_id", pa.string()), None),  # W3C trace id sent in its traceparent (32 hex); null: not traced
+    (pa.field("client_id", pa.string()), "client_id"),  # the trace's tenant, sent as the body's `user`
 )
 RECORD_SCHEMA = pa.schema([f for f, _ in RECORD_LAYOUT])
 
