@@ -33,6 +33,7 @@ TRANSFORMS = (
     ("--clip-input", "MIN:MAX", "clamp input_tokens (either side may be empty)"),
     ("--clip-output", "MIN:MAX", "clamp output_tokens"),
     ("--dequantize", "MS", "spread requests sharing a timestamp over a bucket of MS ms ('' = detect)"),
+    ("--prefix-reuse", "R", "rewrite hash_ids for a prefix-cache token hit ratio of R in [0, 1) (seeded by --seed)"),
 )
 
 
@@ -105,7 +106,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace")
     p.add_argument("-o", "--output", required=True)
     p.add_argument("--sort", action="store_true", help="sort the input by arrival first")
-    p.add_argument("--seed", type=int, default=0, help="seed for --sample")
+    p.add_argument("--seed", type=int, default=0, help="seed for --sample and --prefix-reuse")
+    p.add_argument("--block-size", type=int, metavar="N", help="--prefix-reuse's tokens per block (default: the "
+                   "trace's, else 16)")
     for flag, metavar, text in TRANSFORMS:
         p.add_argument(flag, metavar=metavar, dest="ops", action=_Op, help=text)
     p.set_defaults(ops=[])
@@ -205,7 +208,7 @@ def cmd_transform(args: argparse.Namespace) -> int:
     from .transform import apply, dequantize_message
     trace = Trace.read(args.trace, sort=args.sort)
     for op, value in args.ops:  # (set_defaults: [] without a transform)
-        trace = apply(trace, op, value, args.seed)
+        trace = apply(trace, op, value, args.seed, args.block_size)
         if op == "dequantize":
             print(dequantize_message(trace.metadata["transforms"][-1]))
     trace.write(args.output)

@@ -278,7 +278,12 @@ def generate(spec: dict[str, Any], seed: int | None = None) -> Trace:
     """Generate a trace from a spec dict (validated here; SpecError names the bad field)."""
     with reused_pages():  # pages.py: 10M rows fault far less memory in
         rows = _sorted_rows(spec, seed)
-        return Trace(_rows_table(rows, rows.take(0, len(rows.order), consume=True), 0), rows.meta, validate=False)
+        trace = Trace(_rows_table(rows, rows.take(0, len(rows.order), consume=True), 0), rows.meta, validate=False)
+    if spec.get("prefix_reuse") is None or not trace.num_rows:  # (validated by parse_spec)
+        return trace
+    from .transform import prefix_reuse
+    return prefix_reuse(trace, spec["prefix_reuse"], rows.meta["block_size"], rows.meta["generator"]["seed"],
+                        name="prefix_reuse")
 
 
 def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None) -> tuple[int, int]:
@@ -287,7 +292,7 @@ def generate_to(spec: dict[str, Any], path: str | Path, seed: int | None = None)
     second thread while the next row group is gathered and built (pyarrow releases the GIL
     while it encodes), and only two row groups of Arrow columns exist at any moment."""
     path = Path(path)
-    if is_text_path(path):
+    if is_text_path(path) or spec.get("prefix_reuse") is not None:  # prefix_reuse sees the whole trace
         trace = generate(spec, seed)
         trace.write(path)
         return trace.num_rows, trace.metadata["generator"]["seed"]

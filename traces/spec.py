@@ -171,8 +171,11 @@ def parse_spec(d: Any, file: str | None = None) -> Spec:
     r = _Reader(d, "", file)
     r.check_keys({"duration", "seed", "block_size", "length_scale", "max_input_tokens",
                   "max_output_tokens", "clients", "version", "name", "description", "exact_count",
-                  "timestamp_quantum_s", "timestamp_spread"})
+                  "timestamp_quantum_s", "timestamp_spread", "prefix_reuse"})
     exact = r.flag("exact_count", False)
+    reuse = r.num("prefix_reuse", None, lo=0)  # generate applies it (transform.prefix_reuse)
+    if reuse is not None and reuse >= 1:
+        raise r.err("prefix_reuse", f"must be < 1 (a prefix's first request always misses), got {reuse:g}")
     clients = d.get("clients")
     if not isinstance(clients, list) or not clients:
         raise r.err("clients", "must be a non-empty list of clients")

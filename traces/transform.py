@@ -6,6 +6,7 @@ rounding each arrival to the nearest ns once.
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ from .trace import Trace
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 
-def _new(trace: Trace, table: pa.Table, op: dict[str, Any], sort: bool = False) -> Trace:
-    meta = {**trace.metadata, "transforms": [*trace.metadata.get("transforms", []), op]}
+def _new(trace: Trace, table: pa.Table, op: dict[str, Any], sort: bool = False, **meta: Any) -> Trace:
+    meta = {**trace.metadata, **meta, "transforms": [*trace.metadata.get("transforms", []), op]}
     if table.num_rows == 0:
         raise TraceError(f"transform {op} left no requests")
     return Trace(table, meta, sort=sort)
@@ -181,6 +182,78 @@ def dequantize(trace: Trace, quantum_ns: int | None = None) -> Trace:
           "spread": int((out != a).sum())}
     return _new(trace, _set(trace.table, "arrival_ns", out), op)
 
+def _top(full: np.ndarray, pick: np.ndarray, inp: np.ndarray, bs: int) -> float:
+    """The largest hit ratio with these prefixes: each request reuses its full blocks up to
+    the longest earlier request of its prefix."""
+    order = np.argsort(pick, kind="stable")
+    g, f = pick[order], full[order]
+    big = int(f.max(initial=0)) + 1  # groups apart: one running max over all of them
+    run = np.maximum.accumulate(g * big + f) - g * big
+    prev = np.zeros_like(run)
+    prev[1:] = np.where(g[1:] == g[:-1], run[:-1], 0)
+    return float((np.minimum(f, prev) * bs).sum() / max(int(inp.sum()), 1))
+
+
+def _reuse_plan(full: list[int], inp: list[int], pick: list[int], ratio: float, bs: int) -> tuple[list[int], float]:
+    """Per row, how many leading blocks lie on its prefix's chain; and the tokens still short
+    of ratio x all input tokens at the end (>= -bs/2)."""
+    seen, chain, short = [0] * (max(pick, default=0) + 1), [0] * len(full), 0.0
+    for i, (f, n, p) in enumerate(zip(full, inp, pick)):
+        short += ratio * n
+        want = min(f, max(0, int(short / bs + 0.5)))
+        hit = min(want, seen[p])
+        chain[i] = want if hit == want else f  # a chain too short for the row: grow it by all its blocks
+        seen[p] = max(seen[p], chain[i])
+        short -= hit * bs
+    return chain, short
+
+
+def prefix_reuse(trace: Trace, ratio: float, block_size: int | None = None, seed: int = 0,
+                 name: str = "--prefix-reuse") -> Trace:
+    """Rewrite `hash_ids` so that the prefix-cache token hit ratio (`stats.prefix_cache_hits`)
+    is `ratio`, to within one block's tokens over the whole trace.
+
+    Requests draw one of P shared prefixes (Zipf popularity, seeded); a prefix is a chain of
+    block ids that grows as longer requests use it. In arrival order each request asks for
+    ratio x its input tokens plus what earlier ones fell short of (a prefix's first request
+    always misses) and reuses that many leading blocks of its prefix; a request whose prefix
+    is still shorter takes what there is and extends the chain by all its full blocks. Every
+    other block, the last partial one included (a server caches full blocks only), is fresh.
+    P starts at sqrt(n) and halves while the ratio is out of reach (each prefix's first
+    requests cost its length). The trace's own hash_ids (sessions' shared history too) are
+    replaced; block_size: the trace's, else 16; errors call the ratio `name`."""
+    bs = int(block_size if block_size is not None else trace.metadata.get("block_size") or 16)
+    if not 0 <= ratio < 1:
+        raise TraceError(f"{name} must be in [0, 1) (a prefix's first request always misses), got {ratio:g}")
+    if bs < 1:
+        raise TraceError(f"--block-size must be >= 1, got {bs}")
+    inp = trace.table.column("input_tokens").to_numpy().astype(np.int64)
+    full, rng, n_pre = inp // bs, np.random.default_rng(seed), max(1, math.isqrt(len(inp)))
+    while True:
+        w = 1 / np.arange(1, n_pre + 1)
+        pick = rng.choice(n_pre, len(inp), p=w / w.sum())
+        reach = _top(full, pick, inp, bs)
+        if reach >= ratio:
+            chain, short = _reuse_plan(full.tolist(), inp.tolist(), pick.tolist(), ratio, bs)
+            if short <= bs:
+                break
+            reach = ratio - short / inp.sum()
+        if n_pre == 1:
+            raise TraceError(f"{name} {ratio:g} is out of reach for this trace: at most {reach:.4f} "
+                             "(a request's last partial block and a prefix's first use miss)")
+        n_pre //= 2
+    nb = -(-inp // bs)
+    row = np.repeat(np.arange(len(inp)), nb)
+    pos = np.arange(len(row)) - np.repeat(np.cumsum(nb) - nb, nb)
+    width = int(full.max(initial=0)) + 1  # prefix p's block j is p * width + j; fresh ids follow all chains
+    ids = np.where(pos < np.asarray(chain, np.int64)[row], pick[row] * width + pos, n_pre * width + np.arange(len(row)))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(nb)]), pa.int32())
+    col = pa.ListArray.from_arrays(offsets, pa.array(ids, pa.int64()))
+    table = (_set(trace.table, "hash_ids", col) if "hash_ids" in trace.table.column_names
+             else trace.table.append_column("hash_ids", col))
+    op = {"op": "prefix_reuse", "ratio": ratio, "block_size": bs, "seed": seed, "prefixes": n_pre}
+    return _new(trace, table, op, block_size=bs)
+
 
 def dequantize_message(op: dict[str, Any]) -> str:
     """What a dequantize op did, for the CLI."""
@@ -197,23 +270,24 @@ def _range(s: str, num: Any = int, empty_lo: Any = None) -> tuple[Any, Any]:
     return (num(lo) if lo else empty_lo, num(hi) if hi else None)
 
 
-# CLI transforms: option name without dashes -> (trace, value as given, seed) -> Trace
+# CLI transforms: option name without dashes -> (trace, value as given, {seed, block_size}) -> Trace
 OPS = {"speed": lambda t, v, _: speed(t, float(v)), "rate": lambda t, v, _: rate(t, float(v)),
        "slice": lambda t, v, _: time_slice(t, *_range(v, float, 0.0)),
-       "head": lambda t, v, _: head(t, int(v)), "sample": lambda t, v, seed: sample(t, float(v), seed),
+       "head": lambda t, v, _: head(t, int(v)), "sample": lambda t, v, o: sample(t, float(v), o["seed"]),
        "model": lambda t, v, _: filter_values(t, "model", v.split(",")),
        "client_id": lambda t, v, _: filter_values(t, "client_id", v.split(",")),
        "map_model": lambda t, v, _: map_model(t, dict(kv.split("=", 1) for kv in v.split(","))),
        "merge": lambda t, v, _: merge(t, Trace.read(v), Path(v).stem), "shift": lambda t, v, _: shift(t, float(v)),
        "clip_input": lambda t, v, _: clip(t, "input_tokens", *_range(v)),
        "clip_output": lambda t, v, _: clip(t, "output_tokens", *_range(v)),
-       "dequantize": lambda t, v, _: dequantize(t, int(float(v) * 1e6) if v else None)}
+       "dequantize": lambda t, v, _: dequantize(t, int(float(v) * 1e6) if v else None),
+       "prefix_reuse": lambda t, v, o: prefix_reuse(t, float(v), o["block_size"], o["seed"])}
 
 
-def apply(trace: Trace, op: str, value: str, seed: int = 0) -> Trace:
+def apply(trace: Trace, op: str, value: str, seed: int = 0, block_size: int | None = None) -> Trace:
     """Apply one CLI transform (`op`: a key of OPS, the option name without dashes; `value` as given)."""
     try:
-        return OPS[op](trace, value, seed)
+        return OPS[op](trace, value, {"seed": seed, "block_size": block_size})
     except (ValueError, ArithmeticError) as e:  # ArithmeticError: out of int64 ns (--slice 1e10:, --speed 1e-300)
         if isinstance(e, TraceError):
             raise
