@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .metrics import POOLED, RequestMetrics, pooled_gaps, request_metrics
+from .errors import ReportError
+from .metrics import POOLED, RequestMetrics, as_f64, encode, pooled_gaps, request_metrics
+from .schema import RECORD_SCHEMA
 from .slo import SloSpec
 from .stats import PERCENTILES
 from .window import select
@@ -112,7 +115,16 @@ class Analysis:
     slo: SloSpec | None
     bottleneck: dict | None = None   # validity.assess: whether the replay kept its schedule, and why not
     server: object | None = None     # servertime.ServerTime: the run's server spans joined to its records
+    tenant_column: str | None = None  # --tenant-column; None: client_id when it names several, else slo_class
+    server_metrics: pa.Table | None = None   # the run's scraped counters (prefix_hit's fallback)
     _pooled: dict = field(default_factory=dict)
+
+    @property
+    def tenants(self) -> tuple[str, np.ndarray, list[str]]:
+        """The tenant column's name, each row's tenant code and the labels; computed once."""
+        if "tenants" not in self._pooled:
+            self._pooled["tenants"] = tenant_codes(self.table, self.rm, self.tenant_column)
+        return self._pooled["tenants"]
 
     @property
     def tasks(self):
@@ -189,8 +201,66 @@ class Analysis:
                 "token_goodput_per_s": rate(float(np.sum(rm.n_out, where=good & have_out)))}
 
 
+def tenant_codes(table: pa.Table, rm: RequestMetrics, column: str | None) -> tuple[str, np.ndarray, list[str]]:
+    """Who each request was sent for: the named string column, else client_id when the records
+    carry more than one, else slo_class."""
+    if column is None:
+        if "client_id" in table.column_names:
+            codes, labels = encode(table.column("client_id"))
+            if len(set(labels) - {"(none)"}) > 1:
+                return "client_id", codes, labels
+        return "slo_class", *rm.slo_class
+    strings = [f.name for f in RECORD_SCHEMA if f.type == pa.string()]
+    if column not in strings or column not in table.column_names:
+        raise ReportError(f"--tenant-column {column!r}: no such string column in the records "
+                          f"(string columns: {', '.join(strings)})")
+    return column, *encode(table.column(column))
+
+
+def with_column(run, column: str | None) -> pa.Table:
+    """run.records with `column` too, read from the file when the analysis columns leave it out."""
+    if column is None or column in run.records.column_names or column not in RECORD_SCHEMA.names:
+        return run.records
+    return run.records.append_column(column, run.column(column))
+
+
+def jain(x) -> np.ndarray:
+    """Jain's fairness index (sum x)^2 / (n sum x^2) along the last axis: 1 when all are equal,
+    1/n when one has everything (all zero: equal, 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    s2 = (x * x).sum(axis=-1)
+    return np.divide(x.sum(axis=-1) ** 2, x.shape[-1] * s2, out=np.ones_like(s2), where=s2 > 0)
+
+
+def counter_increase(server: pa.Table | None, suffix: str) -> float | None:
+    """Increase of a scraped counter over the run, summed over its label sets (resets skipped)."""
+    if server is None:
+        return None
+    df = server.filter(pc.ends_with(server.column("name"), suffix)).to_pandas().sort_values("time_s")
+    return float(df.groupby(df["labels"].fillna(""))["value"].diff().clip(lower=0).sum()) if len(df) else None
+
+
+def prefix_hit(an: Analysis, rows: np.ndarray | None = None) -> dict | None:
+    """The prefix-cache hit ratio the server achieved: sum(cached_tokens) / sum(prompt tokens) over
+    the successes among `rows` (default: measured) that reported cached_tokens, with the ratio
+    estimator's delta-method standard error; else the scraped counters over the whole run (a
+    census: no error); None without either."""
+    c = as_f64(an.table.column("cached_tokens")) if "cached_tokens" in an.table.column_names else None
+    sel = None if c is None else (an.mask if rows is None else rows) & an.rm.ok & ~np.isnan(c) & (an.rm.input_len > 0)
+    if sel is not None and sel.any():
+        c, p = c[sel], an.rm.input_len[sel]
+        n, r = len(c), float(c.sum() / p.sum())
+        se = float(np.sqrt(np.sum((c - r * p) ** 2) / (n - 1) / n) / p.mean()) if n > 1 else np.inf
+        return {"ratio": r, "source": "cached_tokens", "requests": n, "se": se}
+    hits, queries = (counter_increase(an.server_metrics, f"prefix_cache_{k}_total") for k in ("hits", "queries"))
+    if not queries or hits is None:
+        return None
+    return {"ratio": hits / queries, "source": "server counters", "requests": None, "se": 0.0}
+
+
 def analyze(table: pa.Table, *, warmup=None, cooldown=None, steady_state: float | None = None,
-            slo: SloSpec | None = None, bin_s: float = 1.0, rm: RequestMetrics | None = None) -> Analysis:
+            slo: SloSpec | None = None, bin_s: float = 1.0, rm: RequestMetrics | None = None,
+            tenant_column: str | None = None) -> Analysis:
     """`rm`: the request metrics of `table` when already computed (summary.py streams the time
     columns into them, so `table` need not hold those)."""
     rm = request_metrics(table) if rm is None else rm
@@ -202,4 +272,4 @@ def analyze(table: pa.Table, *, warmup=None, cooldown=None, steady_state: float 
         duration = d if d > 0 else None
         window.update(start_s=start, end_s=start + d)
     window["duration_s"] = duration
-    return Analysis(table, rm, mask, window, duration, good_requests(rm, slo), slo)
+    return Analysis(table, rm, mask, window, duration, good_requests(rm, slo), slo, tenant_column=tenant_column)

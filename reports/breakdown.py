@@ -27,7 +27,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from .analysis import Analysis
+from .analysis import Analysis, jain
 from .metrics import as_f64
 from .stats import describe, grouped_percentiles, regrouped_percentiles
 from .window import inflight, time_basis
@@ -96,6 +96,26 @@ def breakdowns(an: Analysis, kinds: dict[str, tuple[np.ndarray, list[str]]]) -> 
                          for name, g in lat.items()}}
                      for i, label in enumerate(labels) if issued[i]]
     return out
+
+
+JAIN = "Jain's index (sum x)^2 / (n sum x^2) over the tenants' attainment x: 1 when equal, 1/n when one gets all"
+
+
+def tenants(an: Analysis) -> dict | None:
+    """Per tenant (Analysis.tenants): requests, attainment, goodput, TTFT and TPOT p50/p99, and the
+    fairness of their attainment; None with fewer than two tenants among the measured requests."""
+    column, codes, labels = an.tenants
+    rows = breakdowns(an, {"tenant": (codes, labels)})["tenant"]
+    if len(rows) < 2:
+        return None
+    x = np.array([r["attainment"] for r in rows])
+    worst, best = (rows[int(f(x))] for f in (np.argmin, np.argmax))
+    return {"column": column, "rows": [
+        {"tenant": r["key"], "requests": r["issued"], "attainment": r["attainment"], "goodput_rps": r["goodput_rps"],
+         **{m: {q: r[m][q] for q in ("p50", "p99")} for m in ("ttft_ms", "tpot_ms")}} for r in rows],
+        "fairness": {"jain": float(jain(x)), "method": JAIN,
+                     **{k: {"tenant": r["key"], "attainment": r["attainment"]} for k, r in (("worst", worst),
+                                                                                         ("best", best))}}}
 
 
 def image_groups(images: np.ndarray, top: int = 9) -> tuple[np.ndarray, list[str]]:

@@ -23,6 +23,12 @@ def _window_args(p: argparse.ArgumentParser) -> None:
                    help="measure only the longest span with in-flight concurrency >= FRAC x peak")
 
 
+def tenant_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant-column", metavar="NAME",
+                   help="records column naming each request's tenant (default: client_id when it names several, "
+                        "else slo_class)")
+
+
 def confidence_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, metavar="C",
                    help="each verdict's confidence, 0.5 to below 1 (default: the SLO spec's, else 0.95)")
@@ -42,7 +48,8 @@ def _report_suffix(args) -> str:
     """The output-name suffix of a report whose options change the run's own summary, e.g.
     `warmup-30s.slo-prod` (summary.warmup-30s.slo-prod.json); '' when no option does."""
     parts = (("warmup", args.warmup), ("cooldown", args.cooldown), ("steady-state", args.steady_state),
-             ("slo", args.slo and Path(args.slo).stem), ("confidence", args.confidence), ("window", args.window_s))
+             ("slo", args.slo and Path(args.slo).stem), ("confidence", args.confidence), ("window", args.window_s),
+             ("tenant", args.tenant_column))
     return ".".join(re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{name}-{value:g}" if isinstance(value, float)
                            else f"{name}-{value}") for name, value in parts if value is not None)
 
@@ -64,7 +71,7 @@ def cmd_report(args) -> int:
         slo = load_slo(args.slo or out / "slo.json")
         slo.confidence = check_confidence(args.confidence)
     summary = summarize_run(args.run, slo=slo, window_s=args.window_s, write=not args.no_write,
-                            suffix=suffix, **_window(args))
+                            suffix=suffix, tenant_column=args.tenant_column, **_window(args))
     print(json.dumps(summary, indent=1) if args.json else format_summary(summary), end="\n" if args.json else "")
     log = sys.stderr if args.json else sys.stdout
     for path in summary.get("files", {}).values():
@@ -77,7 +84,7 @@ def cmd_report(args) -> int:
 def cmd_gate(args) -> int:
     from . import evaluate_slo
     return _show(evaluate_slo(args.run, args.slo, as_measured=args.as_measured, confidence=args.confidence,
-                              whole_run=args.whole_run, **_window(args)), args.json)
+                              whole_run=args.whole_run, tenant_column=args.tenant_column, **_window(args)), args.json)
 
 
 def _amount(text: str, option: str, unit: str) -> float:
@@ -143,6 +150,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-write", action="store_true", help="print only; write no files")
     p.add_argument("--spans", metavar="FILE", help="a collector's OTLP/JSON span file to join by trace id")
     p.add_argument("--force", action="store_true", help="with window or SLO options, write over the run's own files")
+    tenant_arg(p)
     _window_args(p)
     p.set_defaults(func=cmd_report, inputs={"run": NO_RUN})
 
@@ -155,6 +163,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    action="store_true", help="judge measured values: no confidence bounds, no bias bound (k6's way)")
     confidence_arg(p)
     p.add_argument("--whole-run", action="store_true", help="judge every request, not only the steady window")
+    tenant_arg(p)
     _window_args(p)
     p.set_defaults(func=cmd_gate, inputs={"run": NO_RUN})
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from scipy import stats as sps
 
-from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value
+from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value, with_column
 from .validity import RATES as BIAS_RATES, Bias, assess, bias_of, load_cpu
 from .certificate import certificate, sentence
 from .metrics import POOLED
@@ -380,9 +380,11 @@ def gate(an: Analysis, spec: SloSpec, as_measured: bool = False, config: dict | 
 def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, warmup=None,
                  cooldown=None, steady_state: float | None = None, as_measured: bool = False,
                  confidence: float | None = None, judge_as_measured: bool = False,
-                 allow_bottleneck: bool | None = None, whole_run: bool = False) -> GateResult:
+                 allow_bottleneck: bool | None = None, whole_run: bool = False,
+                 tenant_column: str | None = None) -> GateResult:
     """Gate a run (directory, records file, records table or Analysis) on an SLO spec. A run
     directory also tells whether the replay kept its schedule (run.json, cpu.parquet).
+    `tenant_column`: the records column naming each request's tenant (Analysis.tenants).
     `judge_as_measured` and `allow_bottleneck`: old names of `as_measured`."""
     spec = load_slo(slo)
     as_measured = as_measured or judge_as_measured or bool(allow_bottleneck)
@@ -390,9 +392,12 @@ def evaluate_slo(run_dir_or_records: str | Path | pa.Table | Analysis, slo, *, w
         return gate(run_dir_or_records, spec, as_measured, confidence=confidence, whole_run=whole_run)
     with plain_pages():
         run = None if isinstance(run_dir_or_records, pa.Table) else load_run(run_dir_or_records, columns=ANALYSIS_COLUMNS)
-        an = analyze(run.records if run else conform_records(run_dir_or_records), warmup=warmup, cooldown=cooldown,
-                     steady_state=steady_state, slo=spec)
+        an = analyze(with_column(run, tenant_column) if run else conform_records(run_dir_or_records), warmup=warmup,
+                     cooldown=cooldown, steady_state=steady_state, slo=spec, tenant_column=tenant_column)
+        if tenant_column:
+            an.tenants    # noqa: B018 - an unknown column is an error before anything is judged
         config, cpu = (run.config, load_cpu(run.dir)) if run else (None, None)
+        an.server_metrics = run.server_metrics if run else None
         an.bottleneck = assess(an, config, cpu)
         if run is not None:
             attach(an, run)

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .analysis import Analysis, analyze, plain_pages
+from .analysis import Analysis, analyze, counter_increase, plain_pages, with_column
 from .validity import assess, load_cpu
 from .certificate import certificate
 from .steady import of_run
-from .breakdown import LENGTH_EDGES, breakdowns, connections, image_groups, length_buckets, timeseries
+from .breakdown import LENGTH_EDGES, breakdowns, connections, image_groups, length_buckets, tenants, timeseries
 from .gate import gate, unfinished
 from .servertime import attach, clock, section as server_section
 from .metrics import (BATCH, CHUNK_KINDS, LENGTH_CHECKS, POOLED, STREAMED_COLUMNS, as_f64, chunk_token_rows,
@@ -198,6 +198,7 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "tasks": None if an.tasks is None else tasks_summary(an.tasks, rm, m, an.duration_s,
                                                               (slo.per_task if slo else {}).get("task_s")),
         "breakdowns": breakdowns(an, kinds),
+        "tenants": tenants(an),
         "timeseries": series,
         "unfinished": unfinished(run.config, rm),
         "state": run_state(series, run.config),
@@ -270,21 +271,13 @@ def run_state(ts: dict, config: dict | None) -> dict:
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning
 
 
-def _counter_increase(server: pa.Table | None, suffix: str) -> float | None:
-    """Increase of a scraped counter over the run, summed over its label sets (resets skipped)."""
-    if server is None:
-        return None
-    df = server.filter(pc.ends_with(server.column("name"), suffix)).to_pandas().sort_values("time_s")
-    return float(df.groupby(df["labels"].fillna(""))["value"].diff().clip(lower=0).sum()) if len(df) else None
-
-
 def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
     """The server's prefix-cache hits over the run (vLLM's and engine-stub's token counters)
     against the reuse the trace's hash_ids intend (run.json `intended_prefix_reuse`): a server
     that hits far more than intended was flattered (an earlier run's prompt bytes repeated with
     --salt, a warm-up, sharing the trace does not model)."""
     intended = ((config or {}).get("intended_prefix_reuse") or {}).get("token_hit_ratio")
-    hits, queries = (_counter_increase(server, f"prefix_cache_{k}_total") for k in ("hits", "queries"))
+    hits, queries = (counter_increase(server, f"prefix_cache_{k}_total") for k in ("hits", "queries"))
     if intended is None and not queries:
         return None
     ratio = hits / queries if queries else None
@@ -343,10 +336,11 @@ def _warnings(s: dict) -> list[str]:
 
 def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_state: float | None = None,
                   slo=None, window_s: float | None = None, length_buckets=None, bin_s: float = 1.0,
-                  write: bool = True, suffix: str = "") -> dict:
+                  write: bool = True, suffix: str = "", tenant_column: str | None = None) -> dict:
     """Compute the summary of a run; with write=True also write summary.json, summary.md and
     report.html into the run directory (next to the records file when given a file), or
-    summary.SUFFIX.json, summary.SUFFIX.md and report.SUFFIX.html with a `suffix`."""
+    summary.SUFFIX.json, summary.SUFFIX.md and report.SUFFIX.html with a `suffix`. `tenant_column`:
+    the records column that names each request's tenant (Analysis.tenants)."""
     spec = load_slo(slo) if slo is not None else None
     with plain_pages():
         # Times and token counts are used only for the per-request metrics (and length checks):
@@ -355,8 +349,9 @@ def summarize_run(run_dir: str | Path, *, warmup=None, cooldown=None, steady_sta
         if spec is None and run.dir is not None and (run.dir / "slo.json").is_file():
             spec = load_slo(run.dir / "slo.json")   # replay run --slo's own
         rm = request_metrics(run.records, stream=run.batches(STREAMED_COLUMNS, BATCH))
-        an = analyze(run.records, warmup=warmup, cooldown=cooldown, steady_state=steady_state, slo=spec,
-                     bin_s=bin_s, rm=rm)
+        an = analyze(with_column(run, tenant_column), warmup=warmup, cooldown=cooldown, steady_state=steady_state,
+                     slo=spec, bin_s=bin_s, rm=rm, tenant_column=tenant_column)
+        an.server_metrics = run.server_metrics
         cpu = load_cpu(run.dir)
         an.bottleneck = assess(an, run.config, cpu)
         attach(an, run)

@@ -191,6 +191,22 @@ GROUPS = (("model", "Per model", (("ttft_ms", "p99"), ("tpot_ms", "p99"))),
           ("num_images", "Per image count", (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("e2e_ms", "p99"))))
 
 
+TENANT_ROWS = 20    # the worst tenants shown; summary.json has them all
+TENANT_COLUMNS = ["tenant", "requests", "attainment", "goodput req/s", "ttft p50", "ttft p99", "tpot p50", "tpot p99"]
+
+
+def tenant_table(s: dict) -> tuple[str, list[str], list[list[object]]]:
+    """Per tenant, worst attainment first, titled with the fairness of their attainment."""
+    t, f = s["tenants"], s["tenants"]["fairness"]
+    rows = sorted(t["rows"], key=lambda r: r["attainment"])
+    more = f", worst {TENANT_ROWS} of {len(rows)}" if len(rows) > TENANT_ROWS else ""
+    title = (f"Per tenant ({t['column']}{more}): fairness {f['jain']:.3f} (Jain); worst {f['worst']['tenant']} "
+             f"{f['worst']['attainment']:.1%}, best {f['best']['tenant']} {f['best']['attainment']:.1%}")
+    return title, TENANT_COLUMNS, [[r["tenant"], r["requests"], r["attainment"], r["goodput_rps"], r["ttft_ms"]["p50"],
+                                    r["ttft_ms"]["p99"], r["tpot_ms"]["p50"], r["tpot_ms"]["p99"]]
+                                   for r in rows[:TENANT_ROWS]]
+
+
 def _tables(s: dict, markdown: bool = False) -> list[tuple[str, list[str], list[list[object]]]]:
     """The summary's tables after the headline, in order, as (title, columns, rows); the per-group
     ones only on the terminal."""
@@ -200,6 +216,8 @@ def _tables(s: dict, markdown: bool = False) -> list[tuple[str, list[str], list[
     if s.get("tasks"):
         out += [("Agentic tasks (s)", TASK_COLUMNS, task_rows(s)),
                 ("Steps by depth in the task graph", DEPTH_COLUMNS, depth_rows(s))]
+    if s.get("tenants"):
+        out.append(tenant_table(s))
     if s["errors"]["failed"]:
         out.append(("Errors", ["status", "count"], list(s["errors"]["by_status"].items())))
     for key, title, stats in () if markdown else GROUPS:
