@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 from scipy import stats as sps
 
-from .analysis import Analysis, analyze, good_requests, plain_pages, stat_value, with_column
+from .analysis import Analysis, analyze, good_requests, jain, plain_pages, prefix_hit, stat_value, with_column
 from .validity import RATES as BIAS_RATES, Bias, assess, bias_of, load_cpu
 from .certificate import certificate, sentence
 from .metrics import POOLED
@@ -32,7 +32,8 @@ from .schema import STATUSES
 from .servertime import attach
 from .sequential import judged, look_confidence
 from .steady import judged_window, of_run
-from .slo import OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, Objective, SloSpec, check_confidence, load_slo
+from .slo import (OPS, SPAN_METRICS, TASK_METRICS, TASK_SCALARS, TENANT_SCALARS, Objective, SloSpec, check_confidence,
+                  load_slo)
 from .stats import PERCENTILES, order_statistics
 from .text import render_table
 
@@ -227,6 +228,10 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: 
     """One objective's row; `conf` None judges the point estimate."""
     if obj.metric in TASK_METRICS + TASK_SCALARS + SPAN_METRICS:   # judged as measured: the bias bound is per
         ends = None                                                   # request; the server saw what it saw
+    if obj.metric in TENANT_SCALARS:
+        return _tenant_row(an, obj, rows, scope, conf, ends)
+    if obj.metric == "prefix_hit":
+        return _prefix_row(an, obj, rows, scope, conf)
     if obj.metric in SPAN_METRICS and obj.metric not in an.rm.columns:
         return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
                        "no server spans (run with --otlp)")
@@ -254,6 +259,80 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: 
     ends_x = _sample_bounds(an, obj.metric, rows, ends) if ends else None
     bound = None if ends_x is None else (stat_value(ends_x[0], obj.stat), stat_value(ends_x[1], obj.stat))
     return _row(obj, scope, stat_value(x, obj.stat), n, conf, bound, samples=[x, *(ends_x or ())])
+
+
+def tenant_box(good: np.ndarray, n: np.ndarray, conf: float, sides: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each tenant's Clopper-Pearson bounds at 1 - (1 - conf) / (sides x tenants) (Bonferroni): with
+    probability >= conf every tenant's attainment lies within its bounds on the `sides` used."""
+    c = 1 - (1 - conf) / (sides * len(n))
+    with np.errstate(invalid="ignore"):
+        return (np.where(good > 0, sps.beta.ppf(1 - c, good, n - good + 1), 0.0),
+                np.where(good < n, sps.beta.ppf(c, good + 1, n - good), 1.0))
+
+
+MAX_CORNERS = 12   # tenants up to which Jain's minimum over the box is searched over every corner
+
+
+def jain_range(lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
+    """The least and greatest Jain's index over the box lo <= x <= hi. The index is quasi-concave
+    (x's angle to the diagonal), so its minimum lies at a corner: every corner is tried up to
+    MAX_CORNERS tenants, beyond that the looser (sum lo)^2 / (n sum hi^2). Its maximum lies on
+    x = clip(t, lo, hi) (moving mass from a larger to a smaller x raises it): at a breakpoint of t,
+    or where it is stationary between two, t = sum(x^2) / sum(x) over the clipped coordinates."""
+    k = len(lo)
+    if k <= MAX_CORNERS:
+        corner = (np.arange(1 << k)[:, None] >> np.arange(k)) & 1
+        least = float(jain(np.where(corner, hi, lo)).min())
+    else:
+        least = float(np.sum(lo) ** 2 / (k * np.sum(hi * hi))) if np.sum(hi) else 1.0
+    ts = np.unique(np.concatenate([lo, hi]))
+    mid = (ts[:-1] + ts[1:]) / 2
+    x = np.clip(mid[:, None], lo, hi)
+    fixed = (x <= lo) | (x >= hi)
+    s1, s2 = (np.where(fixed, v, 0.0).sum(axis=1) for v in (x, x * x))
+    stationary = np.clip(np.divide(s2, s1, out=mid.copy(), where=s1 > 0), ts[:-1], ts[1:])
+    return least, float(jain(np.clip(np.concatenate([ts, stationary])[:, None], lo, hi)).max())
+
+
+def _tenant_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None,
+                ends: Ends | None) -> GateRow:
+    """fairness (Jain's index) or min_tenant_attainment over the tenants among `rows`, bounded by
+    the Bonferroni box of their attainment (tenant_box) at the run and both ends of its bias."""
+    column, codes, labels = an.tenants
+    n = np.bincount(codes[rows], minlength=len(labels))
+    have = n > 0
+    if have.sum() < 2:
+        return GateRow(obj.text, scope, None, obj.limit, int(n.sum()), None, "cannot evaluate",
+                       f"fewer than two tenants ({column}) in the window")
+    fair = obj.metric == "fairness"
+    stat = (lambda x: float(jain(x))) if fair else (lambda x: float(np.min(x)))
+    good = [np.bincount(codes[rows & a.good], minlength=len(labels))[have]
+            for a in (an, *((ends.worst, ends.best) if ends else ()))]
+    x = good[0] / n[have]
+    value, lo, hi, ci = stat(x), stat(x), stat(x), None
+    if conf is not None:
+        boxes = [tenant_box(g, n[have], conf, 2 if fair else 1) for g in good]
+        bs = [jain_range(*b) if fair else (float(b[0].min()), float(b[1].min())) for b in boxes]
+        lo, hi = min(b[0] for b in bs), max(b[1] for b in bs)
+        ci = (lo, hi)
+    worst = np.asarray(labels, dtype=object)[have][int(np.argmin(x))]
+    return GateRow(obj.text, scope, value, obj.limit, int(n.sum()), ci, judge(obj.op, obj.limit, lo, hi),
+                   f"{int(have.sum())} tenants by {column}, worst {worst} {x.min():.4g}", confidence=conf)
+
+
+def _prefix_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None) -> GateRow:
+    """The achieved prefix-cache hit ratio (analysis.prefix_hit): per request, a one-sided normal
+    bound on the ratio estimator (delta method); from the server's counters, as measured (a census)."""
+    hit = prefix_hit(an, rows)
+    if hit is None:
+        return GateRow(obj.text, scope, None, obj.limit, 0, None, "cannot evaluate",
+                       "no cached_tokens in the records and no scraped prefix-cache counters")
+    r, census = hit["ratio"], hit["source"] != "cached_tokens"
+    half = 0.0 if conf is None or census else float(sps.norm.ppf(conf)) * hit["se"]
+    lo, hi = max(r - half, 0.0), min(r + half, 1.0)
+    return GateRow(obj.text, scope, r, obj.limit, hit["requests"] or 0, None if conf is None or census else (lo, hi),
+                   judge(obj.op, obj.limit, lo, hi), "server counters over the whole run: a census, judged as measured"
+                   if census else "", confidence=None if census else conf)
 
 
 def _sample_bounds(an: Analysis, metric: str, rows: np.ndarray, ends: Ends):

@@ -8,9 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llm_replay.reports import analyze, summarize_run
+from llm_replay.reports import analyze, evaluate_slo, summarize_run
 from llm_replay.reports.analysis import jain, tenant_codes
 from llm_replay.reports.errors import ReportError
+from llm_replay.reports.gate import jain_range, tenant_box
 from llm_replay.reports.schema import RECORD_SCHEMA
 from tests.conftest import run_cli
 from tests.reports.synth import synth_records, write_run
@@ -85,3 +86,80 @@ def test_report_tenant_column_option(tmp_path):
     assert r.returncode == 0 and "Per tenant (slo_class): fairness" in r.stdout
     assert "Per tenant (slo_class)" in (d / "summary.md").read_text()
     assert "Per tenant (slo_class)" in (d / "report.html").read_text()
+
+
+def _slo(tmp_path, *objectives: str, confidence: float = 0.95):
+    p = tmp_path / "slo.yaml"
+    p.write_text(f"confidence: {confidence}\nobjectives: {list(objectives)!r}\n")
+    return p
+
+
+def _verdicts(res) -> list[str]:
+    return [r.verdict for r in res.rows]
+
+
+def test_fairness_and_min_tenant_attainment_verdicts_on_known_truth():
+    spec = {"objectives": ["fairness >= 0.9", "min_tenant_attainment >= 0.95"]}
+    assert _verdicts(evaluate_slo(tenant_run({"a": 0.99, "b": 0.99}, 2000), spec)) == ["pass", "pass"]
+    res = evaluate_slo(tenant_run({"a": 0.99, "b": 0.40}, 2000), spec)
+    assert _verdicts(res) == ["fail", "fail"]
+    lo, hi = res.rows[0].ci
+    assert lo <= res.rows[0].measured <= hi < 0.9 and "2 tenants by slo_class, worst b 0.4" in res.rows[0].note
+    tiny = evaluate_slo(tenant_run({"a": 1.0, "b": 0.8}, 5), spec)
+    assert _verdicts(tiny) == ["undecided", "undecided"]
+    # as measured: the point estimates alone (J = 0.988, min 0.8)
+    assert _verdicts(evaluate_slo(tenant_run({"a": 1.0, "b": 0.8}, 5), spec, as_measured=True)) == ["pass", "fail"]
+    one = evaluate_slo(synth_records(300, classes=("only",)), spec)
+    assert _verdicts(one) == ["cannot evaluate"] * 2 and "fewer than two tenants" in one.rows[0].note
+
+
+def test_jain_range_is_the_index_over_the_box():
+    lo, hi = np.array([0.97, 0.30, 0.6]), np.array([1.0, 0.45, 0.62])
+    rng = np.random.default_rng(0)
+    x = lo + (hi - lo) * rng.random((100_000, 3))
+    least, most = jain_range(lo, hi)
+    assert least <= jain(x).min() and most >= jain(x).max() and most - jain(x).max() < 1e-3
+    assert jain_range(np.array([0.5, 0.9]), np.array([0.95, 1.0]))[1] == 1.0   # the box meets the diagonal
+
+
+def test_gate_cli_exit_codes_on_tenant_objectives(tmp_path):
+    good = write_run(tmp_path / "good", tenant_run({"a": 0.99, "b": 0.995}, 2000))
+    bad = write_run(tmp_path / "bad", tenant_run({"a": 0.99, "b": 0.40}, 2000))
+    slo = _slo(tmp_path, "fairness >= 0.9", "min_tenant_attainment >= 0.95")
+    r = run_cli("replay", "gate", good, "--slo", slo)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fairness >= 0.9" in r.stdout and "PASS" in r.stdout
+    r = run_cli("replay", "gate", bad, "--slo", slo, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert [row["verdict"] for row in json.loads(r.stdout)["rows"]] == ["fail", "fail"]
+    r = run_cli("replay", "gate", good, "--slo", slo, "--tenant-column", "model", "--json")
+    assert r.returncode in (0, 2) and "2 tenants by model" in r.stdout
+    r = run_cli("replay", "gate", good, "--slo", slo, "--tenant-column", "nope")
+    assert r.returncode == 2 and "--tenant-column 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+def _calibration(truth: np.ndarray, n: int, draws: int, conf: float = 0.95):
+    """Lower and upper bounds of fairness and of the least attainment over `draws` seeded
+    samples of n requests per tenant with the true attainments `truth`."""
+    rng = np.random.default_rng(7)
+    out = {"fairness": [], "min": []}
+    for _ in range(draws):
+        good = rng.binomial(n, truth)
+        n_ = np.full(len(truth), n)
+        out["fairness"].append(jain_range(*tenant_box(good, n_, conf, 2)))
+        lo, hi = tenant_box(good, n_, conf, 1)
+        out["min"].append((lo.min(), hi.min()))
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def test_tenant_bounds_false_pass_and_false_fail_rates_are_within_the_confidence():
+    truth = np.array([0.95, 0.6, 0.4])     # J = 0.891
+    j, m = float(jain(truth)), float(truth.min())
+    b = _calibration(truth, 300, 200)
+    for key, t in (("fairness", j), ("min", m)):
+        lo, hi = b[key][:, 0], b[key][:, 1]
+        assert np.mean(lo >= t + 0.001) <= 0.05         # a limit just above the truth: passed at most 5 %
+        assert np.mean(hi < t - 0.001) <= 0.05          # just below: failed at most 5 %
+        assert np.mean(lo >= t * 1.05) == 0 and np.mean(hi < t * 0.95) <= 0.05   # +-5 %: never passed / failed
+    # conservative (a Bonferroni box), not vacuous: at 300 requests a tenant, 5 % either side decides often
+    assert np.mean(b["fairness"][:, 0] >= j * 0.95) >= 0.2 and np.mean(b["fairness"][:, 1] < j * 1.05) >= 0.4
