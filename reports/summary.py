@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .analysis import Analysis, analyze, counter_increase, plain_pages, with_column
+from .analysis import Analysis, analyze, counter_increase, plain_pages, prefix_hit, with_column
 from .validity import assess, load_cpu
 from .certificate import certificate
 from .steady import of_run
@@ -194,7 +194,8 @@ def build_summary(run: Run, an: Analysis, *, window_s: float | None = None,
         "stimulus": stimulus,
         "length_mismatch": _mismatches(an, run),
         "connections": connections(an, run.config),
-        "prefix_cache": prefix_cache(run.config, run.server_metrics),
+        "prefix_cache": prefix_cache(run.config, run.server_metrics, an),
+        "cache_state": cache_state(run.config),
         "tasks": None if an.tasks is None else tasks_summary(an.tasks, rm, m, an.duration_s,
                                                               (slo.per_task if slo else {}).get("task_s")),
         "breakdowns": breakdowns(an, kinds),
@@ -271,22 +272,48 @@ def run_state(ts: dict, config: dict | None) -> dict:
 FLATTERED = 0.10   # the server's prefix-cache hit ratio this far above the trace's intent: a warning
 
 
-def prefix_cache(config: dict | None, server: pa.Table | None) -> dict | None:
+UNDER = 0.05      # the achieved hit ratio this far below the trace's intent: a warning
+
+
+def prefix_cache(config: dict | None, server: pa.Table | None, an: Analysis | None = None) -> dict | None:
     """The server's prefix-cache hits over the run (vLLM's and engine-stub's token counters)
     against the reuse the trace's hash_ids intend (run.json `intended_prefix_reuse`): a server
     that hits far more than intended was flattered (an earlier run's prompt bytes repeated with
-    --salt, a warm-up, sharing the trace does not model)."""
+    --salt, a warm-up, sharing the trace does not model). `achieved_hit_ratio`: what the measured
+    requests got (analysis.prefix_hit: their cached_tokens, else the counters); far below the
+    intent, the trace's reuse was not delivered."""
     intended = ((config or {}).get("intended_prefix_reuse") or {}).get("token_hit_ratio")
     hits, queries = (counter_increase(server, f"prefix_cache_{k}_total") for k in ("hits", "queries"))
-    if intended is None and not queries:
+    hit = prefix_hit(an) if an is not None else None
+    if intended is None and not queries and hit is None:
         return None
     ratio = hits / queries if queries else None
     warning = (f"the server's prefix cache hit {ratio:.0%} of prompt tokens where the trace's hash_ids intend "
                f"{intended:.0%}: the run was flattered by sharing the trace does not have (an earlier run's prompt "
                "bytes repeated with --salt, a warm-up, a common system prompt)"
                if ratio is not None and intended is not None and ratio > intended + FLATTERED else None)
+    achieved = hit["ratio"] if hit else None
+    under = (f"the server did not deliver the prefix reuse the trace intends: {achieved:.0%} vs {intended:.0%} of "
+             f"prompt tokens were cached (from {hit['source']})"
+             if achieved is not None and intended is not None and achieved < intended - UNDER else None)
     return {"intended_token_hit_ratio": intended, "server_hits": hits, "server_queries": queries,
-            "server_hit_ratio": ratio, "warning": warning}
+            "server_hit_ratio": ratio, "warning": warning, "achieved_hit_ratio": achieved,
+            "achieved_source": hit["source"] if hit else None, "achieved_requests": hit["requests"] if hit else None,
+            "delivery_warning": under}
+
+
+def cache_state(config: dict | None) -> dict | None:
+    """run.json `cache_state` (replay run: was the server's prefix cache reset before T0) with a
+    `sentence` saying so; None when the run did not record it."""
+    cs = (config or {}).get("cache_state")
+    if not cs:
+        return None
+    reset, up = cs.get("reset"), cs.get("uptime_s")
+    how = {"cold": f"reset via {reset if ' ' in (reset or ' ') else 'POST ' + reset} before T0",
+           "warm": "not reset: prefixes of earlier requests may be cached",
+           "uncontrolled": "not reset nor warmed on purpose: earlier runs' prefixes may be cached"}.get(cs.get("state"))
+    uptime = f", server up {up:.0f} s" if up is not None else ""
+    return cs | {"sentence": f"{cs.get('state')} ({how or 'unknown'}{uptime})"}
 
 
 def _warnings(s: dict) -> list[str]:
@@ -303,12 +330,19 @@ def _warnings(s: dict) -> list[str]:
     st = s.get("steady")
     if st and st["steady"] is None:
         w.append(f"no steady state: {st['reason']}; a gate judges the whole run")
+    elif st and not st["steady"]["whole_run"] and (s.get("cache_state") or {}).get("state") == "cold":
+        seg = st["segments"]
+        w.append(f"cold cache: the first {st['steady']['start_s'] - seg[0]['start_s']:.4g} s "
+                 f"({sum(g['requests'] for g in seg) - st['steady']['requests']:,} requests) ran while the reset prefix "
+                 f"cache filled, before steady from {st['steady']['start_s']:.4g} s, which a gate judges "
+                 "(--whole-run: every request)")
     elif st and not st["steady"]["whole_run"]:
         w.append(f"warm-up or level shift: steady from {st['steady']['start_s']:.4g} s "
                  f"({st['steady']['requests']:,} requests), which a gate judges (--whole-run: every request)")
     if s["stimulus"]["delivered"] is False:
         w.append("the stimulus was not delivered (a gate cannot pass): " + "; ".join(s["stimulus"]["reasons"]))
-    w += [x for x in (s["connections"]["warning"], (s.get("prefix_cache") or {}).get("warning"),
+    pcache = s.get("prefix_cache") or {}
+    w += [x for x in (s["connections"]["warning"], pcache.get("warning"), pcache.get("delivery_warning"),
                       (s.get("server_time") or {}).get("warning")) if x]
     if r["no_answer"]:
         w.append(f"{r['no_answer']} of {r['ok']} successful requests streamed reasoning but no answer (the token "

@@ -144,7 +144,15 @@ def run_rows(s: dict) -> list[list[object]]:
             ["connections opened / reused (connect p99 ms)",
              f"{cn['opened']:,} / {cn['reused']:,} ({fmt(cn['connect_ms']['p99'])})" if cn.get("recorded") else "-"],
             *([["reasoning share of output tokens", f"{r['share']:.1%}{asked}"]] if r.get("share") is not None else []),
-            *([["where the time went", s["server_time"]["sentence"]]] if s.get("server_time") else [])]
+            *([["where the time went", s["server_time"]["sentence"]]] if s.get("server_time") else []),
+            *([["server cache", s["cache_state"]["sentence"]]] if s.get("cache_state") else []),
+            *([["prefix hit achieved / intended", _prefix_hit(s["prefix_cache"])]]
+              if (s.get("prefix_cache") or {}).get("achieved_hit_ratio") is not None else [])]
+
+
+def _prefix_hit(p: dict) -> str:
+    intended = "-" if p["intended_token_hit_ratio"] is None else f"{p['intended_token_hit_ratio']:.1%}"
+    return f"{p['achieved_hit_ratio']:.1%} / {intended} (from {p['achieved_source']})"
 
 
 def reasoning_rows(s: dict) -> list[list[object]]:

@@ -163,3 +163,70 @@ def test_tenant_bounds_false_pass_and_false_fail_rates_are_within_the_confidence
         assert np.mean(lo >= t * 1.05) == 0 and np.mean(hi < t * 0.95) <= 0.05   # +-5 %: never passed / failed
     # conservative (a Bonferroni box), not vacuous: at 300 requests a tenant, 5 % either side decides often
     assert np.mean(b["fairness"][:, 0] >= j * 0.95) >= 0.2 and np.mean(b["fairness"][:, 1] < j * 1.05) >= 0.4
+
+
+def cached_run(share: float, n: int = 600, seed: int = 0) -> pa.Table:
+    """Records whose successes report `share` of their prompt tokens as cached (noisy per request)."""
+    t = synth_records(n, seed=seed)
+    prompt = np.array(t.column("prompt_tokens").to_pylist(), dtype=float)
+    ok = np.array(t.column("status").to_pylist()) == "ok"
+    frac = np.clip(share + np.random.default_rng(seed).normal(0, 0.1, n), 0, 1)
+    cached = pa.array(np.round(np.nan_to_num(prompt) * frac).astype(np.int32), mask=~ok)
+    return t.set_column(RECORD_SCHEMA.get_field_index("cached_tokens"), "cached_tokens", cached)
+
+
+def test_prefix_hit_achieved_from_cached_tokens_and_the_under_delivery_warning(tmp_path):
+    t = cached_run(0.3)
+    ok = pa.compute.equal(t.column("status"), "ok")
+    want = (pa.compute.sum(t.column("cached_tokens")).as_py()
+            / pa.compute.sum(t.filter(ok).column("prompt_tokens")).as_py())
+    d = write_run(tmp_path / "run", t, {"intended_prefix_reuse": {"token_hit_ratio": 0.8}})
+    s = summarize_run(d)
+    p = s["prefix_cache"]
+    assert p["achieved_hit_ratio"] == pytest.approx(want) and p["achieved_source"] == "cached_tokens"
+    assert p["achieved_requests"] == s["counts"]["ok"] and p["warning"] is None
+    msg = f"the server did not deliver the prefix reuse the trace intends: {want:.0%} vs 80%"
+    assert p["delivery_warning"].startswith(msg) and msg in "\n".join(s["warnings"])
+    assert "prefix hit achieved / intended" in (d / "summary.md").read_text()
+    d2 = write_run(tmp_path / "met", cached_run(0.78), {"intended_prefix_reuse": {"token_hit_ratio": 0.8}})
+    assert summarize_run(d2, write=False)["prefix_cache"]["delivery_warning"] is None
+
+
+def test_prefix_hit_objective_both_ways_and_from_counters(tmp_path):
+    t = cached_run(0.6)
+    assert _verdicts(evaluate_slo(t, {"objectives": ["prefix_hit >= 0.45", "prefix_hit >= 0.7"]})) == ["pass", "fail"]
+    near = evaluate_slo(cached_run(0.6, n=40), {"objectives": ["prefix_hit >= 0.58"]}).rows[0]
+    assert near.verdict == "undecided" and near.ci[0] < 0.58 < near.ci[1]
+    none = evaluate_slo(synth_records(100), {"objectives": ["prefix_hit >= 0.45"]}).rows[0]
+    assert none.verdict == "cannot evaluate" and "no cached_tokens" in none.note
+    server = pa.table({"time_s": [0.0, 60.0, 0.0, 60.0], "name": ["vllm:prefix_cache_hits_total"] * 2
+                       + ["vllm:prefix_cache_queries_total"] * 2, "labels": [None] * 4, "value": [0.0, 50, 0, 100]})
+    d = write_run(tmp_path / "run", synth_records(300), {}, server)
+    r = run_cli("replay", "gate", d, "--slo", _slo(tmp_path, "prefix_hit >= 0.45"), "--json")
+    row = json.loads(r.stdout)["rows"][0]
+    assert r.returncode == 0 and row["measured"] == 0.5 and "a census" in row["note"] and row["ci"] is None
+    assert summarize_run(d, write=False)["prefix_cache"]["achieved_source"] == "server counters"
+
+
+@pytest.mark.parametrize("state, says", [
+    ({"state": "cold", "reset": "/reset_prefix_cache", "uptime_s": 12.0},
+     "cold (reset via POST /reset_prefix_cache before T0, server up 12 s)"),
+    ({"state": "warm", "reset": None, "uptime_s": None}, "warm (not reset"),
+    ({"state": "uncontrolled", "reset": None, "uptime_s": 3600.0}, "uncontrolled (not reset nor warmed")])
+def test_cache_state_on_record(tmp_path, state, says):
+    d = write_run(tmp_path / "run", synth_records(200), {"cache_state": state})
+    s = summarize_run(d)
+    assert s["cache_state"]["state"] == state["state"] and s["cache_state"]["sentence"].startswith(says)
+    for name in ("summary.md", "report.html"):
+        assert says in (d / name).read_text()
+
+
+def test_cold_cache_names_the_warm_up_window(tmp_path):
+    slow = synth_records(400, ttft_factor=6.0, seed=1)                  # the first 8 s: cold, slow
+    fast = synth_records(1600, seed=2, t0=slow.column("scheduled_s")[-1].as_py(), first_id=400)
+    t = pa.concat_tables([slow, fast])
+    cold = {"cache_state": {"state": "cold", "reset": "/reset_prefix_cache", "uptime_s": None}}
+    w = "\n".join(summarize_run(write_run(tmp_path / "cold", t, cold), write=False)["warnings"])
+    assert "cold cache: the first " in w and "before steady from" in w and "warm-up or level shift" not in w
+    w = "\n".join(summarize_run(write_run(tmp_path / "plain", t), write=False)["warnings"])
+    assert "warm-up or level shift" in w and "cold cache" not in w
