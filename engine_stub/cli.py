@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields, replace
 
 from .answer import REASONING_FIELDS, AnswerOptions, parse_reasoning
-from .config import POLICIES, PRESETS, EngineConfig
+from .config import POLICIES, PRESETS, TENANT_POLICIES, EngineConfig
 from .faults import DroppedConnection, FaultConfig, Faults
 from .images import MERGE, PATCH, ImageOptions
 from .pacing import PROFILES
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     a("--max-model-len", type=int, default=EngineConfig.max_model_len, help="longest prompt + output (clamped)")
     a("--policy", choices=POLICIES, default="chunked")
+    a("--tenant-policy", choices=TENANT_POLICIES, default="fcfs", help="fair: admit the least-served `user` first")
     a("--no-prefix-caching", action="store_true")
     a("--prefix-cache-ttl", type=float, metavar="SECONDS", help="evict a cached prefix block free this long")
     a("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])

@@ -38,6 +38,7 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 POLICIES = ("chunked", "prefill-first", "reserve")
+TENANT_POLICIES = ("fcfs", "fair")
 
 
 @dataclass
@@ -50,6 +51,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int = 8192            # every replay preset's requests fit
     policy: str = "chunked"
+    tenant_policy: str = "fcfs"          # which waiting request is admitted next (scheduler.py)
     enable_prefix_caching: bool = True
     prefix_cache_ttl: float | None = None  # seconds a free cached block stays a hit; None: until reused
     dtype: str = "auto"
@@ -69,6 +71,8 @@ class EngineConfig:
         import torch
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.tenant_policy not in TENANT_POLICIES:
+            raise ValueError(f"--tenant-policy must be fcfs or fair, got {self.tenant_policy!r}")
         check_range(self, "", "block_size max_num_seqs max_num_batched_tokens max_model_len", 1)
         check_range(self, "", "prefix_cache_ttl", 0)
         device = ("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device

@@ -33,6 +33,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
+    user: str | None = None     # the tenant of --tenant-policy fair
     # vLLM extensions
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)

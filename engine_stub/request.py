@@ -37,6 +37,7 @@ class EngineRequest:
     arrival_time: float
     seq: int = 0                              # arrival order, ties broken by the engine
     lora_id: int = 0                          # 0: base model
+    tenant: str = ""                          # the body's OpenAI `user` ("" when absent): --tenant-policy fair
     token_ids: list[int] = field(default_factory=list)   # prompt + output
     num_computed_tokens: int = 0              # tokens whose K/V are in the cache
     block_ids: list[int] = field(default_factory=list)

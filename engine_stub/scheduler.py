@@ -8,11 +8,17 @@ it goes back to the front of the queue) and nothing new is admitted in that step
 `prefill-first` (vLLM V0 / nano-vllm): a step is either whole prompts or decodes; prompts win,
 so decodes stall behind prompt bursts. `reserve`: a request is admitted only when blocks for its
 prompt plus max_tokens are free (counting what running requests may still need); no preemption.
+
+The tenant policy picks which waiting request is admitted next. `fcfs`: the oldest. `fair`: the
+oldest of the tenant (the body's `user`) that has been served the fewest tokens (prefill chunks
+and decodes scheduled), a virtual token counter as VTC ("Fairness in Serving Large Language
+Models", OSDI '24): a tenant that arrives with nothing in the engine starts at the least counter
+of the tenants in it, so idle time banks no credit. Preemption still takes the newest request.
 """
 from __future__ import annotations
 
 import bisect
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
@@ -38,8 +44,14 @@ class Scheduler:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []   # sorted by arrival (seq)
         self.num_preemptions = 0
+        self.served: Counter[str] = Counter()   # tokens scheduled per tenant (the `fair` counters)
+        self.in_engine: Counter[str] = Counter()  # waiting + running requests per tenant
 
     def add(self, req: EngineRequest) -> None:
+        if not self.in_engine[req.tenant] and self.in_engine.total():  # back from idle: no banked credit
+            least = min(self.served[t] for t, n in self.in_engine.items() if n)
+            self.served[req.tenant] = max(self.served[req.tenant], least)
+        self.in_engine[req.tenant] += 1
         self.waiting.append(req)
 
     def has_work(self) -> bool:
@@ -73,14 +85,16 @@ class Scheduler:
                 if victim is req:
                     return budget
             out.items.append((req, n))
+            self.served[req.tenant] += n
             budget -= n
             i += 1
         return budget
 
     def _admit(self, out: SchedulerOutput, budget: int, whole_prompts: bool) -> None:
         adapters = {r.lora_id for r in self.running if r.lora_id}
+        req = None
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
+            req = self._next_waiting()
             if req.lora_id and req.lora_id not in adapters and len(adapters) >= self.cfg.max_loras:
                 break  # at most max_loras distinct adapters per step (FCFS: no overtaking)
             hits = self.blocks.match_prefix(req)
@@ -93,7 +107,7 @@ class Scheduler:
                 break
             if not self.blocks.allocate(req, n, hits):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)  # the head under fcfs: O(1)
             if req.lora_id:
                 adapters.add(req.lora_id)
             req.status = Status.RUNNING
@@ -102,9 +116,18 @@ class Scheduler:
             out.prefix_hits += req.num_computed_tokens
             bisect.insort(self.running, req, key=lambda r: r.seq)
             out.items.append((req, n))
+            self.served[req.tenant] += n
             budget -= n
-        if self.waiting and self.waiting[0].status is Status.WAITING:
-            self.waiting[0].num_computed_tokens = 0  # not admitted: forget the tentative hits
+        if req is not None and req.status is Status.WAITING:
+            req.num_computed_tokens = 0  # not admitted: forget the tentative hits
+
+    def _next_waiting(self) -> EngineRequest:
+        if self.cfg.tenant_policy == "fcfs":
+            return self.waiting[0]
+        heads: dict[str, EngineRequest] = {}  # each tenant's oldest, in queue order (ties: FCFS)
+        for r in self.waiting:  # a scan per admission: queues here are thousands at most
+            heads.setdefault(r.tenant, r)
+        return min(heads.values(), key=lambda r: self.served[r.tenant])
 
     def _max_blocks(self, req: EngineRequest) -> int:
         total = min(req.num_prompt_tokens + req.params.max_tokens, self.cfg.max_model_len)
@@ -120,6 +143,7 @@ class Scheduler:
         if req.status is Status.FINISHED:
             return
         (self.running if req.status is Status.RUNNING else self.waiting).remove(req)
+        self.in_engine[req.tenant] -= 1
         req.status = Status.FINISHED
         req.finish_reason = reason
         self.blocks.free_request(req)

@@ -1,10 +1,11 @@
 """Scheduler properties under random arrivals and lengths (hypothesis): no deadlock, every request
 finishes with exactly its tokens, the token budget and max_num_seqs hold, preemption takes the
-newest running request, `reserve` never preempts, `prefill-first` never mixes prompts and decodes."""
+newest running request, `reserve` never preempts, `prefill-first` never mixes prompts and decodes;
+the same under `--tenant-policy fair`."""
 from hypothesis import given, settings, strategies as st
 
 from llm_replay.engine_stub.block_manager import BlockManager
-from llm_replay.engine_stub.config import EngineConfig
+from llm_replay.engine_stub.config import POLICIES, EngineConfig
 from llm_replay.engine_stub.request import EngineRequest, SamplingParams, Status
 from llm_replay.engine_stub.scheduler import Scheduler
 
@@ -13,9 +14,10 @@ BS = 4
 workload = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 40), st.integers(1, 20)), min_size=1, max_size=25)
 
 
-def simulate(policy, reqs_spec, num_blocks, budget, max_seqs):
+def simulate(policy, reqs_spec, num_blocks, budget, max_seqs, tenant_policy="fcfs"):
     cfg = EngineConfig(block_size=BS, num_blocks=num_blocks, max_num_seqs=max_seqs,
-                       max_num_batched_tokens=budget, max_model_len=num_blocks * BS, policy=policy)
+                       max_num_batched_tokens=budget, max_model_len=num_blocks * BS, policy=policy,
+                       tenant_policy=tenant_policy)
     bm = BlockManager(num_blocks, BS)
     sched = Scheduler(cfg, bm)
     pending = sorted(enumerate(reqs_spec), key=lambda x: x[1][0])
@@ -28,7 +30,7 @@ def simulate(policy, reqs_spec, num_blocks, budget, max_seqs):
             i, (_, plen, max_tokens) = pending.pop(0)
             plen = min(plen, cfg.max_model_len - max_tokens) if plen + max_tokens > cfg.max_model_len else plen
             r = EngineRequest(str(i), [1000 + (i % 3)] * max(plen, 1), SamplingParams(max_tokens=max_tokens), step,
-                              seq=i + 1)
+                              seq=i + 1, tenant="ab"[i % 2])
             reqs.append(r)
             sched.add(r)
         was_waiting = {id(r) for r in sched.waiting}
@@ -81,3 +83,10 @@ def test_prefill_first_policy(spec, num_blocks, budget, max_seqs):
 def test_small_pool_preempts():
     # eight long requests in a 12-block pool must preempt, and still all finish
     assert simulate("chunked", [(0, 10, 20)] * 8, 12, 64, 8) > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(workload, st.integers(12, 40), st.integers(4, 64), st.integers(1, 8), st.sampled_from(POLICIES))
+def test_fair_tenant_policy(spec, num_blocks, budget, max_seqs, policy):
+    preemptions = simulate(policy, spec, num_blocks, budget, max_seqs, tenant_policy="fair")
+    assert policy != "reserve" or preemptions == 0
