@@ -7,8 +7,8 @@ child process).
 ModelRunner puts decodes (one new token) first in the flat batch so attention can batch them;
 prefill chunks follow. Only requests whose chunk reaches the end of their known tokens sample.
 ProcessBackend keeps model compute from holding the server's GIL: same surface as EngineLoop
-(add / abort / num_waiting / render_metrics / stop); outputs and metrics travel over
-multiprocessing queues (one message per engine step).
+(add / abort / num_waiting / render_metrics / reset_prefix_cache / stop); outputs and metrics travel
+over multiprocessing queues (one message per engine step).
 """
 from __future__ import annotations
 
@@ -226,6 +226,9 @@ class EngineCore:
         self.metrics = metrics
 
 
+_RESET = object()  # the engine loop's command to reset the prefix caches
+
+
 class EngineLoop:
     """The engine thread (started at once): applies queued adds/aborts, steps every core round-robin
     and emits one batch of outputs per round. add/abort are thread-safe; emit runs on the engine thread."""
@@ -255,11 +258,30 @@ class EngineLoop:
         self._commands.append((None, request_id))
         self._wake.set()
 
+    def reset(self, done: Callable[[int], None]) -> None:
+        """Between two steps, forget every core's cached prefix blocks unless requests hold KV blocks
+        (vLLM's BlockPool refuses then too, so a reset is never partial); done(held blocks), 0: reset."""
+        self._commands.append((_RESET, done))
+        self._wake.set()
+
     def num_waiting(self, core: str) -> int:
         return len(self.cores[core].scheduler.waiting) + sum(1 for c, _ in list(self._commands) if c == core)
 
     async def render_metrics(self) -> bytes:
         return self.metrics.render()
+
+    async def reset_prefix_cache(self) -> int:
+        loop = asyncio.get_running_loop()
+        held = loop.create_future()
+        self.reset(lambda n: loop.call_soon_threadsafe(held.set_result, n))
+        return await held
+
+    def _reset(self) -> int:
+        held = sum(c.blocks.num_blocks - c.blocks.num_free for c in self.cores.values())
+        if not held:
+            for c in self.cores.values():
+                c.blocks.reset_prefix_cache()
+        return held
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -272,6 +294,8 @@ class EngineLoop:
                 if core is None:
                     for c in self.cores.values():
                         c.abort(item)
+                elif core is _RESET:
+                    item(self._reset())
                 else:
                     self.cores[core].add(item)
             outputs: list[RequestOutput] = []
@@ -344,6 +368,8 @@ def _child(configs: dict[str, EngineConfig], emulate: str | None, threads: int, 
             getattr(loop, msg[0])(*msg[1:])
         elif msg[0] == "metrics":
             outbox.put(("metrics", metrics.render(), None))
+        elif msg[0] == "reset":
+            loop.reset(lambda held: outbox.put(("reset", held, None)))
         else:
             loop.stop()
             return
@@ -358,8 +384,8 @@ class ProcessBackend:
         self.cores = {n: SimpleNamespace(cfg=c, tokenizer=Tokenizer(c.model.vocab_size)) for n, c in configs.items()}
         # waiting: as of the child's last step report; pending: sent to the child since then
         self._waiting, self._pending = dict.fromkeys(configs, 0), dict.fromkeys(configs, 0)
-        self._metrics: asyncio.Future | None = None
-        self._metrics_lock = asyncio.Lock()
+        self._reply: asyncio.Future | None = None  # of the one question (metrics, reset) the child answers
+        self._ask_lock = asyncio.Lock()
 
     def start(self, deliver, loop: asyncio.AbstractEventLoop) -> None:
         """Blocks until the child has built and warmed up its cores (call it in an executor)."""
@@ -381,8 +407,8 @@ class ProcessBackend:
                     return
                 if kind == "out":
                     loop.call_soon_threadsafe(self._on_outputs, deliver, payload, waiting)
-                elif kind == "metrics":
-                    loop.call_soon_threadsafe(self._metrics.set_result, payload)
+                elif kind in ("metrics", "reset"):
+                    loop.call_soon_threadsafe(self._reply.set_result, payload)
 
         threading.Thread(target=read, name="engine-outputs", daemon=True).start()
 
@@ -401,11 +427,17 @@ class ProcessBackend:
     def num_waiting(self, core: str) -> int:
         return self._waiting.get(core, 0) + self._pending.get(core, 0)
 
+    async def _ask(self, question: str):
+        async with self._ask_lock:
+            self._reply = asyncio.get_running_loop().create_future()
+            self.inbox.put((question,))
+            return await asyncio.wait_for(self._reply, 10)
+
     async def render_metrics(self) -> bytes:
-        async with self._metrics_lock:
-            self._metrics = asyncio.get_running_loop().create_future()
-            self.inbox.put(("metrics",))
-            return await asyncio.wait_for(self._metrics, 10)
+        return await self._ask("metrics")
+
+    async def reset_prefix_cache(self) -> int:
+        return await self._ask("reset")
 
     def stop(self) -> None:
         if self.proc.is_alive():

@@ -5,7 +5,8 @@ produced (the engine thread), never in the HTTP layer.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
+                               generate_latest)
 
 disable_created_metrics()  # as vLLM: no *_created series
 
@@ -24,6 +25,7 @@ FINISH_REASONS = ("stop", "length", "abort")
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)  # process_start_time_seconds (the engine's uptime), CPU, memory: as vLLM's
         L = ["model_name"]
         g = lambda name, doc: Gauge(name, doc, L, registry=r)  # noqa: E731
         c = lambda name, doc: Counter(name, doc, L, registry=r)  # noqa: E731

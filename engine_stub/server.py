@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI) in front of the engine thread.
 
-Endpoints as vLLM: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics.
+Endpoints as vLLM: /v1/completions, /v1/chat/completions, /v1/models, /health, /version, /metrics,
+/reset_prefix_cache (and SGLang's /flush_cache).
 Errors use the OpenAI envelope; invalid bodies are 400 (never FastAPI's 422). A client that goes
 away aborts its requests, which frees their KV blocks (idempotent with a natural finish).
 """
@@ -26,7 +27,7 @@ from .protocol import ChatExtras, ChatRequest, ChunkWriter, CompletionRequest, u
 from .request import EngineRequest, SamplingParams
 
 VERSION = "0.1.0"
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 409: "ConflictError",
                 413: "RequestTooLargeError", 429: "RateLimitError", 500: "InternalServerError",
                 503: "ServiceUnavailableError"}
 
@@ -116,6 +117,17 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         body = await state.engine.backend.render_metrics() if state.engine is not None else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.post("/reset_prefix_cache")  # vLLM's: 409 when refused
+    @app.post("/flush_cache")         # SGLang's: 400 when refused
+    async def reset_prefix_cache(request: Request):
+        if state.engine is None:
+            raise APIError(503, "the engine is starting", retry_after=1)
+        held = await state.engine.backend.reset_prefix_cache()
+        if held:
+            raise APIError(409 if request.url.path == "/reset_prefix_cache" else 400,
+                           f"prefix cache not reset: running requests hold {held} KV blocks; retry when idle")
+        return {"success": True}
+
     @app.get("/v1/models")
     async def models():
         created, cfg = int(time.time()), {name: core.cfg for name, core in state.engine.cores.items()}
@@ -159,8 +171,8 @@ def build_app(opts: ServerOptions, faults: Faults) -> tuple[FastAPI, State]:
         for sub_id, p in zip(ids, prompts):
             # gen_ai.request.id as vLLM: the chat response id; the engine ids `cmpl-...-i` of completions
             trace = None if parent is False else (rid if chat else sub_id, *(parent or (None, None)))
-            engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id, trace=trace),
-                          queue)
+            engine.submit(served.core, EngineRequest(sub_id, p, params, now, lora_id=served.lora_id,
+                                                     tenant=req.user or "", trace=trace), queue)
         writer = ChunkWriter(chat, rid, model)
         choices = [ChoiceDeltas(plan(opts.answer, req, params.max_tokens))] if chat else None  # one prompt
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, ids, queue))
