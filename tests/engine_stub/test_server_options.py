@@ -217,5 +217,8 @@ def test_engine_process_mode_503_while_starting_then_serves_and_frees_blocks():
             time.sleep(0.05)
         assert metric_value(eng.url, "vllm:kv_cache_usage_perc", "m") == 0
         assert metric_value(eng.url, "vllm:generation_tokens_total", "m") < 600
+        # the child answers a prefix-cache reset (idle now) and reports its own process start
+        assert httpx.post(eng.url + "/reset_prefix_cache", timeout=wait_s(10)).json() == {"success": True}
+        assert "\nprocess_start_time_seconds " in httpx.get(eng.url + "/metrics").text
     finally:
         eng.stop()
