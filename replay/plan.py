@@ -55,6 +55,7 @@ class RunConfig:
     max_requests: int | None = None
     warmup: int = 0
     preconnect: int = 0                      # keep-alive connections opened before T0 (split across workers)
+    cache_resets: dict = field(default_factory=dict)  # --reset-cache: target URL -> the path that reset its cache
     timeout_s: float = 300.0
     grace_s: float = 5.0
     api_key_env: str | None = None           # the NAME of the env var; the key itself is never stored

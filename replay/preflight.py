@@ -2,8 +2,9 @@
 
 `build_config` turns the options into a `RunConfig` and run.json notes in named steps: read the
 trace's facts once, route its models to targets, map them to served models, check that every row
-fits its model's context, probe the targets (`replay check`), choose the prompt mode and
-calibrate text prompts. Any refusal is a `RunError` (one `error:` line, exit 2), before the run.
+fits its model's context, read their cache state, probe the targets (`replay check`), choose the
+prompt mode, calibrate text prompts and, with --reset-cache, empty their prefix caches. Any refusal
+is a `RunError` (one `error:` line, exit 2), before the run.
 """
 from __future__ import annotations
 
@@ -80,6 +81,20 @@ def http_json(target: str, path: str, body: dict | None = None, key: str | None 
     return obj
 
 
+def http_call(url: str, method: str = "GET", key: str | None = None, timeout: float = 10.0) -> tuple[int | str, bytes]:
+    """(HTTP status, body) of one request without a body, or (why it failed, b"")."""
+    import urllib.error
+    import urllib.request
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+    except (urllib.error.URLError, OSError, ValueError) as e:   # refused, DNS, timeout, bad URL
+        return str(getattr(e, "reason", None) or e), b""
+
+
 def _snippet(raw: bytes) -> str:
     text = " ".join(raw[:200].decode("utf-8", "replace").split())
     return text or "(empty body)"
@@ -107,6 +122,7 @@ def build_config(args) -> tuple:
     if not args.no_check:
         check_served(c, rows, listed, facts)
     notes: dict = {}
+    cache = cache_states(c, rows)   # before the probes: what the targets had served before this run
     caps_of = probe_targets(c, args, rows, notes)
     _intended_reuse(c, facts, notes)
     text_apis = choose_prompt_mode(c, args, rows, caps_of, facts)
@@ -116,6 +132,11 @@ def build_config(args) -> tuple:
         exact_text(c, rows, text_apis, notes)
     elif text_apis:
         calibrate(c, rows, listed, caps_of, text_apis, notes)
+    if getattr(args, "reset_cache", False):   # after the last probe: the trace's first request finds it empty
+        reset_caches(c, rows, cache)
+    notes["cache_state"] = cache.get(c.target) or next(iter(cache.values()))
+    for url in notes.get("targets", {}):
+        notes["targets"][url]["cache_state"] = cache[url]
     return c, notes
 
 
@@ -270,6 +291,49 @@ def check_served(c, rows: dict[str, dict], listed: dict[str, dict], t) -> None:
 
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# the engines' prefix-cache resets, tried in this order: vLLM's (served with VLLM_SERVER_DEV_MODE=1), SGLang's
+CACHE_RESETS = ("/reset_prefix_cache", "/flush_cache")
+
+
+def cache_states(c, rows: dict[str, dict]) -> dict[str, dict]:
+    """run.json `cache_state` of each target, from one GET of its /metrics (its --scrape URL where given)
+    before the first probe: `warm` when vLLM's prefix-cache query counter says it has served prompts,
+    `cold` when it has served none, else `uncontrolled`; `uptime_s` from process_start_time_seconds."""
+    import time
+    from prometheus_client.parser import text_string_to_metric_families
+    from .scrape import sources
+    metrics_of = {t or c.target: u for u, t in reversed(sources(c))}
+    out = {}
+    for url, g in rows.items():
+        _, body = http_call(metrics_of.get(url, url + "/metrics"), key=g["key"], timeout=5.0)
+        values: dict[str, float] = {}
+        try:
+            for s in (x for fam in text_string_to_metric_families(body.decode()) for x in fam.samples):
+                values[s.name] = values.get(s.name, 0.0) + s.value   # summed over its models and engines
+        except (ValueError, IndexError):   # not a Prometheus page (an HTML page, a JSON answer)
+            values = {}
+        queries, start = values.get("vllm:prefix_cache_queries_total"), values.get("process_start_time_seconds")
+        out[url] = {"state": "uncontrolled" if queries is None else "warm" if queries > 0 else "cold", "reset": None,
+                    "uptime_s": None if start is None else round(time.time() - start, 1)}
+    return out
+
+
+def reset_caches(c, rows: dict[str, dict], cache: dict[str, dict]) -> None:
+    """--reset-cache: each target's prefix cache emptied by the first of CACHE_RESETS that answers 2xx
+    (kept in `c.cache_resets`: the runner resets again after --warmup); none: a RunError."""
+    for url, g in rows.items():
+        tried = []
+        for path in CACHE_RESETS:
+            status, _ = http_call(url + path, "POST", g["key"])
+            if isinstance(status, int) and 200 <= status < 300:
+                break
+            tried.append(f"POST {path} -> {f'HTTP {status}' if isinstance(status, int) else status}")
+        else:
+            raise RunError(f"--reset-cache: target {url} has no cache reset endpoint ({'; '.join(tried)}; vLLM serves "
+                           "/reset_prefix_cache with VLLM_SERVER_DEV_MODE=1); drop --reset-cache to run uncontrolled")
+        c.cache_resets[url] = path
+        cache[url].update(state="cold", reset=path)
+        print(f"replay: cache reset: POST {url}{path}", file=sys.stderr)
 
 
 def probe_targets(c, args, rows: dict[str, dict], notes: dict) -> dict[str, dict]:

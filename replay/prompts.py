@@ -12,7 +12,8 @@ byte-identical and the trace's prefix sharing reaches the server's prefix cache 
 salted per run, `RunConfig.prompt_seed`, so only sharing within the run can hit); the tail
 after the blocks is seeded by the row, so distinct requests never share it. A `prompt`
 column is sent verbatim. A row with `num_images` is a chat request whose user message is
-its text followed by that many generated images (`replay.images`) of size `image_px`.
+its text followed by that many generated images (`replay.images`) of size `image_px`. A row's
+`client_id` (its tenant) goes in the body's `user`, beside the prompt, never in it.
 """
 from __future__ import annotations
 
@@ -171,6 +172,8 @@ class PromptBuilder:
                 req.update(min_tokens=max(1, out), ignore_eos=True)
         if row[plan.REASON] is not None and api == "chat" and self.c.ask_reasoning:
             req["reasoning_tokens"] = row[plan.REASON]   # engine-stub's field; real servers decide themselves
+        if row[plan.CLIENT] is not None:   # the tenant, OpenAI's field (vLLM, SGLang take it): the prompt is unchanged
+            req["user"] = row[plan.CLIENT]
         body = json.dumps(req, separators=(",", ":")).encode()
         if images and api == "chat":    # spliced in as bytes: one copy of the images' base64
             head, tail = body.split(_IMAGES_JSON, 1)

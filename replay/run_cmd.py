@@ -74,6 +74,7 @@ def add_run_arguments(p) -> None:
     p.add_argument("--max-requests", type=int, help="replay at most this many rows")
     p.add_argument("--warmup", type=int, default=0, help="unrecorded warm-up requests before T0")
     p.add_argument("--preconnect", type=int, default=0, metavar="N", help="open N keep-alive connections before T0")
+    p.add_argument("--reset-cache", action="store_true", help="empty the targets' prefix caches before T0")
     p.add_argument("--timeout", type=parse_duration, default=300.0, help="per-request timeout")
     p.add_argument("--grace", type=parse_duration, default=5.0, help="wait for in-flight requests after Ctrl-C")
     p.add_argument("--api-key-env", action="append", default=[], metavar="[MODEL=]VAR",

@@ -32,6 +32,7 @@ from . import plan  # noqa: E402
 from .dispatcher import Dispatcher, Job  # noqa: E402
 from .master import Master  # noqa: E402
 from .output import Output, update_run_json  # noqa: E402
+from .preflight import http_call  # noqa: E402
 from .process import (ProcessContext, cpu_seconds, die_with_parent, freeze_gc, perf_at,  # noqa: E402
                       preconnect, target_labels)
 from .run_cmd import UNWRITABLE  # noqa: E402
@@ -53,6 +54,13 @@ def warmup(job: Job, n: int) -> None:
         for _ in range(n):
             group.spawn(stream_post, pool, path, body, timeout=min(30.0, job.c.timeout_s), extra=extra)
     group.join(timeout=60)
+    for label in target_labels(job.c) if n > 0 else ():   # --reset-cache: the warm-up's prompts out again
+        url = job.c.target_of(label)
+        if url in job.c.cache_resets:
+            status, _ = http_call(url + job.c.cache_resets[url], "POST", os.environ.get(job.c.key_env_of(label) or ""))
+            if not (isinstance(status, int) and 200 <= status < 300):
+                print(f"replay: warning: cache reset after the warm-up: POST {url}{job.c.cache_resets[url]} -> "
+                      f"{status}; its cache holds the warm-up's prompts", file=sys.stderr)
 
 
 PRECONNECT_LEAD_S = 2.0   # distributed runs with --preconnect: T0 this much later (workers stop at T0)

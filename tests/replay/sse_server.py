@@ -13,7 +13,9 @@ token event: `perf_counter_ns` just before and just after its write, and index -
 request had been read, -2 for the response's final write (request id: `X-Request-Id` header or the body's `user`; with `--stamp-id
 prompt` the prompt text, characters other than word ones and `.:-` as `_`, so a client that sends
 neither can be joined on its trace's `prompt` column). perf_counter is CLOCK_MONOTONIC on Linux.
-`--conn-log FILE` appends one line (the peer address) per accepted connection.
+`--conn-log FILE` appends one line (the peer address) per accepted connection. `--reset-route PATH`
+answers 200 to a POST there (a cache reset, logged in --request-log); `--metrics` serves a /metrics
+page with vLLM's prefix-cache query counter and the process start time.
 `--otlp URL` posts (protobuf, batched every 0.2 s, from a thread) one vLLM-shaped `llm_request` span per
 streamed request, in the trace of its `traceparent` header (a new trace without one; `--otlp-foreign`:
 always a new one, as a server that ignores the header), with gen_ai.latency.* from its own clock
@@ -119,7 +121,7 @@ class Stream(asyncio.Protocol):
 
 class Server:
     def __init__(self, args) -> None:
-        self.a, self.count = args, 0
+        self.a, self.count, self.queries, self.started = args, 0, 0, time.time()
         self.log = open(args.stamp_log, "a") if args.stamp_log else None
         self.requests = open(args.request_log, "a") if args.request_log else None
         self.conn_log = open(args.conn_log, "a") if args.conn_log else None
@@ -137,6 +139,13 @@ class Server:
         if a.api_key and hdrs.get("authorization") != f"Bearer {a.api_key}":   # as OpenAI answers a bad key
             err = b'{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}'
             return conn.run(iter([(0, self.head(401, "application/json", len(err)) + err, None)]))
+        if method == "GET" and path == "/metrics" and a.metrics:   # vLLM's counter: prompt tokens looked up
+            text = (f"process_start_time_seconds {self.started}\n"
+                    f"vllm:prefix_cache_queries_total {self.queries}\n").encode()
+            return conn.run(iter([(0, self.head(200, "text/plain; version=0.0.4", len(text)) + text, None)]))
+        if method == "POST" and path == a.reset_route:   # as vLLM's /reset_prefix_cache, SGLang's /flush_cache
+            self.log_request({"path": path})
+            return conn.run(iter([(0, self.head(200, "application/json", 0), None)]))
         if method == "GET":
             card = {"id": a.model, "object": "model", **({"max_model_len": a.max_model_len} if a.max_model_len else {})}
             data = json.dumps({"object": "list", "data": [card]}).encode()
@@ -157,12 +166,10 @@ class Server:
         refusal = self.refuse(req, model)
         if refusal:
             return conn.run(iter([(0, self.head(refusal[0], "application/json", len(refusal[1])) + refusal[1], None)]))
-        if self.requests is not None:
-            msgs = [m for m in req.get("messages") or () if isinstance(m, dict)]
-            self.requests.write(json.dumps({"model": model, "max_tokens": req.get("max_tokens"), "path": path,
-                                            "messages": [[m.get("role"), str(m.get("content"))[:200]] for m in msgs]})
-                                + "\n")
-            self.requests.flush()
+        self.queries += self.prompt_tokens(req, path)
+        msgs = [m for m in req.get("messages") or () if isinstance(m, dict)]
+        self.log_request({"model": model, "max_tokens": req.get("max_tokens"), "path": path, "user": req.get("user"),
+                          "messages": [[m.get("role"), str(m.get("content"))[:200]] for m in msgs]})
         fault = (hdrs.get("x-fault") or (model[6:] if model.startswith("fault:") else "")
                  or (a.fault if a.fault and self.count % a.fault_every == 0 else ""))
         n = int(hdrs.get("x-tokens") or req.get("max_tokens") or a.tokens)
@@ -182,6 +189,11 @@ class Server:
         if self.spans is not None and req.get("stream"):
             steps = self.spans.traced(steps, hdrs.get("traceparent"), rid, self.prompt_tokens(req, path), n)
         conn.run(steps, stamps)
+
+    def log_request(self, entry: dict) -> None:
+        if self.requests is not None:
+            self.requests.write(json.dumps(entry) + "\n")
+            self.requests.flush()
 
     def prompt_tokens(self, req: dict, path: str) -> int:
         chat = path.endswith("chat/completions")
@@ -441,7 +453,11 @@ def main(argv=None) -> None:
     ap.add_argument("--stamp-log", help="append 'request_id index before_ns after_ns' per content event write")
     ap.add_argument("--stamp-id", choices=("request", "prompt"), default="request",
                     help="--stamp-log's request id: X-Request-Id / body user (default), or the prompt text")
-    ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path, chat messages as [role, content[:200]]) per completion request")
+    ap.add_argument("--request-log", help="append a JSON line (model, max_tokens, path, user, chat messages as [role, "
+                    "content[:200]]) per completion request, and {path} per cache reset")
+    ap.add_argument("--reset-route", metavar="PATH", help="answer 200 to POST PATH (a cache reset)")
+    ap.add_argument("--metrics", action="store_true", help="GET /metrics: process_start_time_seconds and "
+                    "vllm:prefix_cache_queries_total (the prompt tokens served)")
     ap.add_argument("--api-key", help="answer 401 unless the request carries `Authorization: Bearer KEY`")
     ap.add_argument("--conn-log", help="append a line (the peer address) per accepted connection")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
