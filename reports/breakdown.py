@@ -113,9 +113,70 @@ def tenants(an: Analysis) -> dict | None:
     return {"column": column, "rows": [
         {"tenant": r["key"], "requests": r["issued"], "attainment": r["attainment"], "goodput_rps": r["goodput_rps"],
          **{m: {q: r[m][q] for q in ("p50", "p99")} for m in ("ttft_ms", "tpot_ms")}} for r in rows],
-        "fairness": {"jain": float(jain(x)), "method": JAIN,
+        "fairness": {"service": service_fairness(an, an.mask), "jain": float(jain(x)), "method": JAIN,
                      **{k: {"tenant": r["key"], "attainment": r["attainment"]} for k, r in (("worst", worst),
                                                                                          ("best", best))}}}
+
+
+SERVICE = ("per window, Jain's index over the tenants' streamed tokens, each divided by its max-min fair share of "
+           "the window's tokens given what it had asked for and not yet got; the run's value is its worst window")
+PER_WINDOW, BOOT = 50, 200   # successes per window (4 to 24 windows); Poisson-bootstrap replicates
+
+
+def water_fill(capacity: float, demand: np.ndarray) -> np.ndarray:
+    """Max-min fair split of `capacity` over `demand`: each gets min(demand, level), the level set
+    so the shares add up to the capacity (to the whole demand when that is less)."""
+    d = np.sort(demand)
+    split = (capacity - np.concatenate(([0.0], np.cumsum(d)[:-1]))) / (len(d) - np.arange(len(d)))
+    over = np.flatnonzero(d > split)
+    return np.minimum(demand, split[over[0]] if len(over) else np.inf)
+
+
+def service_fairness(an: Analysis, rows: np.ndarray, conf: float | None = None) -> dict | None:
+    """How evenly the server shared its output among tenants that wanted it (SERVICE): a tenant
+    that got less than its max-min fair share of a window's tokens while another got more lowers
+    that window's index; a tenant asking for more than its share and getting just its share does
+    not. Each success's tokens are spread evenly from its first token to its last; a tenant asks,
+    at its rows' scheduled times, for the tokens they streamed. With `conf`: a Poisson bootstrap
+    over requests (seeded) gives the one-sided bounds at `conf` on both sides. None when no window
+    has two tenants asking."""
+    _, codes, labels = an.tenants
+    rm = an.rm
+    sel = rows & rm.ok & (rm.n_out > 0)
+    first = (rm.sent + rm.columns["ttft_ms"] / 1e3)[sel]
+    end, sched, n_out, who = rm.end[sel], time_basis(rm)[sel], rm.n_out[sel], codes[sel]
+    if len(np.unique(who)) < 2:
+        return None
+    nw = int(np.clip(len(who) // PER_WINDOW, 4, 24))   # fewer, fuller windows: a min over noisy ones sinks
+    edges = np.linspace(np.nanmin(sched), np.nanmax(end), nw + 1)
+    span = np.maximum(end - first, 1e-9)
+    got = np.diff(np.clip((edges[None, :] - first[:, None]) / span[:, None], 0, 1), axis=1) * n_out[:, None]
+    asked = np.zeros_like(got)
+    asked[np.arange(len(n_out)), np.clip(np.searchsorted(edges, sched, "right") - 1, 0, nw - 1)] = n_out
+    k = len(labels)
+    one_hot = np.zeros((len(who), k))
+    one_hot[np.arange(len(who)), who] = 1
+
+    def worst(weights: np.ndarray) -> tuple[float, int]:
+        g, a = (((weights[:, None] * one_hot).T @ m) for m in (got, asked))   # tenants x windows
+        wants = np.cumsum(a, axis=1) - np.concatenate((np.zeros((k, 1)), np.cumsum(g, axis=1)[:, :-1]), axis=1)
+        index = np.full(nw, np.inf)
+        for w in range(nw):
+            on = wants[:, w] > 1e-9
+            if on.sum() >= 2 and g[on, w].sum() > 0:
+                index[w] = jain(g[on, w] / np.maximum(water_fill(g[on, w].sum(), wants[on, w]), 1e-9))
+        return float(index.min()), int(index.argmin())
+
+    value, at = worst(np.ones(len(who)))
+    if not np.isfinite(value):
+        return None
+    out = {"value": value, "window_s": [float(edges[at]), float(edges[at + 1])], "method": SERVICE, "ci": None}
+    if conf is not None:
+        rng = np.random.default_rng(0)
+        boot = np.array([worst(rng.poisson(1.0, len(who)))[0] for _ in range(BOOT)])
+        boot = boot[np.isfinite(boot)]
+        out["ci"] = (float(np.quantile(boot, 1 - conf)), float(np.quantile(boot, conf))) if len(boot) else None
+    return out
 
 
 def image_groups(images: np.ndarray, top: int = 9) -> tuple[np.ndarray, list[str]]:

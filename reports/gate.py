@@ -24,6 +24,7 @@ import pyarrow as pa
 from scipy import stats as sps
 
 from .analysis import Analysis, analyze, good_requests, jain, plain_pages, prefix_hit, stat_value, with_column
+from .breakdown import service_fairness
 from .validity import RATES as BIAS_RATES, Bias, assess, bias_of, load_cpu
 from .certificate import certificate, sentence
 from .metrics import POOLED
@@ -228,6 +229,8 @@ def _evaluate(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: 
     """One objective's row; `conf` None judges the point estimate."""
     if obj.metric in TASK_METRICS + TASK_SCALARS + SPAN_METRICS:   # judged as measured: the bias bound is per
         ends = None                                                   # request; the server saw what it saw
+    if obj.metric == "fairness":
+        return _service_row(an, obj, rows, scope, conf)
     if obj.metric in TENANT_SCALARS:
         return _tenant_row(an, obj, rows, scope, conf, ends)
     if obj.metric == "prefix_hit":
@@ -296,7 +299,7 @@ def jain_range(lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
 
 def _tenant_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None,
                 ends: Ends | None) -> GateRow:
-    """fairness (Jain's index) or min_tenant_attainment over the tenants among `rows`, bounded by
+    """attainment_fairness (Jain's index) or min_tenant_attainment over the tenants among `rows`, bounded by
     the Bonferroni box of their attainment (tenant_box) at the run and both ends of its bias."""
     column, codes, labels = an.tenants
     n = np.bincount(codes[rows], minlength=len(labels))
@@ -304,7 +307,7 @@ def _tenant_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf
     if have.sum() < 2:
         return GateRow(obj.text, scope, None, obj.limit, int(n.sum()), None, "cannot evaluate",
                        f"fewer than two tenants ({column}) in the window")
-    fair = obj.metric == "fairness"
+    fair = obj.metric == "attainment_fairness"
     stat = (lambda x: float(jain(x))) if fair else (lambda x: float(np.min(x)))
     good = [np.bincount(codes[rows & a.good], minlength=len(labels))[have]
             for a in (an, *((ends.worst, ends.best) if ends else ()))]
@@ -318,6 +321,21 @@ def _tenant_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf
     worst = np.asarray(labels, dtype=object)[have][int(np.argmin(x))]
     return GateRow(obj.text, scope, value, obj.limit, int(n.sum()), ci, judge(obj.op, obj.limit, lo, hi),
                    f"{int(have.sum())} tenants by {column}, worst {worst} {x.min():.4g}", confidence=conf)
+
+
+def _service_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None) -> GateRow:
+    """fairness: the worst window's index of normalised service (breakdown.service_fairness), its
+    bounds from a Poisson bootstrap over requests."""
+    f = service_fairness(an, rows, conf)
+    n = int((rows & an.rm.ok).sum())
+    if f is None:
+        return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate",
+                       "no window where two tenants asked for tokens")
+    lo, hi = f["ci"] or (f["value"], f["value"])
+    a, b = f["window_s"]
+    return GateRow(obj.text, scope, f["value"], obj.limit, n, f["ci"], judge(obj.op, obj.limit, lo, hi),
+                   f"worst window {a:.4g}-{b:.4g} s" + ("; bootstrap bounds" if f["ci"] else ""),
+                   confidence=conf)
 
 
 def _prefix_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None) -> GateRow:

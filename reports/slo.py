@@ -29,7 +29,7 @@ TASK_SCALARS = ("task_attainment", "task_goodput_per_s", "tasks_per_s")
 SPAN_METRICS = ("server_ttft_ms", "server_e2e_ms", "queue_ms", "prefill_ms", "decode_ms", "net_ms",
                 "queue_share", "prefill_share", "net_share")
 DIST_METRICS = tuple(LATENCIES) + tuple(m.replace("_ms", "_sched_ms") for m in LATENCIES) + TASK_METRICS + SPAN_METRICS
-TENANT_SCALARS = ("fairness", "min_tenant_attainment")   # over the tenants' attainment (Analysis.tenants)
+TENANT_SCALARS = ("fairness", "attainment_fairness", "min_tenant_attainment")   # over tenants (Analysis.tenants)
 SCALARS = ("attainment", "error_rate", "goodput_rps", "token_goodput_per_s", "requests_per_s",
            "output_tokens_per_s", "prefix_hit") + TASK_SCALARS + TENANT_SCALARS
 OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}

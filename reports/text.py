@@ -208,8 +208,12 @@ def tenant_table(s: dict) -> tuple[str, list[str], list[list[object]]]:
     t, f = s["tenants"], s["tenants"]["fairness"]
     rows = sorted(t["rows"], key=lambda r: r["attainment"])
     more = f", worst {TENANT_ROWS} of {len(rows)}" if len(rows) > TENANT_ROWS else ""
-    title = (f"Per tenant ({t['column']}{more}): fairness {f['jain']:.3f} (Jain); worst {f['worst']['tenant']} "
-             f"{f['worst']['attainment']:.1%}, best {f['best']['tenant']} {f['best']['attainment']:.1%}")
+    sv = f["service"]
+    a, b = sv["window_s"] if sv else (0, 0)
+    service = f"fairness {sv['value']:.3f} (worst window {a:.4g}-{b:.4g} s); " if sv else ""
+    title = (f"Per tenant ({t['column']}{more}): {service}attainment Jain {f['jain']:.3f}; "
+             f"worst {f['worst']['tenant']} {f['worst']['attainment']:.1%}, "
+             f"best {f['best']['tenant']} {f['best']['attainment']:.1%}")
     return title, TENANT_COLUMNS, [[r["tenant"], r["requests"], r["attainment"], r["goodput_rps"], r["ttft_ms"]["p50"],
                                     r["ttft_ms"]["p99"], r["tpot_ms"]["p50"], r["tpot_ms"]["p99"]]
                                    for r in rows[:TENANT_ROWS]]
