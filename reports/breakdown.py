@@ -118,8 +118,9 @@ def tenants(an: Analysis) -> dict | None:
                                                                                          ("best", best))}}}
 
 
-SERVICE = ("per window, Jain's index over the tenants' streamed tokens, each divided by its max-min fair share of "
-           "the window's tokens given what it had asked for and not yet got; the run's value is its worst window")
+SERVICE = ("per window the server was contended in, Jain's index over the tenants' streamed tokens, each divided by "
+           "its max-min fair share of the window's tokens given what it had asked for and not yet got; the run's "
+           "value is its worst window")
 PER_WINDOW, BOOT = 50, 200   # successes per window (4 to 24 windows); Poisson-bootstrap replicates
 
 
@@ -138,8 +139,8 @@ def service_fairness(an: Analysis, rows: np.ndarray, conf: float | None = None) 
     that window's index; a tenant asking for more than its share and getting just its share does
     not. Each success's tokens are spread evenly from its first token to its last; a tenant asks,
     at its rows' scheduled times, for the tokens they streamed. With `conf`: a Poisson bootstrap
-    over requests (seeded) gives the one-sided bounds at `conf` on both sides. None when no window
-    has two tenants asking."""
+    over requests (seeded) gives the one-sided bounds at `conf` on both sides. 1 when no window was
+    contended; None with fewer than two tenants."""
     _, codes, labels = an.tenants
     rm = an.rm
     sel = rows & rm.ok & (rm.n_out > 0)
@@ -157,25 +158,25 @@ def service_fairness(an: Analysis, rows: np.ndarray, conf: float | None = None) 
     one_hot = np.zeros((len(who), k))
     one_hot[np.arange(len(who)), who] = 1
 
-    def worst(weights: np.ndarray) -> tuple[float, int]:
+    def worst(weights: np.ndarray) -> tuple[float, int, int]:
         g, a = (((weights[:, None] * one_hot).T @ m) for m in (got, asked))   # tenants x windows
         wants = np.cumsum(a, axis=1) - np.concatenate((np.zeros((k, 1)), np.cumsum(g, axis=1)[:, :-1]), axis=1)
-        index = np.full(nw, np.inf)
+        index = np.full(nw, np.inf)   # an uncontended window: each tenant got what it asked (1)
         for w in range(nw):
             on = wants[:, w] > 1e-9
-            if on.sum() >= 2 and g[on, w].sum() > 0:
+            # contended: what was left over at the window's start alone would have taken all it served
+            if on.sum() >= 2 and 0 < g[on, w].sum() <= (wants[on, w] - a[on, w]).sum():
                 index[w] = jain(g[on, w] / np.maximum(water_fill(g[on, w].sum(), wants[on, w]), 1e-9))
-        return float(index.min()), int(index.argmin())
+        judged = np.isfinite(index)
+        return (float(index.min()) if judged.any() else 1.0), int(index.argmin()), int(judged.sum())
 
-    value, at = worst(np.ones(len(who)))
-    if not np.isfinite(value):
-        return None
-    out = {"value": value, "window_s": [float(edges[at]), float(edges[at + 1])], "method": SERVICE, "ci": None}
+    value, at, contended = worst(np.ones(len(who)))
+    out = {"value": value, "window_s": [float(edges[at]), float(edges[at + 1])] if contended else None,
+           "contended_windows": contended, "windows": nw, "method": SERVICE, "ci": None}
     if conf is not None:
         rng = np.random.default_rng(0)
         boot = np.array([worst(rng.poisson(1.0, len(who)))[0] for _ in range(BOOT)])
-        boot = boot[np.isfinite(boot)]
-        out["ci"] = (float(np.quantile(boot, 1 - conf)), float(np.quantile(boot, conf))) if len(boot) else None
+        out["ci"] = (float(np.quantile(boot, 1 - conf)), float(np.quantile(boot, conf)))
     return out
 
 

@@ -330,12 +330,11 @@ def _service_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, con
     n = int((rows & an.rm.ok).sum())
     if f is None:
         return GateRow(obj.text, scope, None, obj.limit, n, None, "cannot evaluate",
-                       "no window where two tenants asked for tokens")
+                       f"fewer than two tenants ({an.tenants[0]}) with tokens in the window")
     lo, hi = f["ci"] or (f["value"], f["value"])
-    a, b = f["window_s"]
+    where = "worst window {:.4g}-{:.4g} s".format(*f["window_s"]) if f["window_s"] else "never contended"
     return GateRow(obj.text, scope, f["value"], obj.limit, n, f["ci"], judge(obj.op, obj.limit, lo, hi),
-                   f"worst window {a:.4g}-{b:.4g} s" + ("; bootstrap bounds" if f["ci"] else ""),
-                   confidence=conf)
+                   f"{where} ({f['windows']} windows)" + ("; bootstrap bounds" if f["ci"] else ""), confidence=conf)
 
 
 def _prefix_row(an: Analysis, obj: Objective, rows: np.ndarray, scope: str, conf: float | None) -> GateRow:

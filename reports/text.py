@@ -209,8 +209,8 @@ def tenant_table(s: dict) -> tuple[str, list[str], list[list[object]]]:
     rows = sorted(t["rows"], key=lambda r: r["attainment"])
     more = f", worst {TENANT_ROWS} of {len(rows)}" if len(rows) > TENANT_ROWS else ""
     sv = f["service"]
-    a, b = sv["window_s"] if sv else (0, 0)
-    service = f"fairness {sv['value']:.3f} (worst window {a:.4g}-{b:.4g} s); " if sv else ""
+    where = "worst window {:.4g}-{:.4g} s".format(*sv["window_s"]) if sv and sv["window_s"] else "never contended"
+    service = f"fairness {sv['value']:.3f} ({where}); " if sv else ""
     title = (f"Per tenant ({t['column']}{more}): {service}attainment Jain {f['jain']:.3f}; "
              f"worst {f['worst']['tenant']} {f['worst']['attainment']:.1%}, "
              f"best {f['best']['tenant']} {f['best']['attainment']:.1%}")
