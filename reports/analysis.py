@@ -242,13 +242,15 @@ def counter_increase(server: pa.Table | None, suffix: str) -> float | None:
 
 def prefix_hit(an: Analysis, rows: np.ndarray | None = None) -> dict | None:
     """The prefix-cache hit ratio the server achieved: sum(cached_tokens) / sum(prompt tokens) over
-    the successes among `rows` (default: measured) that reported cached_tokens, with the ratio
+    the successes among `rows` (default: measured) once any reported cached_tokens, with the ratio
     estimator's delta-method standard error; else the scraped counters over the whole run (a
     census: no error); None without either."""
     c = as_f64(an.table.column("cached_tokens")) if "cached_tokens" in an.table.column_names else None
-    sel = None if c is None else (an.mask if rows is None else rows) & an.rm.ok & ~np.isnan(c) & (an.rm.input_len > 0)
-    if sel is not None and sel.any():
-        c, p = c[sel], an.rm.input_len[sel]
+    sel = None if c is None else (an.mask if rows is None else rows) & an.rm.ok & (an.rm.input_len > 0)
+    if sel is not None and (sel & ~np.isnan(c)).any():
+        # vLLM and engine-stub leave prompt_tokens_details out when nothing hit: a server that
+        # reported cached_tokens for some requests hit 0 tokens of the others
+        c, p = np.nan_to_num(c[sel]), an.rm.input_len[sel]
         n, r = len(c), float(c.sum() / p.sum())
         se = float(np.sqrt(np.sum((c - r * p) ** 2) / (n - 1) / n) / p.mean()) if n > 1 else np.inf
         return {"ratio": r, "source": "cached_tokens", "requests": n, "se": se}

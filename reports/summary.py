@@ -309,9 +309,10 @@ def cache_state(config: dict | None) -> dict | None:
     if not cs:
         return None
     reset, up = cs.get("reset"), cs.get("uptime_s")
-    how = {"cold": f"reset via {reset if ' ' in (reset or ' ') else 'POST ' + reset} before T0",
-           "warm": "not reset: prefixes of earlier requests may be cached",
-           "uncontrolled": "not reset nor warmed on purpose: earlier runs' prefixes may be cached"}.get(cs.get("state"))
+    how = {"cold": f"reset via POST {reset} before T0" if reset else "a fresh server: no prefix-cache query before T0",
+           "warm": "not reset: the server had cached prefixes of earlier requests",
+           "uncontrolled": "not reset, and the server reports no prefix-cache counter: earlier runs' prefixes may be "
+                           "cached"}.get(cs.get("state"))
     uptime = f", server up {up:.0f} s" if up is not None else ""
     return cs | {"sentence": f"{cs.get('state')} ({how or 'unknown'}{uptime})"}
 
