@@ -4,7 +4,7 @@ client and phase it prints), exit 0 and its result lines printed. What the figur
 judged here (a busy host makes them anything); that the script gets to them is. A benchmark that
 needs what this host lacks (a real traced vLLM server, tcpdump as root, torch) is skipped with the
 missing thing named. The ones exercised by tests of their own (ab_calibration, fuzz_campaign,
-gate_calibration, realism) are not repeated here.
+gate_calibration, realism; cache_tenants by tests/docs/test_page_experiments.py) are not repeated here.
 
 Each run has a quiet host's bound scaled by conftest's host slowdown; the script runs in a session of
 its own, and on a timeout that whole process group is killed. Every server a benchmark starts is on
