@@ -329,9 +329,15 @@ def _warnings(s: dict) -> list[str]:
     if s["dispatch_lag"]["warning"]:
         w.append(s["dispatch_lag"]["warning"])
     st = s.get("steady")
+    cold = (s.get("cache_state") or {}).get("state") == "cold"
     if st and st["steady"] is None:
         w.append(f"no steady state: {st['reason']}; a gate judges the whole run")
-    elif st and not st["steady"]["whole_run"] and (s.get("cache_state") or {}).get("state") == "cold":
+        seg = st.get("segments") or []
+        if cold and len(seg) > 1 and seg[0]["ttft_ms_p50"] > seg[-1]["ttft_ms_p50"]:
+            w.append(f"cold cache: the first {seg[1]['start_s'] - seg[0]['start_s']:.4g} s ({seg[0]['requests']:,} "
+                     f"requests, TTFT p50 {seg[0]['ttft_ms_p50']:,.0f} ms against {seg[-1]['ttft_ms_p50']:,.0f} ms at "
+                     "the end) ran while the reset prefix cache filled")
+    elif st and not st["steady"]["whole_run"] and cold:
         seg = st["segments"]
         w.append(f"cold cache: the first {st['steady']['start_s'] - seg[0]['start_s']:.4g} s "
                  f"({sum(g['requests'] for g in seg) - st['steady']['requests']:,} requests) ran while the reset prefix "

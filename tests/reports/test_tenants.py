@@ -238,6 +238,12 @@ def test_cold_cache_names_the_warm_up_window(tmp_path):
     assert "cold cache: the first " in w and "before steady from" in w and "warm-up or level shift" not in w
     w = "\n".join(summarize_run(write_run(tmp_path / "plain", t), write=False)["warnings"])
     assert "warm-up or level shift" in w and "cold cache" not in w
+    # a cold phase longer than the rest of the run: no steady state, and the cold phase still named
+    slow = synth_records(1200, ttft_factor=6.0, seed=1)
+    fast = synth_records(800, seed=2, t0=slow.column("scheduled_s")[-1].as_py(), first_id=1200)
+    w = "\n".join(summarize_run(write_run(tmp_path / "long", pa.concat_tables([slow, fast]), cold),
+                                write=False)["warnings"])
+    assert "no steady state" in w and "cold cache: the first " in w and "ran while the reset prefix cache filled" in w
 
 
 def queue_run(policy: str, seed: int = 1, span: float = 60.0) -> pa.Table:
