@@ -59,19 +59,13 @@ def per_model(values: list[str], flag: str) -> tuple[str | None, dict[str, str]]
 def http_json(target: str, path: str, body: dict | None = None, key: str | None = None, timeout: float = 30.0) -> dict:
     """One blocking JSON call to the target; any failure (HTTP error, refused, timeout, a body
     that is not a JSON object) is a RunError naming the target, the method, the path and why."""
-    import urllib.error
-    import urllib.request   # http.client: not while `replay --help` builds the parser
     method, data = ("GET", None) if body is None else ("POST", json.dumps(body).encode())
     where = f"target {target}: {method} {path}"
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(target.rstrip("/") + path, data, headers, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            raw, ctype = r.read(), r.headers.get("Content-Type") or "no Content-Type"
-    except urllib.error.HTTPError as e:
-        raise RunError(f"{where} -> HTTP {e.code}: {_snippet(e.read())}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:   # refused, DNS, timeout, bad URL
-        raise RunError(f"{where} failed: {getattr(e, 'reason', None) or e}") from None
+    status, raw, ctype = http_call(target.rstrip("/") + path, method, key, timeout, data)
+    if isinstance(status, str):
+        raise RunError(f"{where} failed: {status}")
+    if not 200 <= status < 300:
+        raise RunError(f"{where} -> HTTP {status}: {_snippet(raw)}")
     try:
         obj = json.loads(raw)
     except ValueError:
@@ -81,18 +75,20 @@ def http_json(target: str, path: str, body: dict | None = None, key: str | None 
     return obj
 
 
-def http_call(url: str, method: str = "GET", key: str | None = None, timeout: float = 10.0) -> tuple[int | str, bytes]:
-    """(HTTP status, body) of one request without a body, or (why it failed, b"")."""
+def http_call(url: str, method: str = "GET", key: str | None = None, timeout: float = 10.0,
+              data: bytes | None = None) -> tuple[int | str, bytes, str]:
+    """(HTTP status, body, Content-Type) of one request (`data`: a JSON body), or (why it failed, b"", "")."""
     import urllib.error
-    import urllib.request
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    import urllib.request   # http.client: not while `replay --help` builds the parser
+    headers = {**({"Content-Type": "application/json"} if data is not None else {}),
+               **({"Authorization": f"Bearer {key}"} if key else {})}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=timeout) as r:
-            return r.status, r.read()
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers, method=method), timeout=timeout) as r:
+            return r.status, r.read(), r.headers.get("Content-Type") or "no Content-Type"
     except urllib.error.HTTPError as e:
-        return e.code, b""
+        return e.code, e.read(), ""
     except (urllib.error.URLError, OSError, ValueError) as e:   # refused, DNS, timeout, bad URL
-        return str(getattr(e, "reason", None) or e), b""
+        return str(getattr(e, "reason", None) or e), b"", ""
 
 
 def _snippet(raw: bytes) -> str:
@@ -305,7 +301,7 @@ def cache_states(c, rows: dict[str, dict]) -> dict[str, dict]:
     metrics_of = {t or c.target: u for u, t in reversed(sources(c))}
     out = {}
     for url, g in rows.items():
-        _, body = http_call(metrics_of.get(url, url + "/metrics"), key=g["key"], timeout=5.0)
+        _, body, _ = http_call(metrics_of.get(url, url + "/metrics"), key=g["key"], timeout=5.0)
         values: dict[str, float] = {}
         try:
             for s in (x for fam in text_string_to_metric_families(body.decode()) for x in fam.samples):
@@ -324,7 +320,7 @@ def reset_caches(c, rows: dict[str, dict], cache: dict[str, dict]) -> None:
     for url, g in rows.items():
         tried = []
         for path in CACHE_RESETS:
-            status, _ = http_call(url + path, "POST", g["key"])
+            status, _, _ = http_call(url + path, "POST", g["key"])
             if isinstance(status, int) and 200 <= status < 300:
                 break
             tried.append(f"POST {path} -> {f'HTTP {status}' if isinstance(status, int) else status}")

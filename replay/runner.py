@@ -57,7 +57,7 @@ def warmup(job: Job, n: int) -> None:
     for label in target_labels(job.c) if n > 0 else ():   # --reset-cache: the warm-up's prompts out again
         url = job.c.target_of(label)
         if url in job.c.cache_resets:
-            status, _ = http_call(url + job.c.cache_resets[url], "POST", os.environ.get(job.c.key_env_of(label) or ""))
+            status, _, _ = http_call(url + job.c.cache_resets[url], "POST", os.environ.get(job.c.key_env_of(label) or ""))
             if not (isinstance(status, int) and 200 <= status < 300):
                 print(f"replay: warning: cache reset after the warm-up: POST {url}{job.c.cache_resets[url]} -> "
                       f"{status}; its cache holds the warm-up's prompts", file=sys.stderr)
